@@ -1,0 +1,3 @@
+from kerneljudge.cli import main
+
+main()

@@ -1,0 +1,245 @@
+"""Build stage: compile a candidate in its own process, with no GPU visible, cached by content.
+
+The cache key is the sha256 of the candidate's source, its backend and the toolchain fingerprint
+(:func:`kerneljudge.toolchain.fingerprint`: torch, CUDA, compiler versions, target arch), so a
+candidate never builds twice on the same toolchain. Each entry is a folder holding the source,
+the extension build tree (``ext/``, used as ``TORCH_EXTENSIONS_DIR`` by the build and run
+workers alike) and ``build.json``. Failed builds are cached too; timed-out ones are not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from kerneljudge import toolchain
+from kerneljudge.buildlog import parse_diagnostics, shape_log, trace_to_candidate
+from kerneljudge.candidate import Candidate
+from kerneljudge.verdict import BuildResult, CompilerMessage, decode
+
+__all__ = ["BuildCache", "build", "default_cache_dir"]
+
+_SRC_DIR = str(Path(__file__).resolve().parents[1])
+DEFAULT_BUILD_TIMEOUT_S = 300.0
+#: Backends with no ahead-of-time compile step (Triton compiles on the first call, on the GPU).
+IMPORT_ONLY_BACKENDS = frozenset({"torch", "triton"})
+
+
+def default_cache_dir() -> Path:
+    """``$KERNELJUDGE_CACHE_DIR``, else ``$XDG_CACHE_HOME/kerneljudge``, else ``~/.cache/kerneljudge``."""
+    env = os.environ.get("KERNELJUDGE_CACHE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "kerneljudge"
+
+
+class BuildCache:
+    """Build outputs on disk, one folder per cache key.
+
+    Args:
+        root: the cache folder (created on first use).
+    """
+
+    def __init__(self, root: Path | str | None = None) -> None:
+        self.root = Path(root) if root is not None else default_cache_dir()
+
+    def key(self, candidate: Candidate, arch: str) -> str:
+        """sha256 of source, backend and toolchain fingerprint."""
+        blob = json.dumps(
+            {
+                "source": candidate.sha256,
+                "backend": candidate.backend,
+                "toolchain": toolchain.fingerprint(arch),
+            },
+            sort_keys=True,
+        )
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    def entry(self, key: str) -> Path:
+        return self.root / "builds" / key[:2] / key
+
+    def load(self, key: str) -> BuildResult | None:
+        path = self.entry(key) / "build.json"
+        try:
+            return decode(BuildResult, json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def store(self, key: str, result: BuildResult) -> None:
+        path = self.entry(key) / "build.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(dataclasses.asdict(result)))
+        tmp.replace(path)
+
+    @contextmanager
+    def locked(self, key: str) -> Iterator[Path]:
+        """Hold the entry's lock (other processes building the same key wait)."""
+        entry = self.entry(key)
+        entry.mkdir(parents=True, exist_ok=True)
+        with open(entry / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield entry
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _static_failure(candidate: Candidate) -> BuildResult | None:
+    issues = candidate.static_issues()
+    if not issues:
+        return None
+    issue = issues[0]
+    msg = CompilerMessage(
+        file=candidate.name,
+        line=issue.line,
+        column=None,
+        severity="error",
+        message=issue.message,
+        candidate_line=issue.line,
+    )
+    log = shape_log([msg], "", candidate.source, candidate.name)
+    return BuildResult(ok=False, backend=candidate.backend, messages=(msg,), log=log)
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def build(
+    candidate: Candidate,
+    *,
+    cache: BuildCache,
+    arch: str,
+    timeout_s: float = DEFAULT_BUILD_TIMEOUT_S,
+) -> BuildResult:
+    """Build ``candidate`` (or fetch its cached build).
+
+    The build worker imports the candidate with ``CUDA_VISIBLE_DEVICES`` empty, its
+    ``TORCH_EXTENSIONS_DIR`` in the cache entry and ``TORCH_CUDA_ARCH_LIST=arch``; import-time
+    ``load_inline`` calls compile there. A Python syntax error or a missing ``ModelNew`` fails
+    before any process starts.
+
+    Args:
+        candidate: what to build.
+        cache: where builds are kept.
+        arch: the target compute capability, e.g. ``"9.0"`` (see :func:`toolchain.target_arch`).
+        timeout_s: wall-clock limit of the build (seconds); the build's process group is killed.
+
+    Returns:
+        A :class:`BuildResult`; ``ok`` False with shaped ``log`` and ``messages`` on failure,
+        ``timed_out`` True when the limit was hit.
+    """
+    static = _static_failure(candidate)
+    if static is not None:
+        return static
+    key = cache.key(candidate, arch)
+    with cache.locked(key) as entry:
+        cached = cache.load(key)
+        if cached is not None:
+            return dataclasses.replace(cached, cached=True)
+        source_path = entry / "candidate.py"
+        source_path.write_text(candidate.source)
+        if candidate.backend in IMPORT_ONLY_BACKENDS:
+            # Nothing to compile ahead of time: the run worker's import is the build.
+            result = BuildResult(ok=True, backend=candidate.backend, cache_key=key)
+            cache.store(key, result)
+            return result
+        result_path = entry / "result.json"
+        result_path.unlink(missing_ok=True)
+        log_path = entry / "build.log"
+        env = dict(os.environ)
+        env.update(toolchain.build_environment(arch, entry / "ext"))
+        env["CUDA_VISIBLE_DEVICES"] = ""
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_SRC_DIR, env.get("PYTHONPATH")]))
+        started = time.monotonic()
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "kerneljudge.worker.build",
+                    str(source_path),
+                    str(result_path),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=env,
+                cwd=entry,
+            )
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc)
+                msg = f"the build did not finish within {timeout_s:g} s"
+                return BuildResult(
+                    ok=False,
+                    backend=candidate.backend,
+                    duration_s=time.monotonic() - started,
+                    cache_key=key,
+                    timed_out=True,
+                    messages=(CompilerMessage("", None, None, "error", msg),),
+                    log=msg,
+                )
+        duration = time.monotonic() - started
+        raw = log_path.read_text(errors="replace")
+        try:
+            outcome = json.loads(result_path.read_text())
+        except (OSError, ValueError):
+            outcome = {
+                "ok": False,
+                "error": f"the build process died (exit status {proc.returncode})",
+                "lineno": None,
+            }
+        if outcome.get("ok"):
+            result = BuildResult(
+                ok=True,
+                backend=candidate.backend,
+                duration_s=duration,
+                cache_key=key,
+                log=raw[-4000:],
+            )
+        else:
+            error = str(outcome.get("error", ""))
+            full = error + "\n" + raw
+            messages = parse_diagnostics(full)
+            messages = trace_to_candidate(messages, candidate.source, entry / "ext")
+            if not any(m.severity == "error" for m in messages):
+                line = outcome.get("lineno")
+                first = error.splitlines()[0] if error else "the build failed"
+                messages.insert(
+                    0, CompilerMessage(candidate.name, line, None, "error", first, line)
+                )
+            messages.sort(key=lambda m: m.severity != "error")
+            log = shape_log(messages, full, candidate.source, candidate.name)
+            result = BuildResult(
+                ok=False,
+                backend=candidate.backend,
+                duration_s=duration,
+                cache_key=key,
+                messages=tuple(messages),
+                log=log,
+            )
+        cache.store(key, result)
+        return result
+
+
+def extensions_dir(cache: BuildCache, key: str) -> Path:
+    """The ``TORCH_EXTENSIONS_DIR`` of a cache entry."""
+    return cache.entry(key) / "ext"

@@ -1,0 +1,121 @@
+"""Candidates: source text that defines ``ModelNew``, its backend, and static checks.
+
+Static checks here never import the candidate; they read its syntax tree.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from kerneljudge.errors import CandidateError
+
+__all__ = ["BACKENDS", "Candidate", "StaticIssue", "detect_backend"]
+
+#: ``cuda``: load_inline with CUDA sources; ``cpp``: load_inline with C++ only (CPU);
+#: ``triton``: Triton kernels; ``torch``: plain PyTorch (no custom kernel).
+BACKENDS = ("cuda", "cpp", "triton", "torch")
+#: Backends whose kernels run on a CUDA device.
+GPU_BACKENDS = frozenset({"cuda", "triton"})
+
+
+@dataclass(frozen=True)
+class StaticIssue:
+    """A defect found without running the candidate: the message and the 1-based line (if any)."""
+
+    message: str
+    line: int | None = None
+
+
+def detect_backend(source: str) -> str:
+    """The backend a candidate's source uses, from what it imports and calls.
+
+    Triton wins over ``load_inline`` (``@triton.jit`` kernels); ``load_inline``/``load`` with
+    ``cuda_sources`` or CUDA launch syntax is ``cuda``; ``load_inline`` without is ``cpp``;
+    anything else is plain ``torch``.
+    """
+    if re.search(r"^\s*(import triton|from triton\b)", source, re.MULTILINE):
+        return "triton"
+    if re.search(r"\bload_inline\b|\bcpp_extension\.load\b", source):
+        if re.search(r"\bcuda_sources\s*=|__global__|<<<", source):
+            return "cuda"
+        return "cpp"
+    return "torch"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A candidate's source and what is known of it before it runs.
+
+    Attributes:
+        source: the Python source text.
+        backend: one of :data:`BACKENDS`.
+        path: the file it came from (None for text given directly).
+        name: a display name (the file name, or ``"candidate"``).
+    """
+
+    source: str
+    backend: str
+    path: Path | None = None
+    name: str = "candidate"
+
+    @classmethod
+    def from_source(
+        cls, source: str, backend: str | None = None, name: str = "candidate"
+    ) -> Candidate:
+        """A candidate from text; ``backend`` None means detect it.
+
+        Raises:
+            CandidateError: ``backend`` is not one of :data:`BACKENDS`.
+        """
+        if backend is not None and backend not in BACKENDS:
+            raise CandidateError(f"unknown backend {backend!r} (use one of {', '.join(BACKENDS)})")
+        return cls(source=source, backend=backend or detect_backend(source), name=name)
+
+    @classmethod
+    def from_file(cls, path: str | Path, backend: str | None = None) -> Candidate:
+        """Read a candidate file.
+
+        Raises:
+            CandidateError: the file is missing, a folder, or not UTF-8 text; unknown backend.
+        """
+        p = Path(path)
+        if not p.is_file():
+            raise CandidateError(f"candidate file not found: {path}")
+        try:
+            text = p.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError) as exc:
+            raise CandidateError(f"cannot read candidate {path}: {exc}") from None
+        cand = cls.from_source(text, backend=backend, name=p.name)
+        return cls(source=cand.source, backend=cand.backend, path=p.resolve(), name=p.name)
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.source.encode()).hexdigest()
+
+    @property
+    def needs_gpu(self) -> bool:
+        return self.backend in GPU_BACKENDS
+
+    def static_issues(self) -> list[StaticIssue]:
+        """Defects that make running pointless: empty source, syntax errors, no ``ModelNew``."""
+        if not self.source.strip():
+            return [StaticIssue("the candidate is empty")]
+        try:
+            tree = ast.parse(self.source)
+        except SyntaxError as exc:
+            return [StaticIssue(f"Python syntax error: {exc.msg}", exc.lineno)]
+        names = set()
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef):
+                names.add(node.name)
+            elif isinstance(node, ast.Assign):
+                names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        if "ModelNew" not in names:
+            return [StaticIssue("the candidate does not define ModelNew at module level")]
+        return []

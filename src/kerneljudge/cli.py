@@ -1,0 +1,260 @@
+"""The ``kerneljudge`` command line: parse, call the API, print. Every option also reads an
+environment variable named ``KERNELJUDGE_<OPTION>``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.syntax import Syntax
+from rich.table import Table
+
+from kerneljudge.errors import KernelJudgeError
+
+app = typer.Typer(
+    name="kerneljudge",
+    help="Build, check and time custom GPU kernels against their PyTorch reference.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+problems_app = typer.Typer(help="List, show and lint problems.", invoke_without_command=True)
+app.add_typer(problems_app, name="problems")
+
+console = Console()
+err_console = Console(stderr=True, soft_wrap=True)
+
+
+def _env(name: str) -> str:
+    return f"KERNELJUDGE_{name.upper()}"
+
+
+DeviceOpt = Annotated[str, typer.Option(envvar=_env("device"), help="auto, cpu, cuda or cuda:N.")]
+CacheOpt = Annotated[
+    Optional[Path], typer.Option(envvar=_env("cache_dir"), help="Build cache folder.")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the verdict as JSON.")]
+BackendOpt = Annotated[
+    Optional[str],
+    typer.Option(envvar=_env("backend"), help="cuda, cpp, triton or torch (default: detect)."),
+]
+
+
+def _fail(message: str, code: int = 2) -> None:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def _config(**kw: object):
+    from kerneljudge.judge import JudgeConfig
+    from kerneljudge.timing import TimingConfig
+
+    timing_kw = {k: kw.pop(k) for k in ("max_time_s", "rel_precision") if kw.get(k) is not None}
+    kw = {k: v for k, v in kw.items() if v is not None}
+    return JudgeConfig(timing_config=TimingConfig(**timing_kw), **kw)  # type: ignore[arg-type]
+
+
+@app.command("eval")
+def eval_command(
+    candidate: Annotated[Path, typer.Argument(help="The candidate file defining ModelNew.")],
+    problem: Annotated[
+        str,
+        typer.Option(
+            "--problem", "-p", envvar=_env("problem"), help="Bundled problem name or problem file."
+        ),
+    ],
+    backend: BackendOpt = None,
+    device: DeviceOpt = "auto",
+    trials: Annotated[int, typer.Option(envvar=_env("trials"), min=1)] = 5,
+    tolerance: Annotated[
+        str, typer.Option(envvar=_env("tolerance"), help="oracle (float64 rule) or allclose.")
+    ] = "oracle",
+    atol: Annotated[Optional[float], typer.Option(envvar=_env("atol"))] = None,
+    rtol: Annotated[Optional[float], typer.Option(envvar=_env("rtol"))] = None,
+    timing: Annotated[bool, typer.Option("--timing/--no-timing", envvar=_env("timing"))] = True,
+    baselines: Annotated[
+        str, typer.Option(envvar=_env("baselines"), help="Comma list of eager, compile.")
+    ] = "eager,compile",
+    shape_sets: Annotated[
+        str, typer.Option(envvar=_env("shape_sets"), help="Comma list; 'all' for every set.")
+    ] = "public",
+    max_time: Annotated[
+        Optional[float], typer.Option(envvar=_env("max_time"), help="Timing budget, seconds.")
+    ] = None,
+    build_timeout: Annotated[float, typer.Option(envvar=_env("build_timeout"))] = 300.0,
+    run_timeout: Annotated[float, typer.Option(envvar=_env("run_timeout"))] = 120.0,
+    seed: Annotated[
+        Optional[int], typer.Option(envvar=_env("seed"), help="Fix the run seed (default: secret).")
+    ] = None,
+    cache_dir: CacheOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Judge CANDIDATE against --problem: build, correctness trials, timing, verdict."""
+    from kerneljudge.candidate import Candidate
+    from kerneljudge.judge import Judge
+    from kerneljudge.problem import Problem
+    from kerneljudge.render import render_verdict
+
+    if tolerance not in ("oracle", "allclose"):
+        _fail(f"--tolerance must be oracle or allclose, not {tolerance!r}")
+    try:
+        cand = Candidate.from_file(candidate, backend=backend)
+        sets = Problem.load(problem).shape_sets
+        chosen = tuple(sets) if shape_sets == "all" and sets else tuple(shape_sets.split(","))
+        config = _config(
+            device=device,
+            trials=trials,
+            tolerance=tolerance,
+            atol=atol,
+            rtol=rtol,
+            timing=timing,
+            baselines=tuple(b for b in baselines.split(",") if b),
+            shape_sets=chosen,
+            build_timeout_s=build_timeout,
+            run_timeout_s=run_timeout,
+            seed=seed,
+            cache_dir=cache_dir,
+            max_time_s=max_time,
+        )
+        with Judge(problem, config) as judge:
+            verdict = judge.evaluate(cand)
+    except KernelJudgeError as exc:
+        _fail(str(exc))
+        return
+    if json_out:
+        print(verdict.to_json())
+    elif verdict.build and not verdict.build.ok and not verdict.build.cache_key:
+        # Rejected before any build (syntax error, no ModelNew): one line says it all.
+        err_console.print(f"{verdict.status.value}: {cand.name}: {verdict.reason}", highlight=False)
+    else:
+        render_verdict(verdict, console)
+    raise typer.Exit(0 if verdict.correct else 1)
+
+
+@app.command("build")
+def build_command(
+    candidate: Annotated[Path, typer.Argument(help="The candidate file.")],
+    backend: BackendOpt = None,
+    device: DeviceOpt = "auto",
+    build_timeout: Annotated[float, typer.Option(envvar=_env("build_timeout"))] = 300.0,
+    cache_dir: CacheOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Compile CANDIDATE only (no GPU needed): the shaped compiler log, or success."""
+    import dataclasses
+
+    from kerneljudge.build import BuildCache, build
+    from kerneljudge.candidate import Candidate
+    from kerneljudge.device import build_arch
+
+    try:
+        cand = Candidate.from_file(candidate, backend=backend)
+        arch = build_arch(device if device.startswith("cuda") else None)
+        result = build(cand, cache=BuildCache(cache_dir), arch=arch, timeout_s=build_timeout)
+    except KernelJudgeError as exc:
+        _fail(str(exc))
+        return
+    if json_out:
+        print(json.dumps(dataclasses.asdict(result), indent=2))
+    elif result.ok:
+        console.print(
+            f"[green]built[/] {cand.name} ({cand.backend}) in {result.duration_s:.1f} s"
+            + (" (cached)" if result.cached else "")
+        )
+    else:
+        console.print(result.log, highlight=False, markup=False)
+    raise typer.Exit(0 if result.ok else 1)
+
+
+@problems_app.callback()
+def problems_list(ctx: typer.Context) -> None:
+    """List the bundled problems (with no subcommand)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from kerneljudge.problem import Problem, bundled_problem_names
+
+    table = Table(title="bundled problems")
+    for col in ("name", "dtype", "tags", "shape sets", "description"):
+        table.add_column(col, overflow="fold")
+    for name in bundled_problem_names():
+        try:
+            p = Problem.load(name)
+        except KernelJudgeError as exc:
+            table.add_row(name, "-", "-", "-", f"[red]{exc}[/]")
+            continue
+        desc = p.description.split(". ")[0][:80]
+        table.add_row(
+            p.name,
+            str(p.dtype).removeprefix("torch."),
+            ", ".join(p.tags),
+            ", ".join(p.shape_sets) or "-",
+            desc,
+        )
+    console.print(table)
+
+
+@problems_app.command("show")
+def problems_show(name: Annotated[str, typer.Argument(help="Bundled name or path.")]) -> None:
+    """Print a problem's metadata and reference source."""
+    from kerneljudge.problem import Problem
+
+    try:
+        p = Problem.load(name)
+    except KernelJudgeError as exc:
+        _fail(str(exc))
+        return
+    console.print(f"[bold]{p.name}[/]  ({p.path})")
+    if p.description:
+        console.print(p.description)
+    atol, rtol = p.tolerance
+    console.print(
+        f"dtype {p.dtype}, atol={atol:g} rtol={rtol:g}, shape sets: "
+        f"{', '.join(p.shape_sets) or '-'}"
+    )
+    console.print(Syntax(p.source, "python", line_numbers=False))
+
+
+@app.command("examples")
+def examples_command(
+    problem: Annotated[
+        Optional[str], typer.Option("--problem", "-p", help="Only this problem.")
+    ] = None,
+    device: DeviceOpt = "auto",
+    cache_dir: CacheOpt = None,
+    max_time: Annotated[float, typer.Option(help="Timing budget per candidate, seconds.")] = 2.0,
+    json_out: JsonOpt = False,
+) -> None:
+    """Judge the bundled examples (CUDA ones only where a GPU is visible); exit 1 on a surprise."""
+    from kerneljudge.examples import run_examples
+
+    try:
+        rows = run_examples(
+            problem=problem,
+            device=device,
+            cache_dir=cache_dir,
+            max_time_s=max_time,
+            console=None if json_out else console,
+        )
+    except KernelJudgeError as exc:
+        _fail(str(exc))
+        return
+    if json_out:
+        print(json.dumps([r.to_dict() for r in rows], indent=2))
+    raise typer.Exit(0 if all(r.as_expected for r in rows) else 1)
+
+
+def main() -> None:
+    """Entry point of the console script."""
+    try:
+        app()
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        sys.exit(130)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,545 @@
+"""The judge: build -> check -> timing -> verdict, for one problem and any number of candidates.
+
+Process model: this (supervisor) process never imports candidate code. Builds run in a build
+worker with no GPU visible; each candidate runs in a fresh candidate worker (taken from a pool
+started ahead of need) that is discarded afterwards; the reference runs and is timed in a
+separate, trusted reference worker on the same device. Inputs are drawn here from a secret
+per-run seed and compared here, in float64 on the CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.metadata
+import platform
+import secrets
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kerneljudge import toolchain
+from kerneljudge.build import IMPORT_ONLY_BACKENDS, BuildCache, build
+from kerneljudge.buildlog import shape_log
+from kerneljudge.candidate import Candidate
+from kerneljudge.check import compare_outputs
+from kerneljudge.device import build_arch, describe_device, resolve_device
+from kerneljudge.errors import WorkerError
+from kerneljudge.problem import Problem
+from kerneljudge.timing import TimingConfig, measure_alternating, speedups, summarise
+from kerneljudge.verdict import (
+    BuildResult,
+    CheckResult,
+    CompilerMessage,
+    DeviceInfo,
+    Roofline,
+    Status,
+    TimingResult,
+    TrialResult,
+    Verdict,
+)
+from kerneljudge.worker import CandidateFault, WorkerDied, WorkerPool, WorkerProcess, WorkerTimeout
+
+__all__ = ["Judge", "JudgeConfig", "judge"]
+
+
+@dataclass(frozen=True)
+class JudgeConfig:
+    """How to judge. Every field has a CLI option of the same name.
+
+    Attributes:
+        device: ``auto`` (GPU for cuda/triton, CPU for cpp/torch), ``cpu``, ``cuda``, ``cuda:N``.
+        trials: correctness trials per shape set, each with fresh inputs.
+        tolerance: ``oracle`` (float64-oracle rule) or ``allclose`` (see :mod:`kerneljudge.check`).
+        atol, rtol: override the problem's allclose tolerances.
+        shape_sets: which of the problem's shape sets to check; timing uses the last one.
+        timing: time a correct candidate.
+        baselines: reference baselines to time: ``eager`` and/or ``compile`` (torch.compile).
+        timing_config: the timing protocol's knobs.
+        build_timeout_s: limit of one build (seconds).
+        run_timeout_s: limit of one request to a candidate worker: import, one trial, or one
+            timing batch (seconds).
+        cache_dir: the build cache (None: :func:`kerneljudge.build.default_cache_dir`).
+        seed: the run seed (None: a fresh secret one per evaluation).
+        threads: torch threads in the workers (0: torch's default).
+    """
+
+    device: str = "auto"
+    trials: int = 5
+    tolerance: str = "oracle"
+    atol: float | None = None
+    rtol: float | None = None
+    shape_sets: tuple[str, ...] = ("public",)
+    timing: bool = True
+    baselines: tuple[str, ...] = ("eager", "compile")
+    timing_config: TimingConfig = field(default_factory=TimingConfig)
+    build_timeout_s: float = 300.0
+    run_timeout_s: float = 120.0
+    cache_dir: Path | None = None
+    seed: int | None = None
+    threads: int = 0
+
+
+def _derive(seed: int, *parts: object) -> int:
+    digest = hashlib.sha256(":".join(map(str, (seed, *parts))).encode()).digest()
+    return int.from_bytes(digest[:8], "big") & ((1 << 63) - 1)
+
+
+def _versions() -> dict[str, str]:
+    out = {
+        "kerneljudge": _pkg_version("kerneljudge"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": str(torch.version.cuda),
+    }
+    triton = _pkg_version("triton")
+    if triton != "unknown":
+        out["triton"] = triton
+    return out
+
+
+def _pkg_version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def _first_line(text: str) -> str:
+    return next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+
+
+class _Reference:
+    """The trusted reference worker for one shape set: fixed weights, reference runs, baselines."""
+
+    def __init__(
+        self, problem: Problem, shape_set: str, device: str, weight_seed: int, threads: int
+    ) -> None:
+        self.problem = Problem.load(problem.path)
+        self.problem.use_shape_set(shape_set)
+        self.shape_set = shape_set
+        self.init_inputs = self.problem.make_init_inputs(weight_seed)
+        model = self.problem.make_model(weight_seed, self.init_inputs)
+        self.state_dict = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        self.worker = WorkerProcess("reference", device, threads=threads)
+        self._ready = False
+        self.compile_error: str | None = None
+        self._compiled = False
+
+    def request(self, op: str, timeout_s: float, **fields: Any) -> dict[str, Any]:
+        """A request the reference must answer; any failure is a harness error."""
+        try:
+            if not self._ready:
+                self._ready = True
+                self.request(
+                    "load_problem", timeout_s, path=str(self.problem.path), shape_set=self.shape_set
+                )
+                self.request(
+                    "setup", timeout_s, init_inputs=self.init_inputs, state_dict=self.state_dict
+                )
+            return self.worker.request(op, timeout_s, **fields)
+        except (CandidateFault, WorkerDied, WorkerTimeout) as exc:
+            raise WorkerError(
+                f"the reference of {self.problem.name} failed on {op}: {exc}"
+            ) from None
+
+    def ensure_compiled(self, timeout_s: float) -> bool:
+        """torch.compile the reference once; False (and ``compile_error``) if that fails."""
+        if not self._compiled and self.compile_error is None:
+            try:
+                self.worker.request("compile", timeout_s)
+                self._compiled = True
+            except (CandidateFault, WorkerTimeout, WorkerDied) as exc:
+                self.compile_error = _first_line(str(exc))
+                if not self.worker.alive():
+                    raise WorkerError(f"the reference worker died compiling: {exc}") from None
+        return self._compiled
+
+    def close(self) -> None:
+        self.worker.close()
+
+
+class Judge:
+    """Judges candidates for one problem; holds its workers and build cache between calls.
+
+    Use as a context manager (or call :meth:`close`) so that worker processes end.
+
+    Args:
+        problem: a :class:`Problem`, a bundled problem name, or a path.
+        config: how to judge.
+
+    Raises:
+        ProblemError: the problem cannot be loaded.
+    """
+
+    def __init__(self, problem: Problem | str | Path, config: JudgeConfig | None = None) -> None:
+        self.problem = problem if isinstance(problem, Problem) else Problem.load(problem)
+        self.config = config or JudgeConfig()
+        self.cache = BuildCache(self.config.cache_dir)
+        self._weight_seed = (
+            self.config.seed if self.config.seed is not None else secrets.randbits(62)
+        )
+        self._pools: dict[str, WorkerPool] = {}
+        self._refs: dict[tuple[str, str], _Reference] = {}
+        self._devices: dict[str, DeviceInfo] = {}
+
+    # ------------------------------------------------------------------ resources
+    def __enter__(self) -> Judge:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """End every worker this judge started."""
+        for pool in self._pools.values():
+            pool.close()
+        for ref in self._refs.values():
+            ref.close()
+        self._pools.clear()
+        self._refs.clear()
+
+    def _pool(self, device: str) -> WorkerPool:
+        if device not in self._pools:
+            env = {"CUDA_HOME": toolchain.cuda_home()} if toolchain.cuda_home() else {}
+            self._pools[device] = WorkerPool(device, env, threads=self.config.threads)
+        return self._pools[device]
+
+    def _reference(self, device: str, shape_set: str) -> _Reference:
+        key = (device, shape_set)
+        if key not in self._refs:
+            self._refs[key] = _Reference(
+                self.problem, shape_set, device, self._weight_seed, self.config.threads
+            )
+        return self._refs[key]
+
+    def device_info(self, device: str) -> DeviceInfo:
+        if device not in self._devices:
+            self._devices[device] = describe_device(device)
+        return self._devices[device]
+
+    def arch_for(self, device: str | None) -> str:
+        """The CUDA arch candidates are built for (see :func:`kerneljudge.device.build_arch`)."""
+        return build_arch(device)
+
+    # ------------------------------------------------------------------ stages
+    def build(self, candidate: Candidate | str | Path, device: str | None = None) -> BuildResult:
+        """Build (or fetch from the cache) without running anything.
+
+        Raises:
+            CandidateError: a candidate path that cannot be read.
+        """
+        cand = _as_candidate(candidate)
+        return build(
+            cand,
+            cache=self.cache,
+            arch=self.arch_for(device),
+            timeout_s=self.config.build_timeout_s,
+        )
+
+    def evaluate(self, candidate: Candidate | str | Path, *, seed: int | None = None) -> Verdict:
+        """Judge one candidate: build, correctness trials, and (when correct) timing.
+
+        Args:
+            candidate: a :class:`Candidate`, or a path to a candidate file.
+            seed: the run seed for this evaluation's inputs (None: a fresh secret one).
+
+        Returns:
+            The :class:`Verdict`; every failure of the candidate is a status in it.
+
+        Raises:
+            CandidateError: the candidate file cannot be read.
+            DeviceError: the candidate needs a GPU and none is visible.
+            WorkerError: the reference itself failed (a harness or problem bug).
+        """
+        cand = _as_candidate(candidate)
+        started, t0 = _now(), time.monotonic()
+        device = resolve_device(self.config.device, cand.needs_gpu)
+        run_seed = (
+            seed
+            if seed is not None
+            else (self.config.seed if self.config.seed is not None else secrets.randbits(62))
+        )
+        pool = self._pool(device)
+        pool.prestart()  # the worker starts while the build runs
+        for shape_set in self._shape_sets():
+            self._reference(device, shape_set)
+        base = dict(
+            problem=self.problem.name,
+            candidate_sha256=cand.sha256,
+            backend=cand.backend,
+            device=self.device_info(device),
+            versions=_versions(),
+            started_at=started,
+        )
+
+        def finish(status: Status, reason: str, **kw: Any) -> Verdict:
+            return Verdict(
+                status=status,
+                reason=reason,
+                finished_at=_now(),
+                duration_s=time.monotonic() - t0,
+                **base,
+                **kw,
+            )
+
+        result = self.build(cand, device)
+        if not result.ok:
+            status = Status.TIMEOUT if result.timed_out else Status.COMPILE_ERROR
+            first = next((m for m in result.messages if m.severity == "error"), None)
+            where = f"line {first.candidate_line}: " if first and first.candidate_line else ""
+            return finish(
+                status, where + (first.message if first else "build failed"), build=result
+            )
+
+        worker = pool.take()
+        trials: list[TrialResult] = []
+        atol, rtol = self._tolerances()
+        try:
+            failed_import = self._load(worker, cand, result, device)
+            if failed_import is not None:
+                first = failed_import.messages[0]
+                return finish(
+                    Status.COMPILE_ERROR,
+                    (f"line {first.candidate_line}: " if first.candidate_line else "")
+                    + first.message,
+                    build=failed_import,
+                )
+            for shape_set in self._shape_sets():
+                ref = self._reference(device, shape_set)
+                worker.request(
+                    "setup",
+                    self.config.run_timeout_s,
+                    init_inputs=ref.init_inputs,
+                    state_dict=ref.state_dict,
+                )
+                for i in range(self.config.trials):
+                    inputs = ref.problem.make_inputs(_derive(run_seed, shape_set, i))
+                    expected = ref.request(
+                        "run",
+                        self.config.run_timeout_s,
+                        inputs=inputs,
+                        oracle=self.config.tolerance == "oracle",
+                    )
+                    got = worker.request("run", self.config.run_timeout_s, inputs=inputs)
+                    trial = compare_outputs(
+                        expected["outputs"],
+                        got["outputs"],
+                        oracle=expected.get("oracle"),
+                        atol=atol,
+                        rtol=rtol,
+                        mode=self.config.tolerance,
+                        index=len(trials),
+                    )
+                    trials.append(dataclasses.replace(trial, shape_set=shape_set))
+            check = CheckResult(
+                passed=all(t.passed for t in trials),
+                trials=tuple(trials),
+                mode=self.config.tolerance,
+                atol=atol,
+                rtol=rtol,
+            )
+            if not check.passed:
+                bad = next(t for t in trials if not t.passed)
+                return finish(
+                    Status.INCORRECT,
+                    f"{check.n_passed}/{len(trials)} trials passed; "
+                    f"trial {bad.index}: {bad.reason}",
+                    build=result,
+                    check=check,
+                )
+            if not self.config.timing:
+                return finish(Status.CORRECT, "", build=result, check=check)
+            timing, status, note = self._time(device, worker, ref, expected["outputs"], atol, rtol)
+            return finish(status, note, build=result, check=check, timing=timing)
+        except CandidateFault as exc:
+            check = (
+                CheckResult(False, tuple(trials), self.config.tolerance, atol, rtol)
+                if trials
+                else None
+            )
+            return finish(
+                Status.RUNTIME_ERROR,
+                _first_line(str(exc)),
+                build=result,
+                check=check,
+                worker_log=str(exc) + "\n" + worker.log_tail(),
+            )
+        except WorkerDied as exc:
+            return finish(
+                Status.RUNTIME_ERROR, exc.describe(), build=result, worker_log=exc.log_tail
+            )
+        except WorkerTimeout as exc:
+            return finish(
+                Status.TIMEOUT,
+                f"the candidate's {exc.op} did not finish within {exc.timeout_s:g} s",
+                build=result,
+                worker_log=worker.log_tail(),
+            )
+        finally:
+            worker.close()
+
+    def _load(
+        self, worker: WorkerProcess, cand: Candidate, result: BuildResult, device: str
+    ) -> BuildResult | None:
+        """Import the built candidate in its worker.
+
+        Returns None on success. For backends whose build *is* the import (``torch``,
+        ``triton``) an import failure is a compile error: the failed :class:`BuildResult` is
+        returned. For compiled backends it is a runtime error (the fault propagates).
+        """
+        entry = self.cache.entry(result.cache_key)
+        try:
+            worker.request(
+                "load_candidate",
+                self.config.run_timeout_s,
+                path=str(entry / "candidate.py"),
+                env=toolchain.build_environment(self.arch_for(device), entry / "ext"),
+            )
+        except CandidateFault as exc:
+            if cand.backend not in IMPORT_ONLY_BACKENDS:
+                raise
+            text = str(exc).removeprefix("importing the candidate failed: ")
+            msg = CompilerMessage(
+                cand.name, exc.lineno, None, "error", _first_line(text), exc.lineno
+            )
+            log = shape_log([msg], text, cand.source, cand.name)
+            return dataclasses.replace(result, ok=False, messages=(msg,), log=log)
+        return None
+
+    def _shape_sets(self) -> list[str]:
+        """The configured shape sets, the public one last (it is the one timed)."""
+        sets = list(dict.fromkeys(self.config.shape_sets))
+        if "public" in sets:
+            sets.remove("public")
+            sets.append("public")
+        return sets
+
+    def _tolerances(self) -> tuple[float, float]:
+        atol, rtol = self.problem.tolerance
+        return (
+            self.config.atol if self.config.atol is not None else atol,
+            self.config.rtol if self.config.rtol is not None else rtol,
+        )
+
+    def _time(
+        self,
+        device: str,
+        worker: WorkerProcess,
+        ref: _Reference,
+        expected: Any,
+        atol: float,
+        rtol: float,
+    ) -> tuple[TimingResult, Status, str]:
+        """Time baselines and candidate alternately; re-check the candidate's timed output.
+
+        Returns the timing, the status it implies (``incorrect`` when the output of the timed
+        calls is wrong, ``rejected`` below the physical floor, else ``correct``) and the reason.
+        """
+        cfg = self.config
+        info = self.device_info(device)
+        flush = (
+            2 * info.l2_bytes
+            if info.kind == "cuda" and info.l2_bytes
+            else (256 << 20 if info.kind == "cuda" else 0)
+        )
+
+        def sampler(target: WorkerProcess, name: str, owner: str):
+            def sample(n: int, warmup: int) -> list[float]:
+                reply = (ref.request if owner == "reference" else target.request)(
+                    "time", cfg.run_timeout_s, n=n, warmup=warmup, flush_bytes=flush, target=name
+                )
+                return [float(x) for x in reply["times_ms"]]
+
+            return sample
+
+        contestants = {}
+        if "eager" in cfg.baselines:
+            contestants["eager"] = sampler(ref.worker, "eager", "reference")
+        contestants["candidate"] = sampler(worker, "candidate", "candidate")
+        if "compile" in cfg.baselines and ref.ensure_compiled(max(cfg.run_timeout_s, 600.0)):
+            contestants["compile"] = sampler(ref.worker, "compile", "reference")
+        samples, rounds, stop = measure_alternating(contestants, cfg.timing_config)
+        roofline = self._roofline(ref, samples["candidate"], info)
+        timing = TimingResult(
+            clock="cuda_event" if info.kind == "cuda" else "monotonic",
+            measurements=tuple(summarise(k, v) for k, v in samples.items()),
+            speedups=tuple(speedups(samples)),
+            rounds=rounds,
+            stop_reason=stop,
+            l2_flush_bytes=flush,
+            roofline=roofline,
+        )
+        last = worker.request("last_output", cfg.run_timeout_s)
+        recheck = compare_outputs(expected, last["outputs"], atol=atol, rtol=rtol, mode="allclose")
+        if not recheck.passed:
+            return (
+                timing,
+                f"the output of the timed calls differs from the reference: {recheck.reason}",
+            )
+        cand = timing.measurement("candidate")
+        if roofline and roofline.floor_ms and cand and cand.median_ms < roofline.floor_ms:
+            return (
+                timing,
+                Status.REJECTED,
+                f"median time {cand.median_ms:.4g} ms is below the physical floor "
+                f"{roofline.floor_ms:.4g} ms of this device",
+            )
+        return timing, Status.CORRECT, ""
+
+    def _roofline(self, ref: _Reference, samples: list[float], info: DeviceInfo) -> Roofline | None:
+        """Achieved throughput and the physical floor, when the problem counts its work."""
+        try:
+            from kerneljudge import roofline as rl
+        except ImportError:  # pragma: no cover - the device table ships with the package
+            return None
+        flops = ref.problem.flop_count()
+        nbytes = ref.problem.byte_count()
+        if flops is None and nbytes is None:
+            return None
+        median_s = float(sorted(samples)[len(samples) // 2]) / 1e3
+        spec = rl.lookup(info.name) if info.kind == "cuda" else None
+        if spec is None:
+            return Roofline(
+                flops=flops,
+                bytes=nbytes,
+                achieved_tflops=flops / median_s / 1e12 if flops else None,
+                achieved_gbps=nbytes / median_s / 1e9 if nbytes else None,
+            )
+        r = rl.roofline(flops or 0.0, nbytes or 0.0, median_s, spec, ref.problem.dtype)
+        return Roofline(
+            flops=flops,
+            bytes=nbytes,
+            achieved_tflops=r.achieved_tflops,
+            achieved_gbps=r.achieved_gbps,
+            compute_fraction=r.compute_fraction,
+            bandwidth_fraction=r.bandwidth_fraction,
+            floor_ms=r.floor_s * 1e3,
+            source=spec.source,
+        )
+
+
+def _as_candidate(candidate: Candidate | str | Path) -> Candidate:
+    return candidate if isinstance(candidate, Candidate) else Candidate.from_file(candidate)
+
+
+def judge(
+    problem: Problem | str | Path,
+    candidate: Candidate | str | Path,
+    config: JudgeConfig | None = None,
+) -> Verdict:
+    """Judge one candidate on one problem (starts and ends its own workers).
+
+    Raises:
+        ProblemError, CandidateError, DeviceError, WorkerError: see :meth:`Judge.evaluate`.
+    """
+    with Judge(problem, config) as j:
+        return j.evaluate(candidate)

@@ -1,0 +1,271 @@
+"""Problems: a PyTorch reference in the KernelBench file format, plus optional metadata.
+
+A problem file is a Python module that defines
+
+* ``class Model(nn.Module)``: the reference computation;
+* ``get_inputs() -> list``: the forward inputs (tensors or Python scalars);
+* ``get_init_inputs() -> list``: the constructor arguments.
+
+Shape parameters are module-level globals (``batch_size = 16``) that ``get_inputs`` and
+``get_init_inputs`` read when they are called. Optional metadata, all module-level:
+
+* ``NAME: str`` (default: the file's stem), ``DESCRIPTION: str``, ``TAGS: list[str]``;
+* ``DTYPE: str``: the dtype the problem is stated in (``"float32"``, ``"bfloat16"``, ``"float16"``);
+  a candidate must compute at this precision or better;
+* ``TOLERANCE: dict``: ``{"atol": float, "rtol": float}`` overriding the per-dtype defaults;
+* ``SHAPE_SETS: dict[str, dict]``: named overrides of the shape globals. The set named
+  ``"public"`` is shown in prompts; every other set is held out for full evaluations. Values that
+  derive from shape globals must be computed inside ``get_inputs``/``get_init_inputs``, not at
+  module level, so that an override reaches them;
+* ``flop_count() -> float`` and ``byte_count() -> float``: the work of one forward call at the
+  current shape globals, in floating-point operations and in the fewest bytes that must cross
+  device memory. Without ``byte_count`` the sum of input and output sizes is used;
+* ``POLICY: dict``: judging policy, e.g. ``{"require_custom_kernel": True}``.
+
+Inputs are drawn from a seed: :meth:`Problem.make_inputs` seeds torch's CPU generator, calls
+``get_inputs()`` and moves the result to the requested device, so the same seed gives the same
+inputs on every machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kerneljudge.errors import ProblemError
+
+__all__ = [
+    "DEFAULT_TOLERANCES",
+    "Problem",
+    "bundled_problem_names",
+    "bundled_problems_dir",
+    "resolve_problem",
+]
+
+#: Per-dtype ``allclose`` defaults (atol = rtol), as the task prompts state them.
+DEFAULT_TOLERANCES: dict[torch.dtype, float] = {
+    torch.float32: 1e-4,
+    torch.float64: 1e-7,
+    torch.float16: 1e-2,
+    torch.bfloat16: 1e-2,
+}
+
+_DTYPE_NAMES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float64": torch.float64,
+}
+
+
+def bundled_problems_dir() -> Path:
+    """The folder of the problems that ship with kerneljudge."""
+    return Path(__file__).resolve().parent / "problems"
+
+
+def bundled_problem_names() -> list[str]:
+    """Names of the bundled problems, sorted."""
+    return sorted(p.stem for p in bundled_problems_dir().glob("*.py") if not p.name.startswith("_"))
+
+
+def resolve_problem(spec: str | Path) -> Path:
+    """Turn a problem name or a path into the path of a problem file.
+
+    Raises:
+        ProblemError: the path does not exist and no bundled problem has that name.
+    """
+    path = Path(spec)
+    if path.suffix == ".py" or path.exists() or "/" in str(spec):
+        if not path.is_file():
+            raise ProblemError(f"problem file not found: {spec}")
+        return path.resolve()
+    candidate = bundled_problems_dir() / f"{spec}.py"
+    if candidate.is_file():
+        return candidate
+    names = ", ".join(bundled_problem_names())
+    raise ProblemError(f"no problem named {spec!r} (bundled: {names})")
+
+
+def _load_module(path: Path) -> types.ModuleType:
+    name = f"kerneljudge_problem_{hashlib.sha1(str(path).encode()).hexdigest()[:12]}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ProblemError(f"cannot load problem file {path}")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as exc:
+        raise ProblemError(f"{path}:{exc.lineno}: syntax error: {exc.msg}") from None
+    except Exception as exc:  # the file is user input: any failure is a problem error
+        raise ProblemError(f"{path}: failed to import: {type(exc).__name__}: {exc}") from None
+    for required in ("Model", "get_inputs", "get_init_inputs"):
+        if not hasattr(module, required):
+            raise ProblemError(f"{path}: a problem file must define {required}")
+    return module
+
+
+@dataclass
+class Problem:
+    """A loaded reference problem.
+
+    Attributes:
+        path: the problem file.
+        source: its text.
+        name: ``NAME`` or the file stem.
+        module: the executed module; shape globals are patched on it by :meth:`use_shape_set`.
+    """
+
+    path: Path
+    source: str
+    name: str
+    module: types.ModuleType
+    shape_set: str = "public"
+    _base_globals: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def load(cls, spec: str | Path) -> Problem:
+        """Load a problem by bundled name or by path.
+
+        Raises:
+            ProblemError: missing file, unknown name, import failure or missing definitions.
+        """
+        path = resolve_problem(spec)
+        module = _load_module(path)
+        name = str(getattr(module, "NAME", path.stem))
+        problem = cls(path=path, source=path.read_text(), name=name, module=module)
+        sets = problem.shape_sets
+        if sets:
+            keys = {k for s in sets.values() for k in s}
+            missing = [k for k in keys if not hasattr(module, k)]
+            if missing:
+                raise ProblemError(f"{path}: SHAPE_SETS names unknown globals: {missing}")
+            problem._base_globals = {k: getattr(module, k) for k in keys}
+            if "public" in sets:
+                problem.use_shape_set("public")
+        return problem
+
+    # ----------------------------------------------------------------- metadata
+    @property
+    def description(self) -> str:
+        return str(getattr(self.module, "DESCRIPTION", "")).strip()
+
+    @property
+    def tags(self) -> list[str]:
+        return list(getattr(self.module, "TAGS", []))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The stated dtype (``DTYPE``), default float32.
+
+        Raises:
+            ProblemError: ``DTYPE`` names no known dtype.
+        """
+        raw = str(getattr(self.module, "DTYPE", "float32"))
+        try:
+            return _DTYPE_NAMES[raw]
+        except KeyError:
+            raise ProblemError(f"{self.path}: unknown DTYPE {raw!r}") from None
+
+    @property
+    def tolerance(self) -> tuple[float, float]:
+        """``(atol, rtol)``: ``TOLERANCE`` or the per-dtype default of :data:`DEFAULT_TOLERANCES`."""
+        default = DEFAULT_TOLERANCES.get(self.dtype, 1e-4)
+        tol = dict(getattr(self.module, "TOLERANCE", {}) or {})
+        return float(tol.get("atol", default)), float(tol.get("rtol", default))
+
+    @property
+    def policy(self) -> dict[str, Any]:
+        return dict(getattr(self.module, "POLICY", {}) or {})
+
+    @property
+    def shape_sets(self) -> dict[str, dict[str, Any]]:
+        return dict(getattr(self.module, "SHAPE_SETS", {}) or {})
+
+    @property
+    def heldout_shape_sets(self) -> list[str]:
+        return [k for k in self.shape_sets if k != "public"]
+
+    def use_shape_set(self, name: str) -> None:
+        """Patch the module's shape globals with the set ``name``.
+
+        Raises:
+            ProblemError: no such shape set.
+        """
+        sets = self.shape_sets
+        if name not in sets:
+            if not sets and name == "public":
+                return
+            raise ProblemError(f"{self.name}: no shape set {name!r} (has: {list(sets)})")
+        for key, value in self._base_globals.items():
+            setattr(self.module, key, value)
+        for key, value in sets[name].items():
+            setattr(self.module, key, value)
+        self.shape_set = name
+
+    def shape_globals(self) -> dict[str, Any]:
+        """The current values of the shape globals named by any shape set."""
+        return {k: getattr(self.module, k) for k in self._base_globals}
+
+    # ----------------------------------------------------------------- inputs and models
+    def make_init_inputs(self, seed: int) -> list[Any]:
+        """Constructor arguments, drawn with torch's CPU generator seeded by ``seed``."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return list(self.module.get_init_inputs())
+
+    def make_inputs(self, seed: int, device: torch.device | str = "cpu") -> list[Any]:
+        """Forward inputs for one trial, drawn with torch's CPU generator seeded by ``seed``.
+
+        Tensors keep the dtype ``get_inputs`` gives them (integer inputs stay integers) and are
+        moved to ``device``; non-tensor inputs pass through unchanged.
+        """
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            raw = list(self.module.get_inputs())
+        return [x.to(device) if isinstance(x, torch.Tensor) else x for x in raw]
+
+    def make_model(self, seed: int, init_inputs: list[Any] | None = None) -> torch.nn.Module:
+        """The reference ``Model``, its parameters drawn from ``seed``, in ``eval()`` mode, on CPU."""
+        if init_inputs is None:
+            init_inputs = self.make_init_inputs(seed)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = self.module.Model(*init_inputs)
+        return model.eval()
+
+    def flop_count(self) -> float | None:
+        """Floating-point operations of one forward call at the current shapes, or None."""
+        fn = getattr(self.module, "flop_count", None)
+        return float(fn()) if callable(fn) else None
+
+    def byte_count(self, inputs: list[Any] | None = None, outputs: Any = None) -> float | None:
+        """Fewest bytes one forward call moves through memory at the current shapes.
+
+        ``byte_count()`` from the file when it defines one; otherwise the sum of the sizes of
+        ``inputs`` and ``outputs`` (both required then), else None.
+        """
+        fn = getattr(self.module, "byte_count", None)
+        if callable(fn):
+            return float(fn())
+        if inputs is None or outputs is None:
+            return None
+        total = 0
+        for t in list(inputs) + list(_flatten(outputs)):
+            if isinstance(t, torch.Tensor):
+                total += t.numel() * t.element_size()
+        return float(total)
+
+
+def _flatten(outputs: Any) -> list[Any]:
+    if isinstance(outputs, (tuple, list)):
+        return [y for x in outputs for y in _flatten(x)]
+    return [outputs]

@@ -1,0 +1,141 @@
+"""Rendering verdicts for a terminal (rich) and as the one-line summaries the seeds' users read."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from kerneljudge.verdict import Status, Verdict
+
+__all__ = ["STATUS_STYLE", "render_verdict", "verdict_summary"]
+
+STATUS_STYLE = {
+    Status.CORRECT: "bold green",
+    Status.INCORRECT: "bold red",
+    Status.COMPILE_ERROR: "bold red",
+    Status.RUNTIME_ERROR: "bold red",
+    Status.TIMEOUT: "bold yellow",
+    Status.REJECTED: "bold magenta",
+}
+
+
+def _fmt(x: float | None, spec: str = ".3g") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def verdict_summary(v: Verdict) -> str:
+    """One line: status, problem, and the eager speedup or the reason."""
+    head = f"{v.status.value} {v.problem}"
+    if v.timing and v.timing.speedup("eager"):
+        s = v.timing.speedup("eager")
+        assert s is not None
+        return f"{head}: {s.median:.2f}x vs eager (95% CI {s.ci95[0]:.2f}-{s.ci95[1]:.2f})"
+    return f"{head}: {v.reason}" if v.reason else head
+
+
+def render_verdict(v: Verdict, console: Console | None = None) -> None:
+    """Print a verdict as panels and tables."""
+    console = console or Console()
+    title = Text(v.status.value.upper(), style=STATUS_STYLE[v.status])
+    lines = [Text.assemble(("problem ", "dim"), v.problem, ("  backend ", "dim"), v.backend)]
+    if v.device:
+        lines.append(Text.assemble(("device ", "dim"), f"{v.device.name} ({v.device.kind})"))
+    if v.reason:
+        lines.append(Text(v.reason))
+    if v.build:
+        b = v.build
+        lines.append(
+            Text.assemble(
+                ("build ", "dim"),
+                "ok" if b.ok else "failed",
+                f"  {b.duration_s:.1f} s",
+                ("  (cached)" if b.cached else ""),
+            )
+        )
+    parts: list[object] = [Text("\n").join(lines)]
+    if v.build and not v.build.ok and v.build.log:
+        parts.append(Panel(Text(v.build.log[-3000:]), title="compiler errors", border_style="red"))
+    if v.check:
+        t = Table(
+            title=f"correctness ({v.check.mode} rule, atol={v.check.atol:g} rtol={v.check.rtol:g})"
+        )
+        for col in (
+            "trial",
+            "shapes",
+            "result",
+            "max_abs_err",
+            "mean_abs_err",
+            "max_rel_err",
+            "allclose",
+            "err vs fp64",
+            "bound",
+        ):
+            t.add_column(
+                col, justify="right" if col not in ("result", "shapes") else "left", no_wrap=True
+            )
+        for tr in v.check.trials:
+            t.add_row(
+                str(tr.index),
+                tr.shape_set,
+                Text("pass", style="green") if tr.passed else Text("FAIL", style="red"),
+                _fmt(tr.max_abs_err),
+                _fmt(tr.mean_abs_err),
+                _fmt(tr.max_rel_err),
+                "yes" if tr.allclose else "no",
+                _fmt(tr.oracle_err),
+                _fmt(tr.oracle_bound),
+            )
+        parts.append(t)
+        bad = next((tr for tr in v.check.trials if not tr.passed), None)
+        if bad and bad.mismatches:
+            mm = Table(title=f"first mismatches (trial {bad.index})")
+            for col in ("index", "expected", "got"):
+                mm.add_column(col, justify="right")
+            for m in bad.mismatches:
+                mm.add_row(str(m.index), f"{m.expected:.6g}", f"{m.got:.6g}")
+            parts.append(mm)
+    if v.timing:
+        tm = v.timing
+        t = Table(title=f"timing ({tm.clock}, {tm.rounds} rounds, stopped by {tm.stop_reason})")
+        for col in ("contestant", "median ms", "IQR ms", "95% CI of median", "min ms", "samples"):
+            t.add_column(col, justify="left" if col == "contestant" else "right")
+        for m in tm.measurements:
+            t.add_row(
+                m.name,
+                f"{m.median_ms:.4f}",
+                f"{m.iqr_ms:.4f}",
+                f"{m.ci95_ms[0]:.4f}-{m.ci95_ms[1]:.4f}",
+                f"{m.min_ms:.4f}",
+                str(m.samples),
+            )
+        parts.append(t)
+        s = Table(title="speedup (baseline median / candidate median)")
+        for col in ("baseline", "speedup", "95% CI"):
+            s.add_column(col, justify="right")
+        for sp in tm.speedups:
+            s.add_row(sp.baseline, f"{sp.median:.3f}x", f"{sp.ci95[0]:.3f}-{sp.ci95[1]:.3f}")
+        parts.append(s)
+        r = tm.roofline
+        if r:
+            frac = ""
+            if r.bandwidth_fraction is not None or r.compute_fraction is not None:
+                frac = (
+                    f"  ({_fmt(r.bandwidth_fraction and r.bandwidth_fraction * 100, '.1f')}% of peak "
+                    f"bandwidth, {_fmt(r.compute_fraction and r.compute_fraction * 100, '.1f')}% of peak "
+                    f"FLOP/s; floor {_fmt(r.floor_ms, '.4g')} ms)"
+                )
+            parts.append(
+                Text(
+                    f"roofline: {_fmt(r.achieved_gbps, '.1f')} GB/s, "
+                    f"{_fmt(r.achieved_tflops, '.3f')} TFLOP/s{frac}"
+                )
+            )
+    if v.worker_log and v.status in (Status.RUNTIME_ERROR, Status.TIMEOUT):
+        parts.append(
+            Panel(Text(v.worker_log[-2000:]), title="worker output", border_style="yellow")
+        )
+    console.print(Panel(parts[0], title=title, expand=False))  # type: ignore[arg-type]
+    for part in parts[1:]:
+        console.print(part)

@@ -1,0 +1,165 @@
+"""Timing stage: reference baselines and the candidate, measured alternately, with their spread.
+
+The protocol (the samples themselves are taken in the workers, see
+:meth:`kerneljudge.worker.runtime.Worker.op_time`):
+
+1. warm-up calls for every contestant, then one calibration batch that sizes each contestant's
+   batch to about ``batch_target_ms``;
+2. rounds: every contestant runs one batch per round, in an order rotated each round
+   (A B C, B C A, ...), so that clock and thermal drift hit all of them alike;
+3. stop when every median's 95% confidence interval is narrower than ``rel_precision`` of the
+   median (at least ``min_samples`` each), or at ``max_time_s`` / ``max_samples``;
+4. summarise: median, quartiles, the median's distribution-free 95% interval, and for each
+   baseline the speedup ``median(baseline) / median(candidate)`` with a 95% percentile-bootstrap
+   interval (Efron & Tibshirani, *An Introduction to the Bootstrap*, 1993, ch. 13).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from kerneljudge.verdict import Measurement, Speedup
+
+__all__ = [
+    "TimingConfig",
+    "bootstrap_speedup",
+    "measure_alternating",
+    "median_ci",
+    "speedups",
+    "summarise",
+]
+
+#: A contestant: ``sample(n, warmup) -> n times in milliseconds`` (after ``warmup`` untimed calls).
+Sampler = Callable[[int, int], list[float]]
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    """Knobs of the timing protocol (times in the unit their suffix names).
+
+    Attributes:
+        warmup_calls: untimed calls per contestant before the first sample.
+        min_samples: samples each contestant needs before the precision rule may stop.
+        max_samples: hard cap of samples per contestant.
+        rel_precision: stop once every median's 95% CI half-width is below this fraction of it.
+        max_time_s: stop after this much wall time in the sampling loop.
+        batch_target_ms: wall time one contestant's batch should take in one round.
+    """
+
+    warmup_calls: int = 3
+    min_samples: int = 15
+    max_samples: int = 1000
+    rel_precision: float = 0.005
+    max_time_s: float = 4.0
+    batch_target_ms: float = 30.0
+
+
+def median_ci(samples: list[float] | np.ndarray) -> tuple[float, float]:
+    """Distribution-free 95% confidence interval of the median, from order statistics.
+
+    The ranks are ``n/2 -+ 1.96 sqrt(n)/2`` (normal approximation of Binomial(n, 1/2); Conover,
+    *Practical Nonparametric Statistics*, 3rd ed., section 3.2). With fewer than 6 samples the
+    interval is the whole range.
+    """
+    x = np.sort(np.asarray(samples, dtype=float))
+    n = len(x)
+    if n == 0:
+        return (math.nan, math.nan)
+    if n < 6:
+        return (float(x[0]), float(x[-1]))
+    half = 1.96 * math.sqrt(n) / 2
+    lo = max(0, int(math.floor(n / 2 - half)) - 1)
+    hi = min(n - 1, int(math.ceil(n / 2 + half)))
+    return (float(x[lo]), float(x[hi]))
+
+
+def summarise(name: str, samples: list[float]) -> Measurement:
+    """Median, quartiles, minimum, mean and the median's 95% CI of ``samples`` (milliseconds)."""
+    x = np.asarray(samples, dtype=float)
+    q1, med, q3 = np.percentile(x, [25, 50, 75])
+    return Measurement(
+        name=name,
+        samples=len(x),
+        median_ms=float(med),
+        q1_ms=float(q1),
+        q3_ms=float(q3),
+        min_ms=float(x.min()),
+        mean_ms=float(x.mean()),
+        ci95_ms=median_ci(x),
+    )
+
+
+def bootstrap_speedup(
+    baseline: list[float], candidate: list[float], *, resamples: int = 2000, seed: int = 0
+) -> tuple[float, tuple[float, float]]:
+    """``median(baseline) / median(candidate)`` and its 95% percentile-bootstrap interval.
+
+    Both sample sets are resampled independently with replacement ``resamples`` times; the
+    generator is seeded so that a verdict is reproducible from its samples.
+    """
+    b = np.asarray(baseline, dtype=float)
+    c = np.asarray(candidate, dtype=float)
+    point = float(np.median(b) / np.median(c))
+    rng = np.random.default_rng(seed)
+    mb = np.median(b[rng.integers(0, len(b), size=(resamples, len(b)))], axis=1)
+    mc = np.median(c[rng.integers(0, len(c), size=(resamples, len(c)))], axis=1)
+    lo, hi = np.percentile(mb / mc, [2.5, 97.5])
+    return point, (float(lo), float(hi))
+
+
+def _precise(samples: list[float], rel: float) -> bool:
+    lo, hi = median_ci(samples)
+    med = float(np.median(samples))
+    return med > 0 and (hi - lo) / 2 <= rel * med
+
+
+def measure_alternating(
+    contestants: dict[str, Sampler], config: TimingConfig = TimingConfig()
+) -> tuple[dict[str, list[float]], int, str]:
+    """Sample every contestant in rotating order until the stop rule holds.
+
+    Args:
+        contestants: name -> sampler; insertion order is the first round's order.
+        config: the protocol's knobs.
+
+    Returns:
+        ``(samples_ms by name, rounds, stop_reason)`` with stop_reason ``"precision"``,
+        ``"max_time"`` or ``"max_samples"``.
+    """
+    names = list(contestants)
+    batch: dict[str, int] = {}
+    for name in names:  # warm-up + calibration, not kept
+        probe = contestants[name](3, config.warmup_calls)
+        per_call = max(float(np.median(probe)), 1e-4)
+        batch[name] = int(min(200, max(1, round(config.batch_target_ms / per_call))))
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    started = time.monotonic()
+    rounds = 0
+    while True:
+        order = names[rounds % len(names) :] + names[: rounds % len(names)]
+        for name in order:
+            samples[name].extend(contestants[name](batch[name], 0))
+        rounds += 1
+        enough = all(len(s) >= config.min_samples for s in samples.values())
+        if enough and all(_precise(s, config.rel_precision) for s in samples.values()):
+            return samples, rounds, "precision"
+        if any(len(s) >= config.max_samples for s in samples.values()):
+            return samples, rounds, "max_samples"
+        elapsed = time.monotonic() - started
+        if elapsed >= config.max_time_s and (enough or elapsed >= 5 * config.max_time_s):
+            return samples, rounds, "max_time"
+
+
+def speedups(samples: dict[str, list[float]], candidate: str = "candidate") -> list[Speedup]:
+    """One :class:`Speedup` per baseline in ``samples`` (every name but ``candidate``)."""
+    out = []
+    for name, values in samples.items():
+        if name != candidate:
+            point, ci = bootstrap_speedup(values, samples[candidate])
+            out.append(Speedup(baseline=name, median=point, ci95=ci))
+    return out

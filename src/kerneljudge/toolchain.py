@@ -1,0 +1,118 @@
+"""The compiler toolchain: where CUDA lives, what versions build a candidate, which arch to target.
+
+Everything here is read lazily (never at import time) and cached per process.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+
+__all__ = ["build_environment", "cuda_home", "fingerprint", "target_arch"]
+
+#: Bumped whenever the way kerneljudge builds a candidate changes, so old cache entries miss.
+BUILD_PROTOCOL = "1"
+#: The arch CUDA candidates are built for when no GPU is visible and none is configured
+#: (Hopper, compute capability 9.0: the H100/H200 the task prompts name).
+DEFAULT_ARCH = "9.0"
+
+
+def _has_nvcc(root: Path) -> bool:
+    return (root / "bin" / "nvcc").is_file()
+
+
+@functools.cache
+def cuda_home() -> str | None:
+    """The CUDA toolkit root, or None when there is no toolkit.
+
+    Order: ``$CUDA_HOME`` / ``$CUDA_PATH`` when they hold ``bin/nvcc``; ``/usr/local/cuda``; the
+    folder above the real (symlink-resolved) ``nvcc`` on ``PATH``. torch's own guess takes the
+    folder above ``nvcc``'s *link*, which is ``/usr/local`` when ``/usr/local/bin/nvcc`` is a link,
+    and linking then fails on ``-lcudart``.
+    """
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        value = os.environ.get(var)
+        if value and _has_nvcc(Path(value)):
+            return value
+    if _has_nvcc(Path("/usr/local/cuda")):
+        return "/usr/local/cuda"
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        root = Path(nvcc).resolve().parent.parent
+        if _has_nvcc(root):
+            return str(root)
+    return None
+
+
+def _first_line(cmd: list[str]) -> str:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return "unavailable"
+    lines = [ln for ln in out.splitlines() if ln.strip()]
+    return lines[-1].strip() if lines else "unavailable"
+
+
+@functools.cache
+def nvcc_version() -> str:
+    """The last line of ``nvcc --version`` (its build string), or ``"unavailable"``."""
+    home = cuda_home()
+    return _first_line([str(Path(home) / "bin" / "nvcc"), "--version"]) if home else "unavailable"
+
+
+@functools.cache
+def cxx_version() -> str:
+    """The first line of ``c++ --version`` (the host compiler), or ``"unavailable"``."""
+    try:
+        out = subprocess.run(["c++", "--version"], capture_output=True, text=True, timeout=30)
+        return out.stdout.splitlines()[0].strip() if out.stdout else "unavailable"
+    except (OSError, subprocess.TimeoutExpired, IndexError):
+        return "unavailable"
+
+
+def target_arch(capability: str | None) -> str:
+    """The ``TORCH_CUDA_ARCH_LIST`` value to build with: only the judging device's own arch.
+
+    ``capability`` is the device's ``"major.minor"`` (None without a GPU). ``$TORCH_CUDA_ARCH_LIST``
+    wins when set; without a GPU the default is :data:`DEFAULT_ARCH`.
+    """
+    env = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    if env:
+        return env
+    return capability or DEFAULT_ARCH
+
+
+def fingerprint(arch: str) -> dict[str, str]:
+    """What, besides the source, decides a build's output: part of every cache key."""
+    import torch
+
+    return {
+        "build_protocol": BUILD_PROTOCOL,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "torch": torch.__version__,
+        "torch_cuda": str(torch.version.cuda),
+        "nvcc": nvcc_version(),
+        "cxx": cxx_version(),
+        "arch": arch,
+    }
+
+
+def build_environment(arch: str, extensions_dir: Path) -> dict[str, str]:
+    """Environment variables shared by the build worker and the run worker of one candidate.
+
+    Both must see the same values, or torch's extension loader would rebuild on load.
+    """
+    env = {
+        "TORCH_EXTENSIONS_DIR": str(extensions_dir),
+        "TORCH_CUDA_ARCH_LIST": arch,
+        "MAX_JOBS": str(max(1, os.cpu_count() or 1)),
+    }
+    home = cuda_home()
+    if home:
+        env["CUDA_HOME"] = home
+    return env

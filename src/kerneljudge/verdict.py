@@ -1,0 +1,338 @@
+"""The verdict: the typed, versioned result of judging one candidate.
+
+Every dataclass here is frozen and round-trips through JSON (:meth:`Verdict.to_json` /
+:meth:`Verdict.from_json`). ``SCHEMA_VERSION`` changes whenever a field changes meaning or is
+removed; readers refuse a newer major version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "BuildResult",
+    "CheckResult",
+    "CompilerMessage",
+    "DeviceInfo",
+    "Measurement",
+    "Mismatch",
+    "Roofline",
+    "Speedup",
+    "Status",
+    "TimingResult",
+    "TrialResult",
+    "Verdict",
+    "decode",
+]
+
+SCHEMA_VERSION = "1.0"
+
+
+class Status(str, Enum):
+    """Outcome of judging a candidate, from worst to best stage reached."""
+
+    COMPILE_ERROR = "compile_error"
+    RUNTIME_ERROR = "runtime_error"
+    TIMEOUT = "timeout"
+    INCORRECT = "incorrect"
+    REJECTED = "rejected"
+    CORRECT = "correct"
+
+
+@dataclass(frozen=True)
+class CompilerMessage:
+    """One compiler diagnostic.
+
+    Attributes:
+        file: the file the compiler named (e.g. ``cuda.cu``, ``main.cpp``, or the candidate).
+        line, column: 1-based position in ``file`` (None when the compiler gave none).
+        severity: ``"error"`` or ``"warning"``.
+        message: the diagnostic text.
+        candidate_line: the 1-based line of the candidate file the code came from, when it could
+            be traced back (source given as string literals in the candidate).
+    """
+
+    file: str
+    line: int | None
+    column: int | None
+    severity: str
+    message: str
+    candidate_line: int | None = None
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    """Outcome of the build stage.
+
+    Attributes:
+        ok: the candidate compiled and its module imported.
+        backend: ``cuda``, ``cpp``, ``triton`` or ``torch``.
+        cached: the build came from the cache (no compiler ran).
+        duration_s: wall time of the build as first done (seconds), also for cached builds.
+        cache_key: sha256 of source + toolchain fingerprint.
+        messages: compiler diagnostics, errors first.
+        log: the shaped log: errors (mapped to candidate lines) first, then the raw log's tail.
+        timed_out: the build hit its time limit (its process group was killed).
+    """
+
+    ok: bool
+    backend: str
+    cached: bool = False
+    duration_s: float = 0.0
+    cache_key: str = ""
+    messages: tuple[CompilerMessage, ...] = ()
+    log: str = ""
+    timed_out: bool = False
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """An output element that failed: its index, the reference value and the candidate's."""
+
+    index: tuple[int, ...]
+    expected: float
+    got: float
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """One correctness trial (fresh inputs from a per-trial seed).
+
+    Errors are measured against the reference at the problem's dtype; ``max_rel_err`` divides by
+    ``max(|reference|, atol)`` so that near-zero reference values do not dominate. The oracle
+    fields measure against the float64 evaluation of the reference (see :mod:`kerneljudge.check`).
+    """
+
+    index: int
+    passed: bool
+    reason: str = ""
+    max_abs_err: float = 0.0
+    mean_abs_err: float = 0.0
+    max_rel_err: float = 0.0
+    allclose: bool = False
+    oracle_err: float | None = None
+    reference_err: float | None = None
+    oracle_bound: float | None = None
+    mismatches: tuple[Mismatch, ...] = ()
+    shape_set: str = "public"
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """The correctness stage: all trials, the rule that decided, and its tolerances."""
+
+    passed: bool
+    trials: tuple[TrialResult, ...]
+    mode: str
+    atol: float
+    rtol: float
+
+    @property
+    def n_passed(self) -> int:
+        return sum(t.passed for t in self.trials)
+
+    def worst(self, name: str) -> float:
+        """The largest value of a per-trial error field (``max_abs_err``, ...) over all trials."""
+        values = [getattr(t, name) for t in self.trials if getattr(t, name) is not None]
+        return max(values, default=0.0)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Timing samples of one contestant, summarised.
+
+    Times are per forward call in milliseconds. ``ci95_ms`` is a distribution-free 95%
+    confidence interval of the median from the order statistics of the samples (binomial
+    ranks ``n/2 -+ 1.96 sqrt(n)/2``; Conover, *Practical Nonparametric Statistics*, 3rd ed., 3.2).
+    """
+
+    name: str
+    samples: int
+    median_ms: float
+    q1_ms: float
+    q3_ms: float
+    min_ms: float
+    mean_ms: float
+    ci95_ms: tuple[float, float]
+
+    @property
+    def iqr_ms(self) -> float:
+        return self.q3_ms - self.q1_ms
+
+
+@dataclass(frozen=True)
+class Speedup:
+    """Baseline median time over candidate median time, with a 95% bootstrap interval."""
+
+    baseline: str
+    median: float
+    ci95: tuple[float, float]
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """Achieved throughput of the candidate against the device's peaks.
+
+    Attributes:
+        flops, bytes: work of one call (from the problem's counts).
+        achieved_tflops, achieved_gbps: flops / time and bytes / time.
+        compute_fraction, bandwidth_fraction: achieved over peak (None without a device entry).
+        floor_ms: the physical floor max(bytes / peak bandwidth, flops / peak rate).
+        source: where the peak figures come from.
+    """
+
+    flops: float | None
+    bytes: float | None
+    achieved_tflops: float | None
+    achieved_gbps: float | None
+    compute_fraction: float | None = None
+    bandwidth_fraction: float | None = None
+    floor_ms: float | None = None
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class TimingResult:
+    """The timing stage: reference baselines and candidate, measured alternately.
+
+    Attributes:
+        clock: ``"cuda_event"`` or ``"monotonic"``.
+        measurements: one per contestant: ``candidate``, ``eager``, and ``compile`` when timed.
+        speedups: one per baseline.
+        rounds: alternation rounds run (each round times every contestant once per iteration
+            batch, in rotating order).
+        stop_reason: ``"precision"`` (CI of every median within the target), ``"max_time"`` or
+            ``"max_samples"``.
+        l2_flush_bytes: size of the buffer written between timed calls (0 on CPU).
+    """
+
+    clock: str
+    measurements: tuple[Measurement, ...]
+    speedups: tuple[Speedup, ...]
+    rounds: int
+    stop_reason: str
+    l2_flush_bytes: int = 0
+    roofline: Roofline | None = None
+
+    def measurement(self, name: str) -> Measurement | None:
+        return next((m for m in self.measurements if m.name == name), None)
+
+    def speedup(self, baseline: str) -> Speedup | None:
+        return next((s for s in self.speedups if s.baseline == baseline), None)
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """The device judged on. ``memory_bytes``/``l2_bytes`` are 0 when unknown (CPU)."""
+
+    kind: str
+    name: str
+    capability: str = ""
+    sm_count: int = 0
+    memory_bytes: int = 0
+    l2_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Everything the judge concluded about one candidate on one problem.
+
+    ``status`` is decided by the furthest stage the candidate reached; ``reason`` says in one
+    line why it is not ``correct`` (empty when it is).
+    """
+
+    status: Status
+    reason: str
+    problem: str
+    candidate_sha256: str
+    backend: str
+    build: BuildResult | None = None
+    check: CheckResult | None = None
+    timing: TimingResult | None = None
+    device: DeviceInfo | None = None
+    versions: dict[str, str] = field(default_factory=dict)
+    started_at: str = ""
+    finished_at: str = ""
+    duration_s: float = 0.0
+    worker_log: str = ""
+    schema_version: str = SCHEMA_VERSION
+
+    @property
+    def correct(self) -> bool:
+        return self.status is Status.CORRECT
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (tuples become lists, the status its string)."""
+        return _to_jsonable(self)
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Verdict:
+        """Rebuild a verdict from :meth:`to_dict` output.
+
+        Raises:
+            ValueError: the data's schema major version is newer than this reader's.
+        """
+        version = str(data.get("schema_version", "1.0"))
+        if int(version.split(".")[0]) > int(SCHEMA_VERSION.split(".")[0]):
+            raise ValueError(f"verdict schema {version} is newer than supported {SCHEMA_VERSION}")
+        return _from_jsonable(cls, data)
+
+    @classmethod
+    def from_json(cls, text: str) -> Verdict:
+        return cls.from_dict(json.loads(text))
+
+
+def decode(tp: type, data: Any) -> Any:
+    """Rebuild a dataclass of this module (e.g. :class:`BuildResult`) from its JSON form."""
+    return _from_jsonable(tp, data)
+
+
+def _to_jsonable(value: Any) -> Any:
+    if isinstance(value, Enum):
+        return value.value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [_to_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, float) and value != value:  # NaN is not JSON
+        return None
+    return value
+
+
+def _from_jsonable(tp: Any, value: Any) -> Any:
+    if value is None:
+        return None
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _from_jsonable(args[0], value) if len(args) == 1 else value
+    if isinstance(tp, type) and issubclass(tp, Enum):
+        return tp(value)
+    if dataclasses.is_dataclass(tp):
+        hints = typing.get_type_hints(tp)
+        kwargs = {
+            f.name: _from_jsonable(hints[f.name], value[f.name])
+            for f in dataclasses.fields(tp)
+            if f.name in value
+        }
+        return tp(**kwargs)
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_from_jsonable(args[0], v) for v in value)
+        return tuple(_from_jsonable(a, v) for a, v in zip(args, value))
+    if origin is dict:
+        return dict(value)
+    return value

@@ -1,0 +1,5 @@
+import sys
+
+from kerneljudge.worker.runtime import main
+
+sys.exit(main())

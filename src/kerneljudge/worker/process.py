@@ -1,0 +1,266 @@
+"""Supervisor side of the worker processes: spawn, talk, time out, kill, replace.
+
+Each worker is a fresh interpreter (``python -m kerneljudge.worker``) in its own process group
+and its own scratch directory, talking over a dedicated pipe pair; its stdout and stderr go to a
+log file. A worker that crashes, hangs or poisons its CUDA context is killed with its whole
+process group; nothing of it survives into the next job.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from kerneljudge.errors import WorkerError
+from kerneljudge.worker.protocol import Channel, ChannelClosed, ChannelTimeout
+
+__all__ = ["CandidateFault", "WorkerDied", "WorkerPool", "WorkerProcess", "WorkerTimeout"]
+
+_SRC_DIR = str(Path(__file__).resolve().parents[2])
+#: Bytes of a worker's log kept for a verdict.
+LOG_TAIL_BYTES = 4000
+
+
+class CandidateFault(Exception):
+    """The code under test raised (reported by a live worker).
+
+    Attributes:
+        lineno: the candidate line it came from, when the worker could tell.
+    """
+
+    def __init__(self, message: str, lineno: int | None = None) -> None:
+        super().__init__(message)
+        self.lineno = lineno
+
+
+class WorkerDied(Exception):
+    """The worker process ended without answering.
+
+    Attributes:
+        returncode: the exit status (negative: killed by that signal).
+        log_tail: the end of its stdout/stderr.
+    """
+
+    def __init__(self, returncode: int | None, log_tail: str) -> None:
+        self.returncode = returncode
+        self.log_tail = log_tail
+        super().__init__(self.describe())
+
+    def describe(self) -> str:
+        code = self.returncode
+        if code is None:
+            return "the worker closed its channel"
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            return f"the worker was killed by {name}"
+        return f"the worker exited with status {code}"
+
+
+class WorkerTimeout(Exception):
+    """A request got no answer in time; the worker has been killed."""
+
+    def __init__(self, op: str, timeout_s: float) -> None:
+        self.op = op
+        self.timeout_s = timeout_s
+        super().__init__(f"{op} did not finish within {timeout_s:g} s")
+
+
+class WorkerProcess:
+    """One worker process.
+
+    Args:
+        role: ``"reference"`` or ``"candidate"``.
+        device: a torch device string (``"cpu"``, ``"cuda:0"``).
+        env: extra environment variables.
+        threads: torch intra-op threads (0: torch's default).
+    """
+
+    def __init__(
+        self, role: str, device: str, env: dict[str, str] | None = None, threads: int = 0
+    ) -> None:
+        self.role = role
+        self.device = device
+        self.scratch = Path(tempfile.mkdtemp(prefix=f"kj-{role}-"))
+        self.log_path = self.scratch / "worker.log"
+        to_worker_r, to_worker_w = os.pipe()
+        from_worker_r, from_worker_w = os.pipe()
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        full_env["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [_SRC_DIR, full_env.get("PYTHONPATH")])
+        )
+        full_env["PYTHONUNBUFFERED"] = "1"
+        full_env["TMPDIR"] = str(self.scratch)
+        if not device.startswith("cuda"):
+            full_env["CUDA_VISIBLE_DEVICES"] = ""
+        cmd = [
+            sys.executable,
+            "-m",
+            "kerneljudge.worker",
+            "--role",
+            role,
+            "--device",
+            device,
+            "--read-fd",
+            str(to_worker_r),
+            "--write-fd",
+            str(from_worker_w),
+            "--threads",
+            str(threads),
+        ]
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                cmd,
+                pass_fds=(to_worker_r, from_worker_w),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=full_env,
+                cwd=self.scratch,
+            )
+        os.close(to_worker_r)
+        os.close(from_worker_w)
+        self.chan = Channel(from_worker_r, to_worker_w)
+        self.ready = False
+        self.id = uuid.uuid4().hex[:8]
+
+    # ------------------------------------------------------------------ life cycle
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        """Wait for the worker's hello (torch imported, device context created).
+
+        Raises:
+            WorkerDied, WorkerTimeout: it did not come up.
+        """
+        if self.ready:
+            return
+        msg = self._recv("start", timeout_s)
+        if msg.get("op") != "ready":
+            self.kill()
+            raise WorkerDied(None, "unexpected first message from worker")
+        self.ready = True
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        """Kill the worker's whole process group (children too) and reap it."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # pragma: no cover - unkillable (D state)
+            pass
+        self.chan.close()
+
+    def close(self) -> None:
+        """Ask the worker to exit, kill it if it does not, and delete its scratch directory."""
+        if self.alive():
+            try:
+                self.chan.send({"op": "exit"})
+                self.chan.recv(timeout_s=5)
+            except (ChannelClosed, ChannelTimeout):
+                pass
+        self.kill()
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+    def log_tail(self, limit: int = LOG_TAIL_BYTES) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                size = f.tell()
+                f.seek(max(0, size - limit))
+                data = f.read().decode("utf-8", errors="replace")
+        except OSError:
+            return ""
+        return ("...\n" if size > limit else "") + data
+
+    # ------------------------------------------------------------------ requests
+    def _recv(self, op: str, timeout_s: float) -> dict[str, Any]:
+        try:
+            return self.chan.recv(timeout_s=timeout_s)
+        except ChannelTimeout:
+            self.kill()
+            raise WorkerTimeout(op, timeout_s) from None
+        except ChannelClosed:
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            code = self.proc.poll()
+            self.kill()
+            raise WorkerDied(code, self.log_tail()) from None
+
+    def request(self, op: str, timeout_s: float, **fields: Any) -> dict[str, Any]:
+        """Send one request and wait for its answer.
+
+        Raises:
+            CandidateFault: the code under test raised; the worker is still alive.
+            WorkerDied: the worker ended (crash, signal, ``os._exit``).
+            WorkerTimeout: no answer within ``timeout_s``; the worker was killed.
+            WorkerError: the worker reported a bug of its own.
+        """
+        self.wait_ready()
+        started = time.monotonic()
+        try:
+            self.chan.send({"op": op, **fields})
+        except ChannelClosed:
+            self._recv(op, 1.0)  # raises WorkerDied with the exit status
+        reply = self._recv(op, max(0.1, timeout_s - (time.monotonic() - started)))
+        if reply.get("ok"):
+            return reply
+        if reply.get("fault"):
+            line = reply.get("lineno")
+            raise CandidateFault(str(reply.get("error", "")), line if isinstance(line, int) else None)
+        raise WorkerError(f"worker failed on {op}: {reply.get('error', '')}")
+
+
+class WorkerPool:
+    """Candidate workers started ahead of need, each used for exactly one candidate.
+
+    :meth:`take` hands out a worker that has already imported torch and created its device
+    context, and starts its replacement at once, so the next candidate does not wait for start-up.
+    """
+
+    def __init__(
+        self, device: str, env: dict[str, str] | None = None, size: int = 1, threads: int = 0
+    ) -> None:
+        self.device = device
+        self.env = dict(env or {})
+        self.size = size
+        self.threads = threads
+        self._idle: list[WorkerProcess] = []
+
+    def prestart(self) -> None:
+        while len(self._idle) < self.size:
+            self._idle.append(WorkerProcess("candidate", self.device, self.env, self.threads))
+
+    def take(self) -> WorkerProcess:
+        """A ready candidate worker (the caller closes it when done)."""
+        self.prestart()
+        worker = self._idle.pop(0)
+        self.prestart()
+        try:
+            worker.wait_ready()
+        except (WorkerDied, WorkerTimeout):
+            worker = WorkerProcess("candidate", self.device, self.env, self.threads)
+            worker.wait_ready()
+        return worker
+
+    def close(self) -> None:
+        for worker in self._idle:
+            worker.close()
+        self._idle.clear()

@@ -1,0 +1,108 @@
+"""The wire protocol between the supervisor and its workers.
+
+A message is an 8-byte big-endian length followed by a ``torch.save`` payload of plain data
+(dicts, lists, str, numbers, bools, None) and tensors. Payloads are read with
+``torch.load(weights_only=True)``, whose unpickler admits only those types, so a message forged by
+candidate code in a worker cannot execute code in the supervisor. Messages travel over a pair of
+pipes dedicated to the protocol; the worker's stdout and stderr go to a capped log file, so
+nothing a candidate prints can corrupt the stream.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import select
+import struct
+import time
+from typing import Any
+
+import torch
+
+__all__ = ["Channel", "ChannelClosed", "ChannelTimeout", "MAX_MESSAGE_BYTES"]
+
+#: Largest message accepted (bytes); larger lengths mean a corrupt or hostile stream.
+MAX_MESSAGE_BYTES = 32 << 30
+_HEADER = struct.Struct(">Q")
+
+
+class ChannelClosed(Exception):
+    """The other end closed its pipe (the process exited or died)."""
+
+
+class ChannelTimeout(Exception):
+    """No complete message arrived within the timeout."""
+
+
+class Channel:
+    """One end of a message channel over two file descriptors.
+
+    Args:
+        read_fd: the pipe end to read messages from.
+        write_fd: the pipe end to write messages to.
+    """
+
+    def __init__(self, read_fd: int, write_fd: int) -> None:
+        self.read_fd = read_fd
+        self.write_fd = write_fd
+
+    def send(self, message: dict[str, Any]) -> None:
+        """Write one message.
+
+        Raises:
+            ChannelClosed: the reader is gone.
+        """
+        buf = io.BytesIO()
+        torch.save(message, buf)
+        payload = buf.getvalue()
+        data = memoryview(_HEADER.pack(len(payload)) + payload)
+        try:
+            while data:
+                written = os.write(self.write_fd, data)
+                data = data[written:]
+        except (BrokenPipeError, OSError) as exc:
+            raise ChannelClosed(str(exc)) from None
+
+    def _read_exact(self, n: int, deadline: float | None) -> bytes:
+        chunks: list[bytes] = []
+        while n:
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise ChannelTimeout()
+                ready, _, _ = select.select([self.read_fd], [], [], remaining)
+                if not ready:
+                    raise ChannelTimeout()
+            chunk = os.read(self.read_fd, min(n, 1 << 24))
+            if not chunk:
+                raise ChannelClosed("end of stream")
+            chunks.append(chunk)
+            n -= len(chunk)
+        return b"".join(chunks)
+
+    def recv(self, timeout_s: float | None = None) -> dict[str, Any]:
+        """Read one message, waiting at most ``timeout_s`` seconds (None: forever).
+
+        Raises:
+            ChannelTimeout: nothing complete arrived in time.
+            ChannelClosed: the writer is gone, or the stream is corrupt.
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        (length,) = _HEADER.unpack(self._read_exact(_HEADER.size, deadline))
+        if length > MAX_MESSAGE_BYTES:
+            raise ChannelClosed(f"message of {length} bytes exceeds the limit")
+        payload = self._read_exact(length, deadline)
+        try:
+            message = torch.load(io.BytesIO(payload), weights_only=True, map_location="cpu")
+        except Exception as exc:  # any unpickling failure means a corrupt or forged stream
+            raise ChannelClosed(f"unreadable message: {type(exc).__name__}: {exc}") from None
+        if not isinstance(message, dict):
+            raise ChannelClosed("message is not a dict")
+        return message
+
+    def close(self) -> None:
+        for fd in (self.read_fd, self.write_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass

@@ -1,0 +1,108 @@
+"""The build stage: content-hash cache, isolation, and compiler errors traced to candidate lines.
+
+Two tests run a real compiler (one C++ and one CUDA build that fail on a known line); they share
+the checkout's test build cache, so they compile once per machine.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from conftest import needs_nvcc
+from kerneljudge import toolchain
+from kerneljudge.build import BuildCache, build
+from kerneljudge.candidate import Candidate
+
+CANDIDATES = Path(__file__).parent / "fixtures" / "candidates"
+
+
+def test_cache_miss_then_hit(tmp_path: Path) -> None:
+    cache = BuildCache(tmp_path)
+    cand = Candidate.from_file(CANDIDATES / "good.py")
+    first = build(cand, cache=cache, arch="9.0")
+    again = build(cand, cache=cache, arch="9.0")
+    assert first.ok and not first.cached
+    assert again.ok and again.cached and again.cache_key == first.cache_key
+    # Another arch or another source is another entry.
+    other_arch = build(cand, cache=cache, arch="8.0")
+    assert not other_arch.cached and other_arch.cache_key != first.cache_key
+    edited = Candidate.from_source(cand.source + "\n# edited\n")
+    assert not build(edited, cache=cache, arch="9.0").cached
+
+
+def test_cache_key_covers_the_toolchain(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = BuildCache(tmp_path)
+    cand = Candidate.from_file(CANDIDATES / "good.py")
+    key = cache.key(cand, "9.0")
+    monkeypatch.setattr(toolchain, "nvcc_version", lambda: "Build cuda_99.9")
+    assert cache.key(cand, "9.0") != key
+
+
+def test_failed_builds_are_cached_and_loaded(tmp_path: Path) -> None:
+    """A failing build (here a Python error at import in a cpp-backend file) is not redone."""
+    cache = BuildCache(tmp_path)
+    src = (
+        "from torch.utils.cpp_extension import load_inline\n"
+        "import torch.nn as nn\n"
+        "raise RuntimeError('configuration step failed')\n"
+        "class ModelNew(nn.Module):\n    pass\n"
+    )
+    cand = Candidate.from_source(src)
+    assert cand.backend == "cpp"
+    first = build(cand, cache=cache, arch="9.0")
+    assert not first.ok and first.messages[0].candidate_line == 3
+    assert "configuration step failed" in first.log
+    second = build(cand, cache=cache, arch="9.0")
+    assert second.cached and not second.ok and second.messages == first.messages
+
+
+def test_build_timeout_kills_the_build(tmp_path: Path) -> None:
+    src = (
+        "from torch.utils.cpp_extension import load_inline\n"
+        "import time\nimport torch.nn as nn\ntime.sleep(600)\n"
+        "class ModelNew(nn.Module):\n    pass\n"
+    )
+    result = build(Candidate.from_source(src), cache=BuildCache(tmp_path), arch="9.0", timeout_s=3)
+    assert result.timed_out and not result.ok
+    assert "did not finish within 3 s" in result.log
+
+
+def test_build_sees_no_gpu(tmp_path: Path) -> None:
+    src = (
+        "from torch.utils.cpp_extension import load_inline\n"
+        "import os, torch\nimport torch.nn as nn\n"
+        "assert os.environ['CUDA_VISIBLE_DEVICES'] == '' and not torch.cuda.is_available()\n"
+        "class ModelNew(nn.Module):\n    pass\n"
+    )
+    assert build(Candidate.from_source(src), cache=BuildCache(tmp_path), arch="9.0").ok
+
+
+def test_real_cpp_compile_error_maps_to_candidate_line(shared_cache: Path) -> None:
+    cand = Candidate.from_file(CANDIDATES / "cpp_compile_error.py")
+    assert cand.backend == "cpp"
+    result = build(cand, cache=BuildCache(shared_cache), arch="9.0")
+    assert not result.ok
+    errors = [m for m in result.messages if m.severity == "error"]
+    assert errors, result.log
+    first = errors[0]
+    assert "scale_factor" in first.message
+    assert first.candidate_line == 9  # `p[i] = p[i] * scale_factor;`
+    assert Path(first.file).name == "main.cpp" and first.line != 9
+    assert result.log.startswith("cpp_compile_error.py:9: error:")
+
+
+@needs_nvcc()
+def test_real_cuda_compile_error_maps_to_candidate_line(shared_cache: Path) -> None:
+    os.environ.setdefault("CUDA_HOME", toolchain.cuda_home() or "")
+    cand = Candidate.from_file(CANDIDATES / "cuda_compile_error.py")
+    assert cand.backend == "cuda"
+    result = build(cand, cache=BuildCache(shared_cache), arch="9.0")
+    assert not result.ok
+    first = next(m for m in result.messages if m.severity == "error")
+    assert "undeclared_scale" in first.message
+    assert first.candidate_line == 8  # `y[i] = x[i] * undeclared_scale;`
+    assert Path(first.file).name == "cuda.cu"
+    assert "cuda_compile_error.py:8: error:" in result.log.splitlines()[0]

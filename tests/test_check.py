@@ -1,0 +1,98 @@
+"""The correctness rule: honest reorderings pass, lower precision and real bugs fail."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kerneljudge.check import compare_outputs
+
+
+def _matmul_case(k: int = 4096, scale: float = 10.0):
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(64, k, generator=g) * scale
+    b = torch.randn(k, 32, generator=g)
+    oracle = a.double() @ b.double()
+    reference = a @ b
+    return a, b, reference, oracle
+
+
+def test_honest_reordered_sum_passes_oracle_but_not_plain_allclose() -> None:
+    """Outputs of magnitude ~1e3: an fp32 sum in another order fails atol=rtol=1e-4 but is honest."""
+    a, b, reference, oracle = _matmul_case()
+    # Another summation order: 64 partial sums over chunks of k, added up at the end.
+    chunked = sum(a[:, i::64] @ b[i::64, :] for i in range(64))
+    res = compare_outputs(reference, chunked, oracle=oracle, atol=1e-4, rtol=1e-4)
+    assert res.passed, res.reason
+    assert res.max_abs_err > 1e-4  # plain allclose would have failed it
+    assert not res.allclose
+    plain = compare_outputs(reference, chunked, oracle=oracle, atol=1e-4, rtol=1e-4, mode="allclose")
+    assert not plain.passed
+
+
+@pytest.mark.parametrize("low", [torch.bfloat16, torch.float16])
+def test_lower_precision_fails_the_oracle(low: torch.dtype) -> None:
+    a, b, reference, oracle = _matmul_case(k=512, scale=1.0)
+    cheap = (a.to(low) @ b.to(low)).float()
+    res = compare_outputs(reference, cheap, oracle=oracle, atol=1e-4, rtol=1e-4)
+    assert not res.passed and "float64" in res.reason
+    assert res.oracle_err > res.oracle_bound
+
+
+def test_tf32_like_rounding_fails_the_oracle() -> None:
+    a, b, reference, oracle = _matmul_case(k=1024, scale=1.0)
+
+    def tf32(x: torch.Tensor) -> torch.Tensor:  # keep 10 mantissa bits, as tf32 does
+        bits = x.view(torch.int32) & ~0x1FFF
+        return bits.view(torch.float32)
+
+    res = compare_outputs(reference, tf32(a) @ tf32(b), oracle=oracle, atol=1e-4, rtol=1e-4)
+    assert not res.passed
+
+
+def test_single_wrong_element_is_caught_and_reported() -> None:
+    a, b, reference, oracle = _matmul_case(k=256, scale=1.0)
+    bad = reference.clone()
+    bad[3, 7] += 0.05
+    res = compare_outputs(reference, bad, oracle=oracle, atol=1e-4, rtol=1e-4)
+    assert not res.passed
+    assert res.mismatches[0].index == (3, 7)
+    assert res.mismatches[0].got == pytest.approx(float(bad[3, 7]))
+
+
+def test_structure_shape_dtype_and_nonfinite() -> None:
+    x = torch.randn(4, 4)
+    assert "shape" in compare_outputs(x, x[:2], atol=1e-4, rtol=1e-4).reason
+    assert "dtype" in compare_outputs(x, x.half(), atol=1e-4, rtol=1e-4).reason
+    assert "returned 1 outputs" in compare_outputs((x, x), x, atol=1e-4, rtol=1e-4).reason
+    y = x.clone()
+    y[1, 1] = float("nan")
+    res = compare_outputs(x, y, oracle=x.double(), atol=1e-4, rtol=1e-4)
+    assert not res.passed and "non-finite" in res.reason and "(1, 1)" in res.reason
+
+
+def test_matching_nonfinite_positions_are_accepted() -> None:
+    x = torch.tensor([1.0, float("-inf"), 3.0])
+    res = compare_outputs(x, x.clone(), oracle=x.double(), atol=1e-4, rtol=1e-4)
+    assert res.passed, res.reason
+
+
+def test_tuple_outputs_and_integer_outputs() -> None:
+    x = torch.randn(8)
+    idx = torch.arange(8)
+    ok = compare_outputs((x, idx), (x.clone(), idx.clone()), oracle=(x.double(), idx),
+                         atol=1e-4, rtol=1e-4)
+    assert ok.passed
+    bad = compare_outputs((x, idx), (x.clone(), idx.flip(0)), oracle=(x.double(), idx),
+                          atol=1e-4, rtol=1e-4)
+    assert not bad.passed and "output 1" in bad.reason
+
+
+def test_reported_errors_measure_against_the_reference() -> None:
+    ref = torch.tensor([1.0, 2.0, 0.0])
+    got = torch.tensor([1.0, 2.002, 0.0001])
+    res = compare_outputs(ref, got, atol=1e-4, rtol=1e-4, mode="allclose")
+    assert res.max_abs_err == pytest.approx(0.002, rel=1e-4)
+    assert res.mean_abs_err == pytest.approx((0.002 + 0.0001) / 3, rel=1e-3)
+    assert res.max_rel_err == pytest.approx(1.0, rel=1e-3)  # 1e-4 / max(0, atol)
+    assert not res.allclose and not res.passed

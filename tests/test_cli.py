@@ -1,0 +1,95 @@
+"""The command line: verdicts as tables and JSON, one-line errors with non-zero exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kerneljudge.cli import app
+from kerneljudge.verdict import Verdict
+
+FIX = Path(__file__).parent / "fixtures"
+runner = CliRunner()
+
+
+def _eval(*args: str, cache: Path) -> object:
+    return runner.invoke(
+        app,
+        ["eval", *args, "--device", "cpu", "--cache-dir", str(cache), "--baselines", "eager",
+         "--max-time", "0.3"],
+    )
+
+
+def test_eval_json_is_a_verdict(tmp_path: Path) -> None:
+    res = _eval(str(FIX / "candidates" / "good.py"), "-p", str(FIX / "tiny_problem.py"), "--json",
+                cache=tmp_path)
+    assert res.exit_code == 0, res.output
+    v = Verdict.from_json(res.stdout)
+    assert v.correct and v.timing is not None and v.schema_version
+
+
+def test_eval_table_and_exit_code_for_incorrect(tmp_path: Path) -> None:
+    res = _eval(str(FIX / "candidates" / "wrong.py"), "-p", str(FIX / "tiny_problem.py"),
+                "--no-timing", cache=tmp_path)
+    assert res.exit_code == 1
+    assert "INCORRECT" in res.output and "first mismatches" in res.output
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["/no/such/file.py", "-p", "causal_gqa"], "candidate file not found"),
+        (["{good}", "-p", "no_such_problem"], "no problem named 'no_such_problem'"),
+        (["{good}", "-p", "{good}", "--tolerance", "loose"], "--tolerance must be"),
+    ],
+)
+def test_bad_input_is_one_line(tmp_path: Path, args: list[str], message: str) -> None:
+    good = str(FIX / "candidates" / "good.py")
+    res = _eval(*[a.format(good=good) for a in args], cache=tmp_path)
+    assert res.exit_code == 2
+    assert message in res.output
+    assert "Traceback" not in res.output
+
+
+def test_candidate_without_modelnew_and_syntax_error(tmp_path: Path) -> None:
+    nomodel = tmp_path / "nomodel.py"
+    nomodel.write_text("import torch\n")
+    syntax = tmp_path / "syntax.py"
+    syntax.write_text("class ModelNew(\n")
+    for path, message in ((nomodel, "does not define ModelNew"), (syntax, "syntax error")):
+        res = _eval(str(path), "-p", str(FIX / "tiny_problem.py"), cache=tmp_path)
+        assert res.exit_code == 1
+        lines = [ln for ln in res.output.splitlines() if ln.strip()]
+        assert len(lines) == 1 and message in lines[0] and lines[0].startswith("compile_error")
+
+
+def test_problems_list_and_show() -> None:
+    res = runner.invoke(app, ["problems"])
+    assert res.exit_code == 0 and "causal_gqa" in res.output
+    res = runner.invoke(app, ["problems", "show", "causal_gqa"])
+    assert res.exit_code == 0 and "class Model" in res.output
+    res = runner.invoke(app, ["problems", "show", "nope"])
+    assert res.exit_code == 2 and "no problem named" in res.output
+
+
+def test_build_command_json(tmp_path: Path) -> None:
+    res = runner.invoke(app, ["build", str(FIX / "candidates" / "good.py"), "--cache-dir",
+                              str(tmp_path), "--json"])
+    assert res.exit_code == 0
+    assert json.loads(res.stdout)["ok"] is True
+
+
+def test_console_script_prints_no_traceback(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "kerneljudge", "eval", str(tmp_path / "missing.py"), "-p",
+         "causal_gqa"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"error: candidate file not found: {tmp_path / 'missing.py'}"
+    assert proc.stdout == ""

@@ -1,0 +1,123 @@
+"""The judge end to end on the CPU: every status a candidate can earn, and recovery after faults."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kerneljudge import Judge, JudgeConfig, Status, TimingConfig, Verdict
+from kerneljudge.candidate import Candidate
+from kerneljudge.errors import DeviceError
+
+CANDIDATES = Path(__file__).parent / "fixtures" / "candidates"
+
+
+@pytest.fixture(scope="module")
+def judge(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest):
+    problem = Path(__file__).parent / "fixtures" / "tiny_problem.py"
+    config = JudgeConfig(
+        device="cpu",
+        cache_dir=tmp_path_factory.mktemp("cache"),
+        run_timeout_s=8.0,
+        baselines=("eager",),
+        timing_config=TimingConfig(max_time_s=0.3, min_samples=5),
+        threads=1,
+    )
+    with Judge(problem, config) as j:
+        yield j
+
+
+def evaluate(judge: Judge, name: str) -> Verdict:
+    return judge.evaluate(CANDIDATES / name)
+
+
+def test_correct_candidate_is_timed_against_eager(judge: Judge) -> None:
+    v = evaluate(judge, "good.py")
+    assert v.status is Status.CORRECT, v.reason
+    assert v.check is not None and v.check.n_passed == 5
+    for trial in v.check.trials:
+        assert trial.oracle_err is not None and trial.oracle_err <= trial.oracle_bound
+    assert v.timing is not None
+    names = {m.name for m in v.timing.measurements}
+    assert names == {"eager", "candidate"}
+    s = v.timing.speedup("eager")
+    assert s is not None and s.ci95[0] <= s.median <= s.ci95[1]
+    assert v.timing.clock == "monotonic"
+    assert v.device is not None and v.device.kind == "cpu"
+
+
+def test_wrong_candidate_is_incorrect_with_mismatches(judge: Judge) -> None:
+    v = evaluate(judge, "wrong.py")
+    assert v.status is Status.INCORRECT
+    assert v.timing is None  # only a correct candidate is timed
+    bad = v.check.trials[0]
+    assert not bad.passed and bad.mismatches
+    m = bad.mismatches[0]
+    assert m.got == pytest.approx(m.expected * 1.01, rel=1e-3, abs=1e-5)
+
+
+def test_faults_give_verdicts_and_the_next_candidate_is_healthy(judge: Judge) -> None:
+    expected = {
+        "raises.py": (Status.RUNTIME_ERROR, "too many resources"),
+        "segfault.py": (Status.RUNTIME_ERROR, "SIGSEGV"),
+        "exits.py": (Status.RUNTIME_ERROR, "SystemExit"),
+        "hang.py": (Status.TIMEOUT, "did not finish"),
+    }
+    for name, (status, words) in expected.items():
+        v = evaluate(judge, name)
+        assert v.status is status, (name, v.reason)
+        assert words in v.reason, (name, v.reason)
+        follow = evaluate(judge, "good.py")
+        assert follow.status is Status.CORRECT, (name, follow.reason)
+
+
+def test_parameters_are_matched_by_position_or_explained(judge: Judge) -> None:
+    assert evaluate(judge, "renamed_params.py").status is Status.CORRECT
+    v = evaluate(judge, "wrong_params.py")
+    assert v.status is Status.RUNTIME_ERROR
+    assert "do not line up" in v.reason and "lin.weight" in v.reason
+
+
+def test_static_failures_never_start_a_build(judge: Judge) -> None:
+    v = judge.evaluate(Candidate.from_source("class ModelNew(:\n    pass\n"))
+    assert v.status is Status.COMPILE_ERROR and "syntax" in v.reason
+    v = judge.evaluate(Candidate.from_source("import torch\n"))
+    assert v.status is Status.COMPILE_ERROR and "ModelNew" in v.reason
+
+
+def test_import_error_is_a_compile_error_at_its_line(judge: Judge) -> None:
+    src = "import torch\nimport torch.nn as nn\nx = undefined_name + 1\nclass ModelNew(nn.Module):\n    pass\n"
+    v = judge.evaluate(Candidate.from_source(src))
+    assert v.status is Status.COMPILE_ERROR
+    assert "NameError" in v.reason and "line 3" in v.reason
+
+
+def test_allclose_mode_and_heldout_shapes(tmp_path: Path) -> None:
+    problem = Path(__file__).parent / "fixtures" / "tiny_problem.py"
+    config = JudgeConfig(
+        device="cpu", cache_dir=tmp_path, tolerance="allclose", timing=False,
+        shape_sets=("public", "heldout"), trials=2, threads=1,
+    )
+    with Judge(problem, config) as j:
+        v = j.evaluate(CANDIDATES / "good.py")
+    assert v.status is Status.CORRECT
+    assert [t.shape_set for t in v.check.trials] == ["heldout", "heldout", "public", "public"]
+    assert all(t.oracle_err is None and t.allclose for t in v.check.trials)
+
+
+def test_gpu_backend_without_gpu_is_a_one_line_error(judge: Judge) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    src = "from torch.utils.cpp_extension import load_inline\ncuda_sources=''\nclass ModelNew: pass\n"
+    with pytest.raises(DeviceError, match="CUDA GPU"):
+        judge.evaluate(Candidate.from_source(src))
+
+
+def test_verdict_json_round_trip(judge: Judge) -> None:
+    v = evaluate(judge, "good.py")
+    again = Verdict.from_json(v.to_json())
+    assert again == v
+    assert again.to_json() == v.to_json()

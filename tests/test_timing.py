@@ -1,0 +1,81 @@
+"""Timing statistics and the alternation protocol (with deterministic fake samplers)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kerneljudge.timing import (
+    TimingConfig,
+    bootstrap_speedup,
+    measure_alternating,
+    median_ci,
+    speedups,
+    summarise,
+)
+
+
+def test_median_ci_covers_the_median_and_narrows_with_n() -> None:
+    rng = np.random.default_rng(0)
+    small = rng.normal(10, 1, 30)
+    large = rng.normal(10, 1, 3000)
+    lo_s, hi_s = median_ci(small)
+    lo_l, hi_l = median_ci(large)
+    assert lo_s <= np.median(small) <= hi_s
+    assert lo_l <= np.median(large) <= hi_l
+    assert (hi_l - lo_l) < (hi_s - lo_s) / 4
+
+
+def test_median_ci_coverage_is_about_95_percent() -> None:
+    rng = np.random.default_rng(1)
+    hits = 0
+    for _ in range(400):
+        lo, hi = median_ci(rng.exponential(1.0, 101))
+        hits += lo <= np.log(2) <= hi  # the exponential's true median
+    assert 0.90 <= hits / 400 <= 0.99
+
+
+def test_summarise() -> None:
+    m = summarise("x", [1.0, 2.0, 3.0, 4.0, 100.0])
+    assert m.median_ms == 3.0 and m.min_ms == 1.0 and m.samples == 5
+    assert m.iqr_ms == pytest.approx(2.0)
+
+
+def test_bootstrap_speedup_interval() -> None:
+    rng = np.random.default_rng(2)
+    base = list(rng.normal(2.0, 0.05, 200))
+    cand = list(rng.normal(1.0, 0.02, 200))
+    point, (lo, hi) = bootstrap_speedup(base, cand)
+    assert lo < point < hi and 1.9 < lo and hi < 2.1
+    assert bootstrap_speedup(base, cand) == (point, (lo, hi))  # seeded: reproducible
+
+
+def test_alternation_rotates_order_and_stops_on_precision() -> None:
+    calls: list[str] = []
+    rng = np.random.default_rng(3)
+
+    def sampler(name: str, mean: float):
+        def sample(n: int, warmup: int) -> list[float]:
+            calls.append(name)
+            return list(rng.normal(mean, mean * 0.01, n))
+        return sample
+
+    samples, rounds, stop = measure_alternating(
+        {"eager": sampler("eager", 2.0), "candidate": sampler("candidate", 1.0)},
+        TimingConfig(min_samples=10, rel_precision=0.01, max_time_s=5, batch_target_ms=10),
+    )
+    assert stop == "precision"
+    body = calls[2:]  # after the two calibration calls
+    assert body[:4] == ["eager", "candidate", "candidate", "eager"]
+    assert len(samples["eager"]) >= 10 and len(samples["candidate"]) >= 10
+    (s,) = speedups(samples)
+    assert s.baseline == "eager" and s.median == pytest.approx(2.0, rel=0.02)
+
+
+def test_noisy_contestant_stops_on_time_or_samples() -> None:
+    rng = np.random.default_rng(4)
+    samples, _, stop = measure_alternating(
+        {"candidate": lambda n, w: list(rng.exponential(1.0, n) * 1e-3)},
+        TimingConfig(min_samples=5, rel_precision=1e-6, max_time_s=0.2, max_samples=300),
+    )
+    assert stop in ("max_time", "max_samples")
