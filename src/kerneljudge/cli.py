@@ -247,6 +247,11 @@ def examples_command(
     raise typer.Exit(0 if all(r.as_expected for r in rows) else 1)
 
 
+from kerneljudge.agent.cli import episode_command  # noqa: E402 - needs no openai to import
+
+app.command("episode")(episode_command)
+
+
 def main() -> None:
     """Entry point of the console script."""
     try:

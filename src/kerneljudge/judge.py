@@ -9,6 +9,7 @@ per-run seed and compared here, in float64 on the CPU.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import importlib.metadata
@@ -20,6 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from kerneljudge import toolchain
@@ -29,6 +31,7 @@ from kerneljudge.candidate import Candidate
 from kerneljudge.check import compare_outputs
 from kerneljudge.device import build_arch, describe_device, resolve_device
 from kerneljudge.errors import WorkerError
+from kerneljudge.policy import forbidden_ops_used, requires_custom_kernel, static_issues
 from kerneljudge.problem import Problem
 from kerneljudge.timing import TimingConfig, measure_alternating, speedups, summarise
 from kerneljudge.verdict import (
@@ -230,6 +233,24 @@ class Judge:
         """The CUDA arch candidates are built for (see :func:`kerneljudge.device.build_arch`)."""
         return build_arch(device)
 
+    @contextlib.contextmanager
+    def configured(self, **changes: Any) -> Any:
+        """Judge with some :class:`JudgeConfig` fields changed inside a ``with`` block.
+
+        Meant for per-call knobs (``trials``, ``shape_sets``, ``timing``, ``baselines``,
+        ``timing_config``, ``seed`` of the inputs); the workers, build cache and weights stay.
+        Not thread-safe, like the judge itself.
+
+        Raises:
+            TypeError: a name that is not a :class:`JudgeConfig` field.
+        """
+        saved = self.config
+        self.config = dataclasses.replace(saved, **changes)
+        try:
+            yield self
+        finally:
+            self.config = saved
+
     # ------------------------------------------------------------------ stages
     def build(self, candidate: Candidate | str | Path, device: str | None = None) -> BuildResult:
         """Build (or fetch from the cache) without running anything.
@@ -291,6 +312,14 @@ class Judge:
                 **kw,
             )
 
+        policy = self.problem.policy
+        if requires_custom_kernel(policy) and not cand.static_issues():
+            issues = static_issues(cand.source, cand.backend)
+            if issues:
+                return finish(
+                    Status.REJECTED, f"this problem requires a custom kernel: {issues[0]}"
+                )
+
         result = self.build(cand, device)
         if not result.ok:
             status = Status.TIMEOUT if result.timed_out else Status.COMPILE_ERROR
@@ -321,6 +350,7 @@ class Judge:
                     init_inputs=ref.init_inputs,
                     state_dict=ref.state_dict,
                 )
+                expectations = []
                 for i in range(self.config.trials):
                     inputs = ref.problem.make_inputs(_derive(run_seed, shape_set, i))
                     expected = ref.request(
@@ -329,7 +359,20 @@ class Judge:
                         inputs=inputs,
                         oracle=self.config.tolerance == "oracle",
                     )
-                    got = worker.request("run", self.config.run_timeout_s, inputs=inputs)
+                    got = worker.request(
+                        "run",
+                        self.config.run_timeout_s,
+                        inputs=inputs,
+                        record_ops=requires_custom_kernel(policy),
+                    )
+                    used = forbidden_ops_used(list(got.get("ops", [])), policy)
+                    if requires_custom_kernel(policy) and used:
+                        return finish(
+                            Status.REJECTED,
+                            "this problem requires a custom kernel, but the forward ran "
+                            f"PyTorch's own compute operators: {', '.join(used)}",
+                            build=result,
+                        )
                     trial = compare_outputs(
                         expected["outputs"],
                         got["outputs"],
@@ -340,6 +383,7 @@ class Judge:
                         index=len(trials),
                     )
                     trials.append(dataclasses.replace(trial, shape_set=shape_set))
+                    expectations.append((expected["outputs"], expected.get("oracle")))
             check = CheckResult(
                 passed=all(t.passed for t in trials),
                 trials=tuple(trials),
@@ -358,7 +402,7 @@ class Judge:
                 )
             if not self.config.timing:
                 return finish(Status.CORRECT, "", build=result, check=check)
-            timing, status, note = self._time(device, worker, ref, expected["outputs"], atol, rtol)
+            timing, status, note = self._time(device, worker, ref, inputs, expectations, atol, rtol)
             return finish(status, note, build=result, check=check, timing=timing)
         except CandidateFault as exc:
             check = (
@@ -367,7 +411,7 @@ class Judge:
                 else None
             )
             return finish(
-                Status.RUNTIME_ERROR,
+                Status.REJECTED if exc.status == "rejected" else Status.RUNTIME_ERROR,
                 _first_line(str(exc)),
                 build=result,
                 check=check,
@@ -384,6 +428,46 @@ class Judge:
                 build=result,
                 worker_log=worker.log_tail(),
             )
+        finally:
+            worker.close()
+
+    def profile(
+        self, candidate: Candidate | str | Path, *, calls: int = 5, seed: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Profile the candidate's forward with torch.profiler, on the timed shape set's inputs.
+
+        The candidate is built (a cache hit after :meth:`evaluate`), loaded in a fresh worker
+        with the reference's weights, run once, then ``calls`` times under the profiler. On CUDA
+        the rows are GPU kernels and copies; on the CPU, operators by self time, the forward's
+        own Python and extension code being ``ModelNew.forward``.
+
+        Returns:
+            Rows ``{"name", "device_time_ms", "calls", "share"}``, largest first: time per
+            forward call (ms), runs per forward call, fraction of the profiled time. Empty when
+            the candidate does not build or import.
+
+        Raises:
+            CandidateFault, WorkerDied, WorkerTimeout: the candidate failed while profiled.
+            WorkerError: the profiler itself failed.
+            DeviceError: the candidate needs a GPU and none is visible.
+        """
+        cand = _as_candidate(candidate)
+        device = resolve_device(self.config.device, cand.needs_gpu)
+        result = self.build(cand, device)
+        if not result.ok:
+            return []
+        shape_set = self._shape_sets()[-1]
+        ref = self._reference(device, shape_set)
+        run_seed = seed if seed is not None else secrets.randbits(62)
+        worker = self._pool(device).take()
+        try:
+            if self._load(worker, cand, result, device) is not None:
+                return []
+            timeout = self.config.run_timeout_s
+            worker.request("setup", timeout, init_inputs=ref.init_inputs, state_dict=ref.state_dict)
+            inputs = ref.problem.make_inputs(_derive(run_seed, shape_set, "profile"))
+            worker.request("run", timeout, inputs=inputs)
+            return list(worker.request("profile", timeout, calls=calls)["rows"])
         finally:
             worker.close()
 
@@ -435,40 +519,51 @@ class Judge:
         device: str,
         worker: WorkerProcess,
         ref: _Reference,
-        expected: Any,
+        inputs: list[Any],
+        expectations: list[tuple[Any, Any]],
         atol: float,
         rtol: float,
     ) -> tuple[TimingResult, Status, str]:
-        """Time baselines and candidate alternately; re-check the candidate's timed output.
+        """Time baselines and candidate alternately, then audit what was timed.
 
-        Returns the timing, the status it implies (``incorrect`` when the output of the timed
-        calls is wrong, ``rejected`` below the physical floor, else ``correct``) and the reason.
+        The candidate's reported times must fit in the wall time the supervisor saw for each
+        batch (else its clock was tampered with); the outputs of its last timed call on each
+        input set are compared with the reference's (the oracle rule, since the timed inputs
+        were nudged by one ulp); its median must not be below the device's physical floor.
+
+        Returns the timing, the status it implies and the reason (empty when ``correct``).
         """
         cfg = self.config
         info = self.device_info(device)
-        flush = (
-            2 * info.l2_bytes
-            if info.kind == "cuda" and info.l2_bytes
-            else (256 << 20 if info.kind == "cuda" else 0)
-        )
+        flush = 2 * (info.l2_bytes or 128 << 20) if info.kind == "cuda" else 0
+        tampered: list[str] = []
 
-        def sampler(target: WorkerProcess, name: str, owner: str):
+        def sampler(request, name: str):  # type: ignore[no-untyped-def]
             def sample(n: int, warmup: int) -> list[float]:
-                reply = (ref.request if owner == "reference" else target.request)(
+                t0 = time.perf_counter()
+                reply = request(
                     "time", cfg.run_timeout_s, n=n, warmup=warmup, flush_bytes=flush, target=name
                 )
-                return [float(x) for x in reply["times_ms"]]
+                wall_ms = (time.perf_counter() - t0) * 1e3
+                times = [float(x) for x in reply["times_ms"]]
+                if len(times) != n or not all(0 < x < float("inf") for x in times):
+                    tampered.append(f"{name} reported {len(times)} invalid times for {n} calls")
+                elif sum(times) > wall_ms + 1.0:
+                    tampered.append(
+                        f"{name} reported {sum(times):.3f} ms of calls in {wall_ms:.3f} ms of wall time"
+                    )
+                return times if times else [float("nan")]
 
             return sample
 
         contestants = {}
         if "eager" in cfg.baselines:
-            contestants["eager"] = sampler(ref.worker, "eager", "reference")
-        contestants["candidate"] = sampler(worker, "candidate", "candidate")
+            contestants["eager"] = sampler(ref.request, "eager")
+        contestants["candidate"] = sampler(worker.request, "candidate")
         if "compile" in cfg.baselines and ref.ensure_compiled(max(cfg.run_timeout_s, 600.0)):
-            contestants["compile"] = sampler(ref.worker, "compile", "reference")
+            contestants["compile"] = sampler(ref.request, "compile")
         samples, rounds, stop = measure_alternating(contestants, cfg.timing_config)
-        roofline = self._roofline(ref, samples["candidate"], info)
+        roofline = self._roofline(ref, samples["candidate"], info, inputs, expectations[-1][0])
         timing = TimingResult(
             clock="cuda_event" if info.kind == "cuda" else "monotonic",
             measurements=tuple(summarise(k, v) for k, v in samples.items()),
@@ -478,15 +573,23 @@ class Judge:
             l2_flush_bytes=flush,
             roofline=roofline,
         )
-        last = worker.request("last_output", cfg.run_timeout_s)
-        recheck = compare_outputs(expected, last["outputs"], atol=atol, rtol=rtol, mode="allclose")
-        if not recheck.passed:
-            return (
-                timing,
-                f"the output of the timed calls differs from the reference: {recheck.reason}",
-            )
+        if tampered:
+            return timing, Status.REJECTED, "the timer was tampered with: " + tampered[0]
+        timed = worker.request("timed_outputs", cfg.run_timeout_s)
+        kept = expectations[-int(timed["n_sets"]) :] if int(timed["n_sets"]) else []
+        for k, outputs in dict(timed["outputs"]).items():
+            if not 0 <= int(k) < len(kept):
+                return timing, Status.REJECTED, "the worker reported outputs of unknown calls"
+            expected, oracle = kept[int(k)]
+            again = compare_outputs(expected, list(outputs), oracle=oracle, atol=atol, rtol=rtol)
+            if not again.passed:
+                return (
+                    timing,
+                    Status.INCORRECT,
+                    f"the output of a timed call differs from the reference: {again.reason}",
+                )
         cand = timing.measurement("candidate")
-        if roofline and roofline.floor_ms and cand and cand.median_ms < roofline.floor_ms:
+        if roofline and roofline.below_floor and cand:
             return (
                 timing,
                 Status.REJECTED,
@@ -495,17 +598,25 @@ class Judge:
             )
         return timing, Status.CORRECT, ""
 
-    def _roofline(self, ref: _Reference, samples: list[float], info: DeviceInfo) -> Roofline | None:
-        """Achieved throughput and the physical floor, when the problem counts its work."""
-        try:
-            from kerneljudge import roofline as rl
-        except ImportError:  # pragma: no cover - the device table ships with the package
-            return None
+    def _roofline(
+        self,
+        ref: _Reference,
+        samples: list[float],
+        info: DeviceInfo,
+        inputs: list[Any],
+        outputs: Any,
+    ) -> Roofline | None:
+        """Achieved throughput, fractions of peak and the physical floor of the candidate's time.
+
+        FLOPs come from the problem's ``flop_count()``; bytes from ``byte_count()`` or, without
+        one, the sizes of the inputs and outputs. Peaks come from the device table of
+        :mod:`kerneljudge.roofline` (datasheets) for GPUs, and are omitted on the CPU.
+        """
+        from kerneljudge import roofline as rl
+
         flops = ref.problem.flop_count()
-        nbytes = ref.problem.byte_count()
-        if flops is None and nbytes is None:
-            return None
-        median_s = float(sorted(samples)[len(samples) // 2]) / 1e3
+        nbytes = ref.problem.byte_count(inputs, outputs)
+        median_s = float(np.median(samples)) / 1e3
         spec = rl.lookup(info.name) if info.kind == "cuda" else None
         if spec is None:
             return Roofline(
@@ -514,7 +625,7 @@ class Judge:
                 achieved_tflops=flops / median_s / 1e12 if flops else None,
                 achieved_gbps=nbytes / median_s / 1e9 if nbytes else None,
             )
-        r = rl.roofline(flops or 0.0, nbytes or 0.0, median_s, spec, ref.problem.dtype)
+        r = rl.roofline(flops, nbytes, median_s, spec, ref.problem.dtype)
         return Roofline(
             flops=flops,
             bytes=nbytes,
@@ -523,6 +634,7 @@ class Judge:
             compute_fraction=r.compute_fraction,
             bandwidth_fraction=r.bandwidth_fraction,
             floor_ms=r.floor_s * 1e3,
+            below_floor=r.below_floor,
             source=spec.source,
         )
 

@@ -8,7 +8,8 @@ The protocol (the samples themselves are taken in the workers, see
 2. rounds: every contestant runs one batch per round, in an order rotated each round
    (A B C, B C A, ...), so that clock and thermal drift hit all of them alike;
 3. stop when every median's 95% confidence interval is narrower than ``rel_precision`` of the
-   median (at least ``min_samples`` each), or at ``max_time_s`` / ``max_samples``;
+   median (at least ``min_samples`` each); a contestant that reaches ``max_samples`` rests
+   while the others go on; stop in any case at ``max_time_s``;
 4. summarise: median, quartiles, the median's distribution-free 95% interval, and for each
    baseline the speedup ``median(baseline) / median(candidate)`` with a 95% percentile-bootstrap
    interval (Efron & Tibshirani, *An Introduction to the Bootstrap*, 1993, ch. 13).
@@ -143,12 +144,15 @@ def measure_alternating(
     while True:
         order = names[rounds % len(names) :] + names[: rounds % len(names)]
         for name in order:
-            samples[name].extend(contestants[name](batch[name], 0))
+            if len(samples[name]) < config.max_samples:  # a full contestant rests
+                samples[name].extend(contestants[name](batch[name], 0))
         rounds += 1
         enough = all(len(s) >= config.min_samples for s in samples.values())
-        if enough and all(_precise(s, config.rel_precision) for s in samples.values()):
+        full = [len(s) >= config.max_samples for s in samples.values()]
+        precise = [_precise(s, config.rel_precision) for s in samples.values()]
+        if enough and all(precise):
             return samples, rounds, "precision"
-        if any(len(s) >= config.max_samples for s in samples.values()):
+        if all(f or p for f, p in zip(full, precise)) and enough:
             return samples, rounds, "max_samples"
         elapsed = time.monotonic() - started
         if elapsed >= config.max_time_s and (enough or elapsed >= 5 * config.max_time_s):

@@ -185,6 +185,8 @@ class Roofline:
         achieved_tflops, achieved_gbps: flops / time and bytes / time.
         compute_fraction, bandwidth_fraction: achieved over peak (None without a device entry).
         floor_ms: the physical floor max(bytes / peak bandwidth, flops / peak rate).
+        below_floor: the candidate's median is under the floor (by the table's margin): it
+            cannot have done the work, and the verdict is ``rejected``.
         source: where the peak figures come from.
     """
 
@@ -195,6 +197,7 @@ class Roofline:
     compute_fraction: float | None = None
     bandwidth_fraction: float | None = None
     floor_ms: float | None = None
+    below_floor: bool = False
     source: str = ""
 
 

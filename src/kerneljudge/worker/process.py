@@ -21,6 +21,7 @@ from typing import Any
 
 from kerneljudge.errors import WorkerError
 from kerneljudge.worker.protocol import Channel, ChannelClosed, ChannelTimeout
+from kerneljudge.worker.sandbox import LOG_LIMIT_BYTES, child_pids
 
 __all__ = ["CandidateFault", "WorkerDied", "WorkerPool", "WorkerProcess", "WorkerTimeout"]
 
@@ -34,11 +35,13 @@ class CandidateFault(Exception):
 
     Attributes:
         lineno: the candidate line it came from, when the worker could tell.
+        status: ``runtime_error``, or ``rejected`` for a policy violation the worker caught.
     """
 
-    def __init__(self, message: str, lineno: int | None = None) -> None:
+    def __init__(self, message: str, lineno: int | None = None, status: str = "runtime_error"):
         super().__init__(message)
         self.lineno = lineno
+        self.status = status if status in ("runtime_error", "rejected") else "runtime_error"
 
 
 class WorkerDied(Exception):
@@ -63,8 +66,21 @@ class WorkerDied(Exception):
                 name = signal.Signals(-code).name
             except ValueError:
                 name = f"signal {-code}"
+            if name == "SIGXFSZ":
+                return f"the candidate wrote more than {LOG_LIMIT_BYTES >> 20} MiB of output"
             return f"the worker was killed by {name}"
         return f"the worker exited with status {code}"
+
+
+class WorkerOverMemory(WorkerDied):
+    """The worker (with its children) used more host memory than allowed and was killed."""
+
+    def __init__(self, limit_bytes: int, log_tail: str) -> None:
+        self.limit_bytes = limit_bytes
+        super().__init__(-signal.SIGKILL, log_tail)
+
+    def describe(self) -> str:
+        return f"the candidate used more than {self.limit_bytes / 2**30:.1f} GiB of host memory"
 
 
 class WorkerTimeout(Exception):
@@ -87,10 +103,16 @@ class WorkerProcess:
     """
 
     def __init__(
-        self, role: str, device: str, env: dict[str, str] | None = None, threads: int = 0
+        self,
+        role: str,
+        device: str,
+        env: dict[str, str] | None = None,
+        threads: int = 0,
+        memory_limit_bytes: int = 0,
     ) -> None:
         self.role = role
         self.device = device
+        self.memory_limit_bytes = memory_limit_bytes
         self.scratch = Path(tempfile.mkdtemp(prefix=f"kj-{role}-"))
         self.log_path = self.scratch / "worker.log"
         to_worker_r, to_worker_w = os.pipe()
@@ -155,7 +177,13 @@ class WorkerProcess:
         return self.proc.poll() is None
 
     def kill(self) -> None:
-        """Kill the worker's whole process group (children too) and reap it."""
+        """Kill the worker, every descendant it has (also those that left its process group;
+        the worker is their subreaper) and its process group, then reap it."""
+        for pid in child_pids(self.proc.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -189,20 +217,39 @@ class WorkerProcess:
         return ("...\n" if size > limit else "") + data
 
     # ------------------------------------------------------------------ requests
-    def _recv(self, op: str, timeout_s: float) -> dict[str, Any]:
-        try:
-            return self.chan.recv(timeout_s=timeout_s)
-        except ChannelTimeout:
-            self.kill()
-            raise WorkerTimeout(op, timeout_s) from None
-        except ChannelClosed:
+    def rss_bytes(self) -> int:
+        """Resident memory of the worker and its descendants (bytes, from ``/proc``)."""
+        total = 0
+        for pid in [self.proc.pid, *child_pids(self.proc.pid)]:
             try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
-            code = self.proc.poll()
-            self.kill()
-            raise WorkerDied(code, self.log_tail()) from None
+                with open(f"/proc/{pid}/statm") as f:
+                    total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            except (OSError, ValueError, IndexError):
+                continue
+        return total
+
+    def _recv(self, op: str, timeout_s: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                return self.chan.recv(timeout_s=min(max(remaining, 0.0), 0.5))
+            except ChannelTimeout:
+                if self.memory_limit_bytes and self.rss_bytes() > self.memory_limit_bytes:
+                    self.kill()
+                    raise WorkerOverMemory(self.memory_limit_bytes, self.log_tail()) from None
+                if remaining <= 0.5:
+                    self.kill()
+                    raise WorkerTimeout(op, timeout_s) from None
+            except ChannelClosed:
+                break
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        code = self.proc.poll()
+        self.kill()
+        raise WorkerDied(code, self.log_tail()) from None
 
     def request(self, op: str, timeout_s: float, **fields: Any) -> dict[str, Any]:
         """Send one request and wait for its answer.
@@ -224,8 +271,20 @@ class WorkerProcess:
             return reply
         if reply.get("fault"):
             line = reply.get("lineno")
-            raise CandidateFault(str(reply.get("error", "")), line if isinstance(line, int) else None)
+            raise CandidateFault(
+                str(reply.get("error", "")),
+                line if isinstance(line, int) else None,
+                str(reply.get("status", "runtime_error")),
+            )
         raise WorkerError(f"worker failed on {op}: {reply.get('error', '')}")
+
+
+def default_memory_limit() -> int:
+    """Host memory a candidate worker may use: half of this machine's RAM (bytes)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    except (ValueError, OSError):
+        return 0
 
 
 class WorkerPool:
@@ -236,17 +295,30 @@ class WorkerPool:
     """
 
     def __init__(
-        self, device: str, env: dict[str, str] | None = None, size: int = 1, threads: int = 0
+        self,
+        device: str,
+        env: dict[str, str] | None = None,
+        size: int = 1,
+        threads: int = 0,
+        memory_limit_bytes: int | None = None,
     ) -> None:
         self.device = device
         self.env = dict(env or {})
         self.size = size
         self.threads = threads
+        self.memory_limit_bytes = (
+            default_memory_limit() if memory_limit_bytes is None else memory_limit_bytes
+        )
         self._idle: list[WorkerProcess] = []
+
+    def _spawn(self) -> WorkerProcess:
+        return WorkerProcess(
+            "candidate", self.device, self.env, self.threads, self.memory_limit_bytes
+        )
 
     def prestart(self) -> None:
         while len(self._idle) < self.size:
-            self._idle.append(WorkerProcess("candidate", self.device, self.env, self.threads))
+            self._idle.append(self._spawn())
 
     def take(self) -> WorkerProcess:
         """A ready candidate worker (the caller closes it when done)."""
@@ -256,7 +328,7 @@ class WorkerPool:
         try:
             worker.wait_ready()
         except (WorkerDied, WorkerTimeout):
-            worker = WorkerProcess("candidate", self.device, self.env, self.threads)
+            worker = self._spawn()
             worker.wait_ready()
         return worker
 

@@ -45,6 +45,7 @@ class Channel:
     def __init__(self, read_fd: int, write_fd: int) -> None:
         self.read_fd = read_fd
         self.write_fd = write_fd
+        self._buf = bytearray()
 
     def send(self, message: dict[str, Any]) -> None:
         """Write one message.
@@ -63,35 +64,36 @@ class Channel:
         except (BrokenPipeError, OSError) as exc:
             raise ChannelClosed(str(exc)) from None
 
-    def _read_exact(self, n: int, deadline: float | None) -> bytes:
-        chunks: list[bytes] = []
-        while n:
+    def _fill(self, n: int, deadline: float | None) -> None:
+        """Read until the buffer holds ``n`` bytes; what was read survives a timeout."""
+        while len(self._buf) < n:
             if deadline is not None:
                 remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise ChannelTimeout()
-                ready, _, _ = select.select([self.read_fd], [], [], remaining)
+                ready = remaining > 0 and select.select([self.read_fd], [], [], remaining)[0]
                 if not ready:
                     raise ChannelTimeout()
-            chunk = os.read(self.read_fd, min(n, 1 << 24))
+            chunk = os.read(self.read_fd, min(n - len(self._buf), 1 << 24))
             if not chunk:
                 raise ChannelClosed("end of stream")
-            chunks.append(chunk)
-            n -= len(chunk)
-        return b"".join(chunks)
+            self._buf += chunk
 
     def recv(self, timeout_s: float | None = None) -> dict[str, Any]:
         """Read one message, waiting at most ``timeout_s`` seconds (None: forever).
+
+        A timeout keeps the part of a message read so far; the next call goes on from there.
 
         Raises:
             ChannelTimeout: nothing complete arrived in time.
             ChannelClosed: the writer is gone, or the stream is corrupt.
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        (length,) = _HEADER.unpack(self._read_exact(_HEADER.size, deadline))
+        self._fill(_HEADER.size, deadline)
+        (length,) = _HEADER.unpack(bytes(self._buf[: _HEADER.size]))
         if length > MAX_MESSAGE_BYTES:
             raise ChannelClosed(f"message of {length} bytes exceeds the limit")
-        payload = self._read_exact(length, deadline)
+        self._fill(_HEADER.size + length, deadline)
+        payload = bytes(self._buf[_HEADER.size : _HEADER.size + length])
+        del self._buf[: _HEADER.size + length]
         try:
             message = torch.load(io.BytesIO(payload), weights_only=True, map_location="cpu")
         except Exception as exc:  # any unpickling failure means a corrupt or forged stream

@@ -13,20 +13,30 @@ import copy
 import importlib.util
 import os
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.utils._python_dispatch
 
+from kerneljudge.worker import measure
 from kerneljudge.worker.protocol import Channel, ChannelClosed
+from kerneljudge.worker.sandbox import (
+    Sandbox,
+    child_pids,
+    limit_output,
+    lingering_threads,
+    set_subreaper,
+)
 
 # Captured before any candidate code runs, so a candidate that patches these names in torch
-# cannot change how the worker synchronises and reads the clock.
+# cannot change how the worker synchronises.
 _synchronize = torch.cuda.synchronize
-_Event = torch.cuda.Event
-_perf_counter_ns = time.perf_counter_ns
+#: Input sets kept for the timed loop (the latest trials'), each timed call uses one in turn.
+MAX_TIMING_SETS = 4
 
 
 class Fault(Exception):
@@ -34,11 +44,26 @@ class Fault(Exception):
 
     Attributes:
         lineno: the candidate line the failure came from, when known.
+        status: the verdict status it implies: ``runtime_error``, or ``rejected`` for a policy
+            violation (network, processes, writes outside the scratch folder, ...).
     """
 
-    def __init__(self, message: str, lineno: int | None = None) -> None:
+    def __init__(self, message: str, lineno: int | None = None, status: str = "runtime_error"):
         super().__init__(message)
         self.lineno = lineno
+        self.status = status
+
+
+class _OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the names of the ATen operators a call runs (``mm``, ``_softmax``, ...)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.ops.add(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
 
 
 def _candidate_lineno(exc: BaseException, path: str | None) -> int | None:
@@ -130,21 +155,50 @@ class Worker:
         self.problem: Any = None
         self.source_path: str | None = None
         self.inputs: list[Any] = []
-        self.last_output: Any = None
+        self.sets: list[list[Any]] = []
+        self.snapshots: dict[int, Any] = {}
+        self.poison_bytes = 0
         self.flush: torch.Tensor | None = None
+        self.gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
+        self.sandbox: Sandbox | None = None
+        if role == "candidate":
+            self.sandbox = Sandbox([os.getcwd(), os.environ.get("TMPDIR", os.getcwd())])
+            for var in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR"):
+                if os.environ.get(var):
+                    self.sandbox.allow_writes_to(os.environ[var])
+            self.sandbox.allow_writes_to(os.path.expanduser("~/.triton"))
+            self.sandbox.install()
+
+    # ------------------------------------------------------------------ confinement
+    def _confined(self) -> _Confined:
+        return _Confined(self)
+
+    def _check_output(self, out: Any) -> None:
+        """Outputs must be plain tensors (no subclass that computes later)."""
+        for t in measure.flatten_tensors(out):
+            if type(t) is not torch.Tensor:
+                raise Fault(
+                    f"forward returned a {type(t).__name__}, not a plain torch.Tensor",
+                    status="rejected",
+                )
 
     # ------------------------------------------------------------------ loading
     def op_load_candidate(self, msg: dict[str, Any]) -> dict[str, Any]:
         path = str(msg["path"])
         self.source_path = path
         os.environ.update({str(k): str(v) for k, v in dict(msg.get("env", {})).items()})
+        if self.sandbox is not None and os.environ.get("TORCH_EXTENSIONS_DIR"):
+            self.sandbox.allow_writes_to(os.environ["TORCH_EXTENSIONS_DIR"])
         spec = importlib.util.spec_from_file_location("candidate_module", path)
         if spec is None or spec.loader is None:
             raise Fault(f"cannot import {path}")
         module = importlib.util.module_from_spec(spec)
         sys.modules["candidate_module"] = module
         try:
-            spec.loader.exec_module(module)
+            with self._confined():
+                spec.loader.exec_module(module)
+        except Fault:
+            raise
         except BaseException as exc:  # noqa: BLE001 - candidate code may raise anything
             raise Fault(
                 "importing the candidate failed: " + _candidate_traceback(exc, path),
@@ -179,25 +233,48 @@ class Worker:
         note = align_state_dict(model, state)
         self.model = model.to(self.device).eval()
         self.compiled = None
+        self.sets, self.snapshots = [], {}
         return {"note": note}
 
     # ------------------------------------------------------------------ running
-    def _call(self, fn: Callable[..., Any], args: list[Any]) -> Any:
+    def _call(self, fn: Callable[..., Any], args: list[Any], record_ops: bool = False) -> Any:
+        """One forward call, confined, synchronised; with the ATen ops it ran when asked."""
+        recorder = _OpRecorder() if record_ops else None
         try:
-            with torch.no_grad():
-                out = fn(*args)
-            if self.device.type == "cuda":
-                _synchronize()
+            with self._confined(), torch.no_grad():
+                if recorder is not None:
+                    with recorder:
+                        out = fn(*args)
+                else:
+                    out = fn(*args)
+                if self.device.type == "cuda":
+                    _synchronize()
+        except Fault:
+            raise
         except BaseException as exc:  # noqa: BLE001 - SystemExit, CUDA errors, anything
-            raise Fault(_candidate_traceback(exc, self.source_path)) from None
+            raise Fault(
+                _candidate_traceback(exc, self.source_path),
+                _candidate_lineno(exc, self.source_path),
+            ) from None
+        self._check_output(out)
+        self.ops = sorted(recorder.ops) if recorder is not None else []
         return out
 
     def op_run(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """One correctness trial on ``inputs``; keeps them as an input set for the timed loop.
+
+        Returns ``outputs`` (on the CPU), ``oracle`` (float64 reference, when asked) and ``ops``
+        (ATen operators the call ran, when ``record_ops``).
+        """
         if self.model is None:
             raise RuntimeError("run before setup")
         self.inputs = _to_device(list(msg["inputs"]), self.device)
+        self.sets = (self.sets + [self.inputs])[-MAX_TIMING_SETS:]
         args = [x.clone() if isinstance(x, torch.Tensor) else x for x in self.inputs]
-        reply: dict[str, Any] = {"outputs": _to_cpu(self._call(self.model, args))}
+        measure.poison(self.poison_bytes or _nbytes(args), self.device)
+        out = self._call(self.model, args, record_ops=bool(msg.get("record_ops")))
+        self.poison_bytes = max(self.poison_bytes, _nbytes(measure.flatten_tensors(out)))
+        reply: dict[str, Any] = {"outputs": _to_cpu(out), "ops": self.ops}
         if msg.get("oracle"):
             reply["oracle"] = self._oracle()
         return reply
@@ -233,53 +310,159 @@ class Worker:
         return {"compile_s": time.monotonic() - started}
 
     def op_time(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Time ``n`` calls; each on fresh clones of the inputs, after an L2 flush.
+        """Time ``n`` calls over the kept input sets (see :mod:`kerneljudge.worker.measure`).
 
-        On CUDA: events around the call with a device-wide synchronisation before the end mark,
-        so work on any stream counts. On CPU: ``perf_counter_ns`` around the call.
-        Returns ``times_ms`` (one per call) and ``wall_s`` (the whole batch, host clock).
+        Returns ``times_ms`` (one per call) and ``wall_s`` (the whole batch, host clock); the
+        output of the last call on each set is kept for :meth:`op_timed_outputs`.
         """
         fn = self.compiled if msg.get("target") == "compile" else self.model
-        if fn is None:
-            raise RuntimeError(f"no callable for target {msg.get('target')!r}")
-        n, warmup = int(msg["n"]), int(msg.get("warmup", 0))
+        if fn is None or not self.sets:
+            raise RuntimeError(f"nothing to time for target {msg.get('target')!r}")
         flush_bytes = int(msg.get("flush_bytes", 0))
-        cuda = self.device.type == "cuda"
-        if cuda and flush_bytes and (self.flush is None or self.flush.numel() != flush_bytes):
-            self.flush = torch.empty(flush_bytes, dtype=torch.uint8, device=self.device)
-        start_ev, end_ev = (
-            (_Event(enable_timing=True), _Event(enable_timing=True)) if cuda else (None, None)
-        )
-        times: list[float] = []
-        wall0 = _perf_counter_ns()
-        out = None
-        for i in range(warmup + n):
-            args = [x.clone() if isinstance(x, torch.Tensor) else x for x in self.inputs]
-            try:
-                with torch.no_grad():
-                    if cuda:
-                        if self.flush is not None:
-                            self.flush.fill_(i & 0xFF)
-                        _synchronize()
-                        start_ev.record()
-                        out = fn(*args)
-                        _synchronize()
-                        end_ev.record()
-                        end_ev.synchronize()
-                        elapsed = start_ev.elapsed_time(end_ev)
-                    else:
-                        t0 = _perf_counter_ns()
-                        out = fn(*args)
-                        elapsed = (_perf_counter_ns() - t0) / 1e6
-            except BaseException as exc:  # noqa: BLE001
-                raise Fault(_candidate_traceback(exc, self.source_path)) from None
-            if i >= warmup:
-                times.append(float(elapsed))
-        self.last_output = out
-        return {"times_ms": times, "wall_s": (_perf_counter_ns() - wall0) / 1e9}
+        if self.device.type == "cuda" and flush_bytes:
+            if self.flush is None or self.flush.numel() != flush_bytes:
+                self.flush = torch.empty(flush_bytes, dtype=torch.uint8, device=self.device)
+        before = {t.ident for t in threading.enumerate()}
 
-    def op_last_output(self, msg: dict[str, Any]) -> dict[str, Any]:
-        return {"outputs": _to_cpu(self.last_output)}
+        def check(out: Any) -> None:  # per call; child processes are checked per batch
+            self._check_output(out)
+            threads = lingering_threads(before) if self.sandbox is not None else []
+            if threads:
+                raise Fault(
+                    f"the candidate left {len(threads)} thread(s) running after the call "
+                    f"({', '.join(threads[:3])})",
+                    status="rejected",
+                )
+
+        try:
+            with self._confined():
+                times, snaps, wall = measure.time_calls(
+                    fn,
+                    self.sets,
+                    n=int(msg["n"]),
+                    warmup=int(msg.get("warmup", 0)),
+                    device=self.device,
+                    flush=self.flush,
+                    poison_bytes=self.poison_bytes,
+                    gen=self.gen,
+                    check_call=check,
+                )
+        except Fault:
+            raise
+        except BaseException as exc:  # noqa: BLE001
+            raise Fault(
+                _candidate_traceback(exc, self.source_path),
+                _candidate_lineno(exc, self.source_path),
+            ) from None
+        self.snapshots.update(snaps)
+        return {"times_ms": times, "wall_s": wall}
+
+    def op_timed_outputs(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Copies of the last timed output on each input set: ``{"outputs": {set: [tensors]}}``,
+        set 0 being the oldest kept trial's inputs."""
+        return {
+            "outputs": {int(k): _to_cpu(v) for k, v in self.snapshots.items()},
+            "n_sets": len(self.sets),
+        }
+
+    def _check_aftermath(self, threads_before: set[int]) -> None:
+        """Raise a rejecting Fault for threads or processes that outlived the call."""
+        if self.sandbox is None:
+            return
+        threads = lingering_threads(threads_before)
+        if threads:
+            raise Fault(
+                f"the candidate left {len(threads)} thread(s) running after the call "
+                f"({', '.join(threads[:3])})",
+                status="rejected",
+            )
+        kids = child_pids(os.getpid())
+        if kids:
+            raise Fault(
+                f"the candidate left {len(kids)} process(es) running after the call",
+                status="rejected",
+            )
+
+    def op_profile(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Run ``calls`` forward calls under torch.profiler on the current inputs.
+
+        Returns ``rows``: ``{name, device_time_ms, calls, share}`` per GPU kernel or copy (on
+        CUDA) or per operator by self CPU time (on the CPU, where the forward's own Python and
+        extension code is the row ``ModelNew.forward``); time and calls are per forward call,
+        ``share`` the fraction of all rows' time; largest first, at most 30 rows.
+        """
+        from torch.autograd import DeviceType
+        from torch.profiler import ProfilerActivity, profile, record_function
+
+        if self.model is None:
+            raise RuntimeError("profile before setup")
+        n = max(1, int(msg.get("calls", 5)))
+        cuda = self.device.type == "cuda"
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        clones = lambda: [x.clone() if isinstance(x, torch.Tensor) else x for x in self.inputs]  # noqa: E731
+        self._call(self.model, clones())
+        batches = [clones() for _ in range(n)]  # cloned outside the profiled window
+        with profile(activities=activities) as prof:
+            for args in batches:
+                with record_function("ModelNew.forward"):
+                    self._call(self.model, args)
+        totals: dict[str, list[float]] = {}
+        for evt in prof.key_averages():
+            if cuda:
+                if getattr(evt, "device_type", None) != DeviceType.CUDA:
+                    continue
+                us = getattr(evt, "self_device_time_total", None)
+                us = us if us is not None else getattr(evt, "self_cuda_time_total", 0.0)
+            else:
+                us = evt.self_cpu_time_total
+            if us and us > 0:
+                entry = totals.setdefault(str(evt.key), [0.0, 0.0])
+                entry[0] += float(us)
+                entry[1] += float(evt.count)
+        total_us = sum(t for t, _ in totals.values()) or 1.0
+        rows = [
+            {"name": name, "device_time_ms": t / n / 1e3, "calls": c / n, "share": t / total_us}
+            for name, (t, c) in totals.items()
+        ]
+        rows.sort(key=lambda r: -r["device_time_ms"])
+        return {"rows": rows[:30], "calls": n}
+
+
+def _nbytes(values: list[Any]) -> int:
+    return sum(t.numel() * t.element_size() for t in values if isinstance(t, torch.Tensor))
+
+
+class _Confined:
+    """Arms the sandbox around candidate code and turns what it caught into a rejecting Fault.
+
+    A thread or process left behind by the call is checked by the caller (the timed loop checks
+    after every call; a trial checks here).
+    """
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.before: set[int] = set()
+
+    def __enter__(self) -> _Confined:
+        sb = self.worker.sandbox
+        self.before = {t.ident for t in threading.enumerate()}
+        if sb is not None:
+            sb.take_violations()
+            sb.armed = True
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        sb = self.worker.sandbox
+        if sb is None:
+            return
+        sb.armed = False
+        violations = sb.take_violations()
+        if violations:
+            raise Fault(
+                "the candidate attempted " + "; ".join(dict.fromkeys(violations)), status="rejected"
+            ) from None
+        if exc_type is None:
+            self.worker._check_aftermath(self.before)
 
 
 def serve(chan: Channel, worker: Worker) -> int:
@@ -302,7 +485,13 @@ def serve(chan: Channel, worker: Worker) -> int:
             reply = handler(msg)
             reply["ok"] = True
         except Fault as exc:
-            reply = {"ok": False, "fault": True, "error": str(exc), "lineno": exc.lineno}
+            reply = {
+                "ok": False,
+                "fault": True,
+                "error": str(exc),
+                "lineno": exc.lineno,
+                "status": exc.status,
+            }
         except BaseException as exc:  # noqa: BLE001 - report harness bugs, keep the traceback
             reply = {"ok": False, "fault": False, "error": traceback.format_exc(limit=8)}
             if isinstance(exc, KeyboardInterrupt):
@@ -327,6 +516,9 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":
         torch.cuda.set_device(device)
         torch.empty(1, device=device)  # create the context now, not in the first timed call
+    if args.role == "candidate":
+        set_subreaper()
+        limit_output()
     return serve(chan, Worker(args.role, device))
 
 

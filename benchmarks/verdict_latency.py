@@ -1,0 +1,105 @@
+"""Time to verdict, cold and warm, and the spread of repeated verdicts of one candidate.
+
+For each problem (its fused CUDA example on a GPU, its C++ example on a CPU):
+
+* cold: an empty build cache and a new judge (build + worker start + check + timing);
+* warm, new judge: the build cached, everything else new (a second ``kerneljudge eval``);
+* warm, same judge: the build cached and the judge's workers alive (an agent's next tool call);
+* three more verdicts from the same judge: the spread of their speedups over eager,
+  ``(max - min) / mean``.
+
+Run:  PYTHONPATH=src python3 benchmarks/verdict_latency.py [--problems a,b] [--json OUT]
+      [--baselines eager,compile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shutil
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from kerneljudge import Judge, JudgeConfig, Status
+from kerneljudge.verdict import Verdict
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _timed(judge: Judge, candidate: Path) -> tuple[float, Verdict]:
+    t0 = time.perf_counter()
+    verdict = judge.evaluate(candidate)
+    return time.perf_counter() - t0, verdict
+
+
+def _speedup(v: Verdict) -> float | None:
+    s = v.timing.speedup("eager") if v.timing else None
+    return s.median if s else None
+
+
+def run(problem: str, baselines: tuple[str, ...], cache_root: Path) -> dict[str, object]:
+    gpu = torch.cuda.is_available()
+    candidate = ROOT / "examples" / problem / ("cuda_fused.py" if gpu else "cpp_reference.py")
+    cache = cache_root / problem
+    shutil.rmtree(cache, ignore_errors=True)
+    config = JudgeConfig(cache_dir=cache, baselines=baselines)
+    with Judge(problem, config) as judge:
+        cold_s, cold = _timed(judge, candidate)
+    if cold.status is not Status.CORRECT:
+        raise SystemExit(f"{problem}: {candidate.name} is {cold.status.value}: {cold.reason}")
+    with Judge(problem, config) as judge:
+        warm_new_s, _ = _timed(judge, candidate)
+        warm_same_s, first = _timed(judge, candidate)
+        repeats = [first] + [_timed(judge, candidate)[1] for _ in range(2)]
+    speedups = [s for s in map(_speedup, repeats) if s is not None]
+    mean = sum(speedups) / len(speedups)
+    return {
+        "problem": problem,
+        "candidate": candidate.name,
+        "cold_s": cold_s,
+        "build_s": cold.build.duration_s if cold.build else None,
+        "warm_new_judge_s": warm_new_s,
+        "warm_same_judge_s": warm_same_s,
+        "speedups_vs_eager": speedups,
+        "speedup_spread": (max(speedups) - min(speedups)) / mean,
+        "compile_baseline": [_speedup_of(v, "compile") for v in repeats],
+    }
+
+
+def _speedup_of(v: Verdict, baseline: str) -> float | None:
+    s = v.timing.speedup(baseline) if v.timing else None
+    return s.median if s else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--problems", default="causal_gqa,mla_kv_projection,triangle_attention")
+    parser.add_argument("--baselines", default="eager,compile")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor()
+    cache_root = Path(tempfile.mkdtemp(prefix="kj-latency-"))
+    rows = [run(p, tuple(args.baselines.split(",")), cache_root) for p in args.problems.split(",")]
+    shutil.rmtree(cache_root, ignore_errors=True)
+    print(f"device: {device}   torch {torch.__version__}   baselines: {args.baselines}")
+    print(f"{'problem':<22}{'cold s':>8}{'build s':>9}{'warm new s':>12}{'warm same s':>13}"
+          f"{'speedups vs eager':>26}{'spread':>9}")
+    for r in rows:
+        sp = ", ".join(f"{s:.3f}" for s in r["speedups_vs_eager"])  # type: ignore[union-attr]
+        print(f"{r['problem']:<22}{r['cold_s']:>8.1f}{r['build_s']:>9.1f}"
+              f"{r['warm_new_judge_s']:>12.2f}{r['warm_same_judge_s']:>13.2f}{sp:>26}"
+              f"{r['speedup_spread'] * 100:>8.2f}%")
+    if args.json:
+        args.json.write_text(json.dumps({
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "device": device, "torch": torch.__version__, "rows": rows,
+        }, indent=2))
+
+
+if __name__ == "__main__":
+    main()

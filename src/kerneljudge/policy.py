@@ -1,0 +1,99 @@
+"""Judging policy: when a problem requires a custom kernel, ``ModelNew`` may not be the reference
+in disguise.
+
+Two lines of evidence, both needed because each alone is easy to dodge:
+
+* static, from the candidate's syntax tree: ``ModelNew`` inheriting ``Model``, importing the
+  problem or kerneljudge, a plain-PyTorch backend;
+* dynamic, from the correctness trials: the ATen operators the forward ran (recorded in the
+  worker with a ``TorchDispatchMode``; operators called from C++ extensions pass the dispatcher
+  too, custom CUDA/Triton kernels do not). A forward that runs one of the problem's compute
+  operators (matrix products, softmax, normalisation, convolution, attention, scans) is
+  rejected, including when it only falls back to them in an ``except``.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Any
+
+__all__ = ["DEFAULT_FORBIDDEN_OPS", "forbidden_ops_used", "requires_custom_kernel", "static_issues"]
+
+#: ATen operator names (overload packets) that do a problem's heavy lifting.
+DEFAULT_FORBIDDEN_OPS = frozenset(
+    {
+        "mm",
+        "bmm",
+        "addmm",
+        "addbmm",
+        "baddbmm",
+        "matmul",
+        "linear",
+        "einsum",
+        "tensordot",
+        "_scaled_mm",
+        "_int_mm",
+        "_weight_int8pack_mm",
+        "_softmax",
+        "softmax",
+        "_log_softmax",
+        "log_softmax",
+        "logsumexp",
+        "native_layer_norm",
+        "layer_norm",
+        "_fused_rms_norm",
+        "rms_norm",
+        "native_group_norm",
+        "convolution",
+        "_convolution",
+        "conv1d",
+        "conv2d",
+        "cudnn_convolution",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "scaled_dot_product_attention",
+        "_flash_attention_forward",
+        "_efficient_attention_forward",
+        "cumsum",
+        "cumprod",
+        "nll_loss_forward",
+        "cross_entropy_loss",
+        "topk",
+        "sort",
+    }
+)
+
+
+def requires_custom_kernel(policy: dict[str, Any]) -> bool:
+    return bool(policy.get("require_custom_kernel"))
+
+
+def forbidden_ops_used(ops: list[str], policy: dict[str, Any]) -> list[str]:
+    """The recorded operators the policy forbids (``POLICY["forbidden_ops"]`` or the default)."""
+    forbidden = set(policy.get("forbidden_ops", DEFAULT_FORBIDDEN_OPS))
+    return sorted(set(ops) & forbidden)
+
+
+def static_issues(source: str, backend: str) -> list[str]:
+    """Reasons, read off the source, why this candidate is not a custom kernel."""
+    issues = []
+    if backend == "torch":
+        issues.append("the candidate is plain PyTorch (no load_inline or Triton kernel)")
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return issues
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node.name == "ModelNew":
+            for base in node.bases:
+                name = base.id if isinstance(base, ast.Name) else getattr(base, "attr", "")
+                if name == "Model":
+                    issues.append("ModelNew inherits the reference Model")
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names]
+            module = node.module if isinstance(node, ast.ImportFrom) else None
+            for full in ([module] if module else []) + names:
+                if full and (full.startswith("kerneljudge") or full.endswith("problems")):
+                    issues.append(f"the candidate imports {full}")
+    return list(dict.fromkeys(issues))

@@ -1,0 +1,191 @@
+"""Confinement of candidate code inside its worker process (the second line of defence).
+
+The first line is the process boundary itself: the candidate never shares a process with the
+judge, the reference, the seed or the comparison. Inside its worker, while candidate code runs:
+
+* a PEP 578 audit hook refuses network sockets, process creation (other than the compiler tools
+  that ``load_inline`` and Triton call), writes outside the worker's scratch and cache folders,
+  and reads of other processes' ``/proc`` entries. A refusal raises ``PermissionError`` in the
+  candidate and is recorded, so the verdict says what was attempted. Audit hooks cannot be
+  removed from Python once added; native code (a C++ extension calling ``connect`` directly)
+  is not seen by them, see ``docs/security.md``;
+* resource limits: output files (the log that receives stdout/stderr) are capped by
+  ``RLIMIT_FSIZE``; orphaned grandchildren are re-parented to the worker
+  (``PR_SET_CHILD_SUBREAPER``) so the supervisor can find and kill them;
+* after each call, Python threads and child processes that outlive it are reported.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import sys
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+__all__ = [
+    "COMPILER_TOOLS",
+    "LOG_LIMIT_BYTES",
+    "Sandbox",
+    "child_pids",
+    "set_subreaper",
+]
+
+#: Largest log (stdout + stderr) a candidate worker may write; beyond it the worker gets SIGXFSZ.
+LOG_LIMIT_BYTES = 16 << 20
+#: Executables the candidate's build machinery may start at run time (Triton's JIT, ninja's
+#: up-to-date check when ``load_inline`` reloads a cached build).
+COMPILER_TOOLS = frozenset(
+    {
+        "ninja",
+        "c++",
+        "g++",
+        "gcc",
+        "cc",
+        "clang",
+        "clang++",
+        "nvcc",
+        "ptxas",
+        "ld",
+        "ld.gold",
+        "nvlink",
+        "fatbinary",
+        "cudafe++",
+        "cicc",
+        "nvdisasm",
+        "cuobjdump",
+        "which",
+        "uname",
+        "ldconfig",
+        "ldconfig.real",
+    }
+)
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def set_subreaper() -> None:
+    """Make this process the reaper of its orphaned descendants (Linux; no-op elsewhere)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def limit_output(limit_bytes: int = LOG_LIMIT_BYTES) -> None:
+    """Cap the size of files this process writes (its stdout/stderr log among them)."""
+    try:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
+    except (ValueError, OSError):
+        pass
+
+
+def child_pids(pid: int) -> list[int]:
+    """All live descendants of ``pid`` (children first), read from ``/proc``."""
+    out: list[int] = []
+    frontier = [pid]
+    while frontier:
+        parent = frontier.pop()
+        kids: list[int] = []
+        task_dir = Path(f"/proc/{parent}/task")
+        try:
+            tasks = list(task_dir.iterdir())
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                kids.extend(int(k) for k in (task / "children").read_text().split())
+            except (OSError, ValueError):
+                continue
+        for k in kids:
+            if k not in out:
+                out.append(k)
+                frontier.append(k)
+    return out
+
+
+class Sandbox:
+    """The audit-hook policy of one worker.
+
+    Args:
+        writable: folders (and their subtrees) the candidate may write to.
+    """
+
+    def __init__(self, writable: Iterable[str | os.PathLike[str]]) -> None:
+        self.writable = [os.path.realpath(p) for p in writable]
+        self.armed = False
+        self.violations: list[str] = []
+        self._installed = False
+
+    def install(self) -> None:
+        if not self._installed:
+            sys.addaudithook(self._hook)
+            self._installed = True
+
+    def allow_writes_to(self, path: str | os.PathLike[str]) -> None:
+        self.writable.append(os.path.realpath(path))
+
+    def take_violations(self) -> list[str]:
+        out, self.violations = self.violations, []
+        return out
+
+    # ------------------------------------------------------------------ policy
+    def _refuse(self, what: str) -> None:
+        self.violations.append(what)
+        raise PermissionError(f"kerneljudge sandbox: {what} is not allowed")
+
+    def _may_write(self, path: str) -> bool:
+        real = os.path.realpath(path)
+        if real.startswith("/dev/") or real.startswith("/proc/self/"):
+            return True
+        return any(real == w or real.startswith(w + os.sep) for w in self.writable)
+
+    def _hook(self, event: str, args: tuple[object, ...]) -> None:
+        if not self.armed:
+            return
+        if event == "open":
+            path, mode = args[0], args[1]
+            if not isinstance(path, (str, bytes)):
+                return  # a file descriptor
+            p = os.fsdecode(path)
+            writing = isinstance(mode, str) and any(c in mode for c in "wax+")
+            if isinstance(args[2], int) and args[2] & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+                writing = True
+            if writing and not self._may_write(p):
+                self._refuse(f"writing {p} (outside the scratch folder)")
+            if p.startswith("/proc/") and not p.startswith(
+                ("/proc/self/", "/proc/cpuinfo", "/proc/meminfo", "/proc/sys/")
+            ):
+                pid = p.split("/")[2]
+                if pid.isdigit() and int(pid) != os.getpid():
+                    self._refuse(f"reading {p} (another process)")
+        elif event in ("socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg"):
+            address = args[1] if len(args) > 1 else "?"
+            self._refuse(f"opening a network connection ({event} {address})")
+        elif event == "socket.__new__":
+            family = args[1] if len(args) > 1 else None
+            if family not in (getattr(__import__("socket"), "AF_UNIX", 1),):
+                self._refuse("creating a network socket")
+        elif event in ("subprocess.Popen", "os.posix_spawn", "os.exec", "os.spawn"):
+            exe = args[0] if args else ""
+            name = os.path.basename(os.fsdecode(exe)) if isinstance(exe, (str, bytes)) else ""
+            if name not in COMPILER_TOOLS:
+                self._refuse(f"starting a process ({name or exe})")
+        elif event in ("os.fork", "os.forkpty", "os.system"):
+            self._refuse(f"starting a process ({event})")
+        elif event in ("os.kill", "os.killpg"):
+            pid = args[0] if args else None
+            if isinstance(pid, int) and pid != os.getpid():
+                self._refuse(f"signalling process {pid}")
+        elif event == "sys.addaudithook":
+            self._refuse("adding an audit hook")
+
+
+def lingering_threads(before: set[int], grace_s: float = 0.2) -> list[str]:
+    """Names of Python threads started since ``before`` (thread idents) that are still alive."""
+    alive = [t for t in threading.enumerate() if t.ident not in before and t.is_alive()]
+    for t in alive:
+        t.join(timeout=grace_s / max(1, len(alive)))
+    return [t.name for t in alive if t.is_alive()]
