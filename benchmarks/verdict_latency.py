@@ -9,7 +9,7 @@ For each problem (its fused CUDA example on a GPU, its C++ example on a CPU):
   ``(max - min) / mean``.
 
 Run:  PYTHONPATH=src python3 benchmarks/verdict_latency.py [--problems a,b] [--json OUT]
-      [--baselines eager,compile]
+      [--baselines eager,compile] [--parallel-cold]
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import platform
 import shutil
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -42,16 +43,27 @@ def _speedup(v: Verdict) -> float | None:
     return s.median if s else None
 
 
-def run(problem: str, baselines: tuple[str, ...], cache_root: Path) -> dict[str, object]:
+def _candidate(problem: str) -> Path:
     gpu = torch.cuda.is_available()
-    candidate = ROOT / "examples" / problem / ("cuda_fused.py" if gpu else "cpp_reference.py")
+    return ROOT / "examples" / problem / ("cuda_fused.py" if gpu else "cpp_reference.py")
+
+
+def cold(problem: str, baselines: tuple[str, ...], cache_root: Path) -> tuple[float, Verdict]:
+    """One verdict from an empty build cache and a new judge."""
     cache = cache_root / problem
     shutil.rmtree(cache, ignore_errors=True)
-    config = JudgeConfig(cache_dir=cache, baselines=baselines)
-    with Judge(problem, config) as judge:
-        cold_s, cold = _timed(judge, candidate)
+    with Judge(problem, JudgeConfig(cache_dir=cache, baselines=baselines)) as judge:
+        return _timed(judge, _candidate(problem))
+
+
+def warm(
+    problem: str, baselines: tuple[str, ...], cache_root: Path, cold_s: float, cold: Verdict
+) -> dict[str, object]:
+    """Verdicts with the build cached: from a new judge, then four from one live judge."""
+    candidate = _candidate(problem)
     if cold.status is not Status.CORRECT:
         raise SystemExit(f"{problem}: {candidate.name} is {cold.status.value}: {cold.reason}")
+    config = JudgeConfig(cache_dir=cache_root / problem, baselines=baselines)
     with Judge(problem, config) as judge:
         warm_new_s, _ = _timed(judge, candidate)
         warm_same_s, first = _timed(judge, candidate)
@@ -81,12 +93,21 @@ def main() -> None:
     parser.add_argument("--problems", default="causal_gqa,mla_kv_projection,triangle_attention")
     parser.add_argument("--baselines", default="eager,compile")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--parallel-cold", action="store_true",
+                        help="run the cold verdicts of all problems at once")
     args = parser.parse_args()
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor()
     cache_root = Path(tempfile.mkdtemp(prefix="kj-latency-"))
-    rows = [run(p, tuple(args.baselines.split(",")), cache_root) for p in args.problems.split(",")]
+    problems = args.problems.split(",")
+    baselines = tuple(args.baselines.split(","))
+    # Cold verdicts of the problems run at once (each builds in its own processes); the warm
+    # verdicts, whose timings give the spread, run one problem at a time on a quiet device.
+    with ThreadPoolExecutor(max_workers=len(problems) if args.parallel_cold else 1) as pool:
+        colds = list(pool.map(lambda p: cold(p, baselines, cache_root), problems))
+    rows = [warm(p, baselines, cache_root, *c) for p, c in zip(problems, colds)]
     shutil.rmtree(cache_root, ignore_errors=True)
-    print(f"device: {device}   torch {torch.__version__}   baselines: {args.baselines}")
+    print(f"device: {device}   torch {torch.__version__}   baselines: {args.baselines}   "
+          f"cold verdicts {'in parallel' if args.parallel_cold else 'one at a time'}")
     print(f"{'problem':<22}{'cold s':>8}{'build s':>9}{'warm new s':>12}{'warm same s':>13}"
           f"{'speedups vs eager':>26}{'spread':>9}")
     for r in rows:
@@ -97,7 +118,8 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps({
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "device": device, "torch": torch.__version__, "rows": rows,
+            "device": device, "torch": torch.__version__, "baselines": args.baselines,
+            "parallel_cold": args.parallel_cold, "rows": rows,
         }, indent=2))
 
 

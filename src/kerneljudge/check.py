@@ -7,8 +7,8 @@ Two rules decide a trial (``mode``):
     reference's own error against the oracle measures how much rounding noise the problem has at
     its stated precision; a candidate passes when its error against the oracle is comparable:
 
-    * elementwise: ``max|cand - oracle| <= K_MAX * max(max|ref - oracle|, eps * scale)``
-    * normwise:    ``||cand - oracle||_2 <= K_NORM * max(||ref - oracle||_2, eps * scale * sqrt(n))``
+    * elementwise: ``max|cand - oracle| <= max(K_MAX * max|ref - oracle|, eps * scale)``
+    * normwise:    ``||cand - oracle||_2 <= max(K_NORM * ||ref - oracle||_2, eps*scale*sqrt(n))``
 
     where ``eps`` is the machine epsilon of the problem's dtype, ``scale = max|oracle|`` (the
     absolute floor scaled to the output's magnitude) and ``n`` the element count. An honest kernel
@@ -157,8 +157,8 @@ def compare_outputs(
             eps = torch.finfo(e.dtype).eps
             scale = float(torch.where(fin, o64.abs(), 0.0).max())
             floor = eps * scale
-            b_max = K_MAX * max(float(refe.max()), floor)
-            b_norm = K_NORM * max(float(refe.norm()), floor * math.sqrt(n))
+            b_max = max(K_MAX * float(refe.max()), floor)
+            b_norm = max(K_NORM * float(refe.norm()), floor * math.sqrt(n))
             ora_err = max(ora_err, float(cand.max()))
             ref_err = max(ref_err, float(refe.max()))
             bound = max(bound, b_max)

@@ -625,7 +625,7 @@ class Judge:
                 achieved_tflops=flops / median_s / 1e12 if flops else None,
                 achieved_gbps=nbytes / median_s / 1e9 if nbytes else None,
             )
-        r = rl.roofline(flops, nbytes, median_s, spec, ref.problem.dtype)
+        r = rl.roofline(flops, nbytes, median_s, spec, rl.compute_dtype(ref.problem))
         return Roofline(
             flops=flops,
             bytes=nbytes,

@@ -17,7 +17,7 @@ EXAMPLES = find_examples()
 @pytest.fixture(scope="module")
 def judges(shared_cache: Path):
     config = JudgeConfig(device="auto", cache_dir=shared_cache, run_timeout_s=60,
-                         timing_config=TimingConfig(max_time_s=2.0))
+                         baselines=("eager",), timing_config=TimingConfig(max_time_s=2.0))
     opened: dict[str, Judge] = {}
     yield lambda name: opened.setdefault(name, Judge(name, config))
     for j in opened.values():

@@ -63,6 +63,16 @@ COMPILER_TOOLS = frozenset(
     }
 )
 _PR_SET_CHILD_SUBREAPER = 36
+#: C functions a candidate may not look up through ctypes while it runs: the same powers the
+#: audit hook refuses to Python code (signals, tracing, processes, sockets, files, limits).
+DENIED_SYMBOLS = frozenset(
+    {"kill", "tgkill", "tkill", "killpg", "sigqueue", "ptrace", "process_vm_readv",
+     "process_vm_writev", "fork", "vfork", "clone", "clone3", "execve", "execv", "execvp",
+     "execvpe", "execl", "execlp", "system", "popen", "posix_spawn", "posix_spawnp", "socket",
+     "connect", "bind", "sendto", "sendmsg", "open", "open64", "openat", "openat64", "fopen",
+     "fopen64", "creat", "unlink", "unlinkat", "rename", "prctl", "setrlimit", "prlimit",
+     "prlimit64", "syscall", "dlopen", "signal", "sigaction"}
+)
 
 
 def set_subreaper() -> None:
@@ -181,6 +191,10 @@ class Sandbox:
                 self._refuse(f"signalling process {pid}")
         elif event == "sys.addaudithook":
             self._refuse("adding an audit hook")
+        elif event == "ctypes.dlsym":
+            name = args[1] if len(args) > 1 else ""
+            if isinstance(name, str) and name in DENIED_SYMBOLS:
+                self._refuse(f"calling the C function {name} through ctypes")
 
 
 def lingering_threads(before: set[int], grace_s: float = 0.2) -> list[str]:
