@@ -93,8 +93,9 @@ def main() -> None:
     parser.add_argument("--problems", default="causal_gqa,mla_kv_projection,triangle_attention")
     parser.add_argument("--baselines", default="eager,compile")
     parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--parallel-cold", action="store_true",
-                        help="run the cold verdicts of all problems at once")
+    parser.add_argument(
+        "--parallel-cold", action="store_true", help="run the cold verdicts of all problems at once"
+    )
     args = parser.parse_args()
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor()
     cache_root = Path(tempfile.mkdtemp(prefix="kj-latency-"))
@@ -106,21 +107,35 @@ def main() -> None:
         colds = list(pool.map(lambda p: cold(p, baselines, cache_root), problems))
     rows = [warm(p, baselines, cache_root, *c) for p, c in zip(problems, colds)]
     shutil.rmtree(cache_root, ignore_errors=True)
-    print(f"device: {device}   torch {torch.__version__}   baselines: {args.baselines}   "
-          f"cold verdicts {'in parallel' if args.parallel_cold else 'one at a time'}")
-    print(f"{'problem':<22}{'cold s':>8}{'build s':>9}{'warm new s':>12}{'warm same s':>13}"
-          f"{'speedups vs eager':>26}{'spread':>9}")
+    print(
+        f"device: {device}   torch {torch.__version__}   baselines: {args.baselines}   "
+        f"cold verdicts {'in parallel' if args.parallel_cold else 'one at a time'}"
+    )
+    print(
+        f"{'problem':<22}{'cold s':>8}{'build s':>9}{'warm new s':>12}{'warm same s':>13}"
+        f"{'speedups vs eager':>26}{'spread':>9}"
+    )
     for r in rows:
         sp = ", ".join(f"{s:.3f}" for s in r["speedups_vs_eager"])  # type: ignore[union-attr]
-        print(f"{r['problem']:<22}{r['cold_s']:>8.1f}{r['build_s']:>9.1f}"
-              f"{r['warm_new_judge_s']:>12.2f}{r['warm_same_judge_s']:>13.2f}{sp:>26}"
-              f"{r['speedup_spread'] * 100:>8.2f}%")
+        print(
+            f"{r['problem']:<22}{r['cold_s']:>8.1f}{r['build_s']:>9.1f}"
+            f"{r['warm_new_judge_s']:>12.2f}{r['warm_same_judge_s']:>13.2f}{sp:>26}"
+            f"{r['speedup_spread'] * 100:>8.2f}%"
+        )
     if args.json:
-        args.json.write_text(json.dumps({
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "device": device, "torch": torch.__version__, "baselines": args.baselines,
-            "parallel_cold": args.parallel_cold, "rows": rows,
-        }, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                    "device": device,
+                    "torch": torch.__version__,
+                    "baselines": args.baselines,
+                    "parallel_cold": args.parallel_cold,
+                    "rows": rows,
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

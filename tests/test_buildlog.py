@@ -5,7 +5,7 @@ from kerneljudge.verdict import CompilerMessage
 
 GCC = "/tmp/x/main.cpp:12:5: error: 'foo' was not declared in this scope"
 NVCC = '/tmp/x/cuda.cu(7): error: identifier "bar" is undefined'
-NVCC_CODE = "/tmp/x/cuda.cu(9): error #20-D: identifier \"baz\" is undefined"
+NVCC_CODE = '/tmp/x/cuda.cu(9): error #20-D: identifier "baz" is undefined'
 
 
 def test_parse_gcc_and_nvcc() -> None:
@@ -20,15 +20,25 @@ def test_parse_gcc_and_nvcc() -> None:
 
 
 def test_parse_linker_and_ptxas() -> None:
-    msgs = parse_diagnostics("ptxas error   : Entry function uses too much shared data\n"
-                             "main.o: undefined reference to `missing_fn()'")
+    msgs = parse_diagnostics(
+        "ptxas error   : Entry function uses too much shared data\n"
+        "main.o: undefined reference to `missing_fn()'"
+    )
     assert len(msgs) == 2 and all(m.line is None for m in msgs)
 
 
 def test_map_prefers_the_line_whose_neighbours_agree() -> None:
     generated = ["#include <x>", "int a = 0;", "x = 1;", "int b = 0;"]
-    candidate = ["src = '''", "x = 1;", "'''", "other = '''", "int a = 0;", "x = 1;",
-                 "int b = 0;", "'''"]
+    candidate = [
+        "src = '''",
+        "x = 1;",
+        "'''",
+        "other = '''",
+        "int a = 0;",
+        "x = 1;",
+        "int b = 0;",
+        "'''",
+    ]
     assert map_generated_line(generated, 3, candidate) == 6
     assert map_generated_line(generated, 1, candidate) is None  # not in the candidate
     assert map_generated_line(generated, 99, candidate) is None

@@ -26,7 +26,9 @@ def test_honest_reordered_sum_passes_oracle_but_not_plain_allclose() -> None:
     assert res.passed, res.reason
     assert res.max_abs_err > 1e-4  # plain allclose would have failed it
     assert not res.allclose
-    plain = compare_outputs(reference, chunked, oracle=oracle, atol=1e-4, rtol=1e-4, mode="allclose")
+    plain = compare_outputs(
+        reference, chunked, oracle=oracle, atol=1e-4, rtol=1e-4, mode="allclose"
+    )
     assert not plain.passed
 
 
@@ -80,11 +82,13 @@ def test_matching_nonfinite_positions_are_accepted() -> None:
 def test_tuple_outputs_and_integer_outputs() -> None:
     x = torch.randn(8)
     idx = torch.arange(8)
-    ok = compare_outputs((x, idx), (x.clone(), idx.clone()), oracle=(x.double(), idx),
-                         atol=1e-4, rtol=1e-4)
+    ok = compare_outputs(
+        (x, idx), (x.clone(), idx.clone()), oracle=(x.double(), idx), atol=1e-4, rtol=1e-4
+    )
     assert ok.passed
-    bad = compare_outputs((x, idx), (x.clone(), idx.flip(0)), oracle=(x.double(), idx),
-                          atol=1e-4, rtol=1e-4)
+    bad = compare_outputs(
+        (x, idx), (x.clone(), idx.flip(0)), oracle=(x.double(), idx), atol=1e-4, rtol=1e-4
+    )
     assert not bad.passed and "output 1" in bad.reason
 
 

@@ -20,22 +20,42 @@ runner = CliRunner()
 def _eval(*args: str, cache: Path) -> object:
     return runner.invoke(
         app,
-        ["eval", *args, "--device", "cpu", "--cache-dir", str(cache), "--baselines", "eager",
-         "--max-time", "0.3"],
+        [
+            "eval",
+            *args,
+            "--device",
+            "cpu",
+            "--cache-dir",
+            str(cache),
+            "--baselines",
+            "eager",
+            "--max-time",
+            "0.3",
+        ],
     )
 
 
 def test_eval_json_is_a_verdict(tmp_path: Path) -> None:
-    res = _eval(str(FIX / "candidates" / "good.py"), "-p", str(FIX / "tiny_problem.py"), "--json",
-                cache=tmp_path)
+    res = _eval(
+        str(FIX / "candidates" / "good.py"),
+        "-p",
+        str(FIX / "tiny_problem.py"),
+        "--json",
+        cache=tmp_path,
+    )
     assert res.exit_code == 0, res.output
     v = Verdict.from_json(res.stdout)
     assert v.correct and v.timing is not None and v.schema_version
 
 
 def test_eval_table_and_exit_code_for_incorrect(tmp_path: Path) -> None:
-    res = _eval(str(FIX / "candidates" / "wrong.py"), "-p", str(FIX / "tiny_problem.py"),
-                "--no-timing", cache=tmp_path)
+    res = _eval(
+        str(FIX / "candidates" / "wrong.py"),
+        "-p",
+        str(FIX / "tiny_problem.py"),
+        "--no-timing",
+        cache=tmp_path,
+    )
     assert res.exit_code == 1
     assert "INCORRECT" in res.output and "first mismatches" in res.output
 
@@ -78,17 +98,27 @@ def test_problems_list_and_show() -> None:
 
 
 def test_build_command_json(tmp_path: Path) -> None:
-    res = runner.invoke(app, ["build", str(FIX / "candidates" / "good.py"), "--cache-dir",
-                              str(tmp_path), "--json"])
+    res = runner.invoke(
+        app, ["build", str(FIX / "candidates" / "good.py"), "--cache-dir", str(tmp_path), "--json"]
+    )
     assert res.exit_code == 0
     assert json.loads(res.stdout)["ok"] is True
 
 
 def test_console_script_prints_no_traceback(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "kerneljudge", "eval", str(tmp_path / "missing.py"), "-p",
-         "causal_gqa"],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "kerneljudge",
+            "eval",
+            str(tmp_path / "missing.py"),
+            "-p",
+            "causal_gqa",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"error: candidate file not found: {tmp_path / 'missing.py'}"

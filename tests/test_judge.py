@@ -96,8 +96,13 @@ def test_import_error_is_a_compile_error_at_its_line(judge: Judge) -> None:
 def test_allclose_mode_and_heldout_shapes(tmp_path: Path) -> None:
     problem = Path(__file__).parent / "fixtures" / "tiny_problem.py"
     config = JudgeConfig(
-        device="cpu", cache_dir=tmp_path, tolerance="allclose", timing=False,
-        shape_sets=("public", "heldout"), trials=2, threads=1,
+        device="cpu",
+        cache_dir=tmp_path,
+        tolerance="allclose",
+        timing=False,
+        shape_sets=("public", "heldout"),
+        trials=2,
+        threads=1,
     )
     with Judge(problem, config) as j:
         v = j.evaluate(CANDIDATES / "good.py")
@@ -111,7 +116,9 @@ def test_gpu_backend_without_gpu_is_a_one_line_error(judge: Judge) -> None:
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible")
-    src = "from torch.utils.cpp_extension import load_inline\ncuda_sources=''\nclass ModelNew: pass\n"
+    src = (
+        "from torch.utils.cpp_extension import load_inline\ncuda_sources=''\nclass ModelNew: pass\n"
+    )
     with pytest.raises(DeviceError, match="CUDA GPU"):
         judge.evaluate(Candidate.from_source(src))
 

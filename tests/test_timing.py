@@ -58,6 +58,7 @@ def test_alternation_rotates_order_and_stops_on_precision() -> None:
         def sample(n: int, warmup: int) -> list[float]:
             calls.append(name)
             return list(rng.normal(mean, mean * 0.01, n))
+
         return sample
 
     samples, rounds, stop = measure_alternating(

@@ -251,6 +251,10 @@ from kerneljudge.agent.cli import episode_command  # noqa: E402 - needs no opena
 
 app.command("episode")(episode_command)
 
+from kerneljudge.lint_cli import lint as _lint  # noqa: E402 - typer command, torch-only imports
+
+problems_app.command("lint")(_lint)
+
 
 def main() -> None:
     """Entry point of the console script."""

@@ -46,6 +46,7 @@ from kerneljudge.verdict import (
     Verdict,
 )
 from kerneljudge.worker import CandidateFault, WorkerDied, WorkerPool, WorkerProcess, WorkerTimeout
+from kerneljudge.worker.process import timing_cpu
 
 __all__ = ["Judge", "JudgeConfig", "judge"]
 
@@ -556,6 +557,9 @@ class Judge:
 
             return sample
 
+        if info.kind == "cuda":
+            for request in (ref.request, worker.request):
+                request("pin", cfg.run_timeout_s, cpu=timing_cpu())
         contestants = {}
         if "eager" in cfg.baselines:
             contestants["eager"] = sampler(ref.request, "eager")

@@ -45,6 +45,8 @@ class TimingConfig:
 
     Attributes:
         warmup_calls: untimed calls per contestant before the first sample.
+        batch_warmup_calls: untimed calls at the start of every batch (after the other
+            contestants ran, caches and clocks are theirs).
         min_samples: samples each contestant needs before the precision rule may stop.
         max_samples: hard cap of samples per contestant.
         rel_precision: stop once every median's 95% CI half-width is below this fraction of it.
@@ -53,10 +55,11 @@ class TimingConfig:
     """
 
     warmup_calls: int = 3
+    batch_warmup_calls: int = 1
     min_samples: int = 15
     max_samples: int = 1000
     rel_precision: float = 0.005
-    max_time_s: float = 4.0
+    max_time_s: float = 3.0
     batch_target_ms: float = 30.0
 
 
@@ -145,7 +148,7 @@ def measure_alternating(
         order = names[rounds % len(names) :] + names[: rounds % len(names)]
         for name in order:
             if len(samples[name]) < config.max_samples:  # a full contestant rests
-                samples[name].extend(contestants[name](batch[name], 0))
+                samples[name].extend(contestants[name](batch[name], config.batch_warmup_calls))
         rounds += 1
         enough = all(len(s) >= config.min_samples for s in samples.values())
         full = [len(s) >= config.max_samples for s in samples.values()]

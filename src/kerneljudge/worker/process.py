@@ -157,6 +157,15 @@ class WorkerProcess:
         self.chan = Channel(from_worker_r, to_worker_w)
         self.ready = False
         self.id = uuid.uuid4().hex[:8]
+        if device.startswith("cuda"):
+            # Until it is pinned for timing, keep the worker (its start-up especially) off the
+            # core where timed calls run.
+            others = set(os.sched_getaffinity(0)) - {timing_cpu()}
+            if others:
+                try:
+                    os.sched_setaffinity(self.proc.pid, others)
+                except OSError:
+                    pass
 
     # ------------------------------------------------------------------ life cycle
     def wait_ready(self, timeout_s: float = 120.0) -> None:
@@ -277,6 +286,15 @@ class WorkerProcess:
                 str(reply.get("status", "runtime_error")),
             )
         raise WorkerError(f"worker failed on {op}: {reply.get('error', '')}")
+
+
+def timing_cpu() -> int:
+    """The CPU core timed GPU calls run on: the highest one this process may use.
+
+    Host-side launch overhead is part of every timed GPU call, so the reference and the
+    candidate are pinned to the same core, and nothing else of the judge's runs there.
+    """
+    return max(os.sched_getaffinity(0))
 
 
 def default_memory_limit() -> int:

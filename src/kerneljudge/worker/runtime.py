@@ -357,6 +357,16 @@ class Worker:
         self.snapshots.update(snaps)
         return {"times_ms": times, "wall_s": wall}
 
+    def op_pin(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Move every thread of this process onto the CPU core ``cpu`` (for timing)."""
+        cpu = {int(msg["cpu"])}
+        for task in os.listdir("/proc/self/task"):
+            try:
+                os.sched_setaffinity(int(task), cpu)
+            except OSError:
+                pass
+        return {}
+
     def op_timed_outputs(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Copies of the last timed output on each input set: ``{"outputs": {set: [tensors]}}``,
         set 0 being the oldest kept trial's inputs."""
@@ -399,7 +409,10 @@ class Worker:
         n = max(1, int(msg.get("calls", 5)))
         cuda = self.device.type == "cuda"
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-        clones = lambda: [x.clone() if isinstance(x, torch.Tensor) else x for x in self.inputs]  # noqa: E731
+
+        def clones() -> list[Any]:
+            return [x.clone() if isinstance(x, torch.Tensor) else x for x in self.inputs]
+
         self._call(self.model, clones())
         batches = [clones() for _ in range(n)]  # cloned outside the profiled window
         with profile(activities=activities) as prof:

@@ -1,0 +1,266 @@
+"""``kerneljudge episode``: run agent episodes against a model server, or replay a transcript.
+
+Every option also reads an environment variable ``KERNELJUDGE_<OPTION>`` (the API key also
+``OPENAI_API_KEY``). Importing this module needs no ``openai``; running against a server does.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from kerneljudge.errors import KernelJudgeError
+
+__all__ = ["episode_command"]
+
+_console = Console()
+_err = Console(stderr=True)
+
+
+def _env(name: str) -> str:
+    return f"KERNELJUDGE_{name.upper()}"
+
+
+def _opt(name: str, help: str, **kw: Any) -> Any:
+    return typer.Option(envvar=_env(name), help=help, **kw)
+
+
+def _fail(message: str, code: int = 2) -> None:
+    _err.print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def _table(summaries: list[Any], title: str) -> Table:
+    table = Table(title=title)
+    for col in (
+        "problem",
+        "episode",
+        "status",
+        "reward",
+        "vs eager",
+        "vs compile",
+        "calls",
+        "turns",
+        "tokens",
+        "stop",
+    ):
+        table.add_column(col, justify="right" if col in ("reward", "calls", "turns") else "left")
+
+    def fmt(x: float | None, spec: str) -> str:
+        return "-" if x is None else format(x, spec)
+
+    for s in summaries:
+        table.add_row(
+            s.problem,
+            s.episode_id[-8:],
+            s.status,
+            fmt(s.reward, ".3f"),
+            fmt(s.speedup_eager, ".2f"),
+            fmt(s.speedup_compile, ".2f"),
+            str(s.tool_calls),
+            str(s.turns),
+            str(s.prompt_tokens + s.completion_tokens),
+            s.stop_reason,
+        )
+    return table
+
+
+def episode_command(
+    problem: Annotated[
+        Optional[str],
+        typer.Option(
+            "--problem",
+            "-p",
+            envvar=_env("problem"),
+            help="Bundled problem name(s) or file(s), comma-separated.",
+        ),
+    ] = None,
+    model: Annotated[Optional[str], _opt("model", "Model name on the server.")] = None,
+    base_url: Annotated[
+        Optional[str],
+        _opt("base_url", "OpenAI-compatible API root, e.g. http://127.0.0.1:8000/v1."),
+    ] = None,
+    api_key: Annotated[
+        str,
+        typer.Option(
+            envvar=[_env("api_key"), "OPENAI_API_KEY"],
+            help="Bearer token ('EMPTY' for local).",
+            show_default=False,
+        ),
+    ] = "EMPTY",
+    episodes: Annotated[int, _opt("episodes", "Episodes per problem.", min=1)] = 1,
+    concurrency: Annotated[int, _opt("concurrency", "Episodes run at once.", min=1)] = 1,
+    out: Annotated[Path, _opt("out", "Folder for transcripts and summary.jsonl.")] = Path(
+        "episodes"
+    ),
+    replay_file: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--replay",
+            envvar=_env("replay"),
+            help="Re-run this transcript's tool calls through the judge (no model).",
+        ),
+    ] = None,
+    max_tool_calls: Annotated[int, _opt("max_tool_calls", "Tool-call budget.", min=1)] = 30,
+    max_turns: Annotated[int, _opt("max_turns", "Model replies allowed.", min=1)] = 40,
+    on_exhausted: Annotated[
+        str, _opt("on_exhausted", "submit_last_passing, submit_last or fail.")
+    ] = "submit_last_passing",
+    device: Annotated[str, _opt("device", "auto, cpu, cuda or cuda:N.")] = "auto",
+    tolerance: Annotated[str, _opt("tolerance", "oracle or allclose.")] = "oracle",
+    trials: Annotated[int, _opt("trials", "run_correctness trials.", min=1)] = 5,
+    submit_trials: Annotated[
+        int, _opt("submit_trials", "submit_kernel trials per shape set.", min=1)
+    ] = 10,
+    baselines: Annotated[str, _opt("baselines", "Comma list of eager, compile.")] = "eager,compile",
+    benchmark_time: Annotated[float, _opt("benchmark_time", "run_benchmark timing, s.")] = 2.0,
+    submit_time: Annotated[float, _opt("submit_time", "submit_kernel timing, s.")] = 4.0,
+    profile: Annotated[
+        bool,
+        typer.Option(
+            "--profile/--no-profile", envvar=_env("profile"), help="Profile in run_benchmark."
+        ),
+    ] = True,
+    prompt_dir: Annotated[
+        Optional[Path],
+        _opt("prompt_dir", "Folder of prompt templates replacing the bundled ones."),
+    ] = None,
+    cache_dir: Annotated[Optional[Path], _opt("cache_dir", "Build cache folder.")] = None,
+    temperature: Annotated[Optional[float], _opt("temperature", "Sampling temperature.")] = None,
+    max_tokens: Annotated[Optional[int], _opt("max_tokens", "Tokens per reply.")] = None,
+    max_retries: Annotated[int, _opt("max_retries", "Retries of a failed request.", min=0)] = 5,
+    backoff: Annotated[float, _opt("backoff", "First retry wait, s (doubles).")] = 2.0,
+    request_timeout: Annotated[float, _opt("request_timeout", "One request's limit, s.")] = 600.0,
+    reasoning_in_history: Annotated[
+        bool,
+        typer.Option(
+            "--reasoning-in-history/--no-reasoning-in-history",
+            envvar=_env("reasoning_in_history"),
+            help="Send the model's reasoning back in later requests.",
+        ),
+    ] = False,
+    json_out: Annotated[
+        bool, typer.Option("--json", envvar=_env("json"), help="Print summaries as JSON lines.")
+    ] = False,
+) -> None:
+    """Run agent episodes on --problem with --model at --base-url, or --replay a transcript."""
+    from kerneljudge.env import EnvConfig
+
+    try:
+        config = EnvConfig(
+            max_tool_calls=max_tool_calls,
+            max_turns=max_turns,
+            on_exhausted=on_exhausted,
+            device=device,
+            tolerance=tolerance,
+            trials=trials,
+            submit_trials=submit_trials,
+            baselines=tuple(b.strip() for b in baselines.split(",") if b.strip()),
+            benchmark_time_s=benchmark_time,
+            submit_time_s=submit_time,
+            profile=profile,
+            cache_dir=str(cache_dir) if cache_dir else None,
+            prompt_dir=str(prompt_dir) if prompt_dir else None,
+        )
+    except ValueError as exc:
+        _fail(str(exc))
+        return
+    progress = None if json_out else (lambda line: _err.print(line, highlight=False, markup=False))
+    try:
+        if replay_file is not None:
+            summaries = [_replay(replay_file, problem, config, out, progress)]
+            title = f"replay of {replay_file}"
+        else:
+            summaries = _run(
+                problem,
+                model,
+                base_url,
+                api_key,
+                config,
+                out,
+                episodes,
+                concurrency,
+                temperature,
+                max_tokens,
+                max_retries,
+                backoff,
+                request_timeout,
+                reasoning_in_history,
+                progress,
+            )
+            title = f"{model} at {base_url}"
+    except (KernelJudgeError, ImportError, ValueError, FileNotFoundError) as exc:
+        _fail(str(exc))
+        return
+    if json_out:
+        for s in summaries:
+            print(json.dumps(s.to_dict()))
+    else:
+        _console.print(_table(summaries, title))
+        _console.print(f"transcripts in {out}/", highlight=False)
+
+
+def _replay(path: Path, problem: str | None, config: Any, out: Path, progress: Any) -> Any:
+    """Replay with the transcript's configuration; options set to a non-default value win."""
+    from kerneljudge.agent.replay import replay
+    from kerneljudge.env import EnvConfig
+
+    defaults = EnvConfig().to_dict()
+    overrides = {k: v for k, v in config.to_dict().items() if v != defaults[k]}
+    return replay(
+        path, out_dir=out, problem=problem, overrides=_tuples(overrides), progress=progress
+    )
+
+
+def _tuples(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+
+
+def _run(
+    problem: str | None,
+    model: str | None,
+    base_url: str | None,
+    api_key: str,
+    config: Any,
+    out: Path,
+    episodes: int,
+    concurrency: int,
+    temperature: float | None,
+    max_tokens: int | None,
+    max_retries: int,
+    backoff: float,
+    request_timeout: float,
+    reasoning_in_history: bool,
+    progress: Any,
+) -> list[Any]:
+    from kerneljudge.agent.config import RunnerConfig
+    from kerneljudge.agent.runner import run_episodes
+
+    if not problem:
+        raise ValueError("--problem is needed (or --replay FILE)")
+    runner = RunnerConfig(
+        model=model or "",
+        base_url=base_url or "",
+        api_key=api_key,
+        temperature=temperature,
+        max_tokens=max_tokens,
+        max_retries=max_retries,
+        backoff_s=backoff,
+        request_timeout_s=request_timeout,
+        reasoning_in_history=reasoning_in_history,
+    )
+    problems = [p.strip() for p in problem.split(",") if p.strip()]
+    return run_episodes(
+        problems,
+        runner,
+        config,
+        episodes=episodes,
+        concurrency=concurrency,
+        out_dir=out,
+        progress=progress,
+    )

@@ -1,0 +1,109 @@
+"""The environment's configuration: budget, judging knobs per tool, prompts.
+
+:class:`EnvConfig` is frozen and round-trips through JSON (:meth:`EnvConfig.to_dict`,
+:meth:`EnvConfig.from_dict`), so an episode's state can carry it to another process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from kerneljudge.env.budget import ON_EXHAUSTED
+
+__all__ = ["EnvConfig"]
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """How an episode runs.
+
+    Attributes:
+        max_tool_calls: tool calls the model may make (each call counts, failed ones too).
+        max_turns: model replies the runner asks for (a reply without a tool call counts too).
+        on_exhausted: what happens when calls or turns run out before ``submit_kernel``:
+            ``submit_last_passing`` (default: the last code that passed ``run_correctness`` or
+            ``run_benchmark`` gets the full evaluation; failed when there is none),
+            ``submit_last`` (the last code given to any tool), or ``fail`` (scored as failed).
+        device: ``auto`` (the GPU when one is visible, else the CPU), ``cpu``, ``cuda``,
+            ``cuda:N``. Every candidate runs there; the prompt describes it.
+        tolerance: ``oracle`` or ``allclose`` (see :mod:`kerneljudge.check`).
+        trials: correctness trials of ``run_correctness`` (public shapes).
+        submit_trials: correctness trials per shape set of ``submit_kernel``.
+        submit_shape_sets: the shape sets ``submit_kernel`` checks (None: all of the problem's).
+        baselines: what ``run_benchmark`` and ``submit_kernel`` time against: ``eager``,
+            ``compile`` (torch.compile).
+        benchmark_time_s: timing budget of one ``run_benchmark`` (seconds).
+        submit_time_s: timing budget of ``submit_kernel`` (seconds).
+        profile: ``run_benchmark`` also profiles the candidate (torch.profiler).
+        profile_calls: forward calls profiled.
+        build_timeout_s: limit of one build (seconds).
+        run_timeout_s: limit of one request to a candidate worker (seconds).
+        cache_dir: the build cache (None: the judge's default).
+        threads: torch threads in the workers (0: torch's default).
+        prompt_dir: a folder of template files that replace the bundled ones by name
+            (``system.md``, ``task.md``, ...; see :mod:`kerneljudge.env.prompts`).
+    """
+
+    max_tool_calls: int = 30
+    max_turns: int = 40
+    on_exhausted: str = "submit_last_passing"
+    device: str = "auto"
+    tolerance: str = "oracle"
+    trials: int = 5
+    submit_trials: int = 10
+    submit_shape_sets: tuple[str, ...] | None = None
+    baselines: tuple[str, ...] = ("eager", "compile")
+    benchmark_time_s: float = 2.0
+    submit_time_s: float = 4.0
+    profile: bool = True
+    profile_calls: int = 5
+    build_timeout_s: float = 300.0
+    run_timeout_s: float = 120.0
+    cache_dir: str | None = None
+    threads: int = 0
+    prompt_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_tool_calls < 1:
+            raise ValueError(f"max_tool_calls must be at least 1, not {self.max_tool_calls}")
+        if self.max_turns < 1:
+            raise ValueError(f"max_turns must be at least 1, not {self.max_turns}")
+        if self.on_exhausted not in ON_EXHAUSTED:
+            raise ValueError(
+                f"on_exhausted must be one of {', '.join(ON_EXHAUSTED)}, not {self.on_exhausted!r}"
+            )
+        if self.tolerance not in ("oracle", "allclose"):
+            raise ValueError(f"tolerance must be oracle or allclose, not {self.tolerance!r}")
+        unknown = [b for b in self.baselines if b not in ("eager", "compile")]
+        if unknown:
+            raise ValueError(f"unknown baselines {unknown} (use eager, compile)")
+        if self.trials < 1 or self.submit_trials < 1:
+            raise ValueError("trials and submit_trials must be at least 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (tuples become lists)."""
+        out = dataclasses.asdict(self)
+        for key, value in out.items():
+            if isinstance(value, tuple):
+                out[key] = list(value)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EnvConfig:
+        """Rebuild from :meth:`to_dict` output; unknown keys are ignored (newer writers).
+
+        Raises:
+            ValueError: a value out of range (see the attributes).
+        """
+        names = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in names}
+        for key in ("baselines", "submit_shape_sets"):
+            if isinstance(kwargs.get(key), list):
+                kwargs[key] = tuple(kwargs[key])
+        return cls(**kwargs)
+
+    def replace(self, **changes: Any) -> EnvConfig:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)

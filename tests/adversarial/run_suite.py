@@ -1,0 +1,549 @@
+"""Judge every known-faulty and known-cheating candidate and say which ones fool the judge.
+
+Usage::
+
+    python tests/adversarial/run_suite.py [--gpu] [--no-cpu] [--interleave] [--json OUT]
+                                          [--only SUBSTRING ...] [--cache-dir DIR]
+
+Every candidate file in ``cpu/`` (and ``gpu/`` with ``--gpu``) starts with header comments::
+
+    # expected: <status>[|<status>...]   statuses a correct judge may give (first: preferred)
+    # kind: <short description>
+    # problem: problem_cpu.py | problem_cpu_policy.py | <bundled name, e.g. causal_gqa>
+
+and optionally::
+
+    # speedup_max_vs_baseline: F   if judged `correct`, its eager speedup must stay within F times
+                                   the honest baseline's (else the timer was fooled)
+    # breach_fails: yes            a "breach" the candidate records (see below) is a failure
+    # affects_others: yes          always judge the problem's correct baseline right after it
+    # fresh_judge: yes             judge it on a fresh Judge (cold reference worker)
+
+Candidates record what they managed to do (a file written outside their scratch directory, a
+connection made, a pid started, a secret seen) as JSON lines in ``$KJ_ADV_DIR/<tag>.jsonl``; this
+script points ``KJ_ADV_DIR`` at a private temporary folder, sets ``KJ_ADV_ROOT`` (this folder) and
+``KJ_ADV_CANARY`` (a random value a candidate must not be able to see), reads the records after
+each candidate, and removes the folder at the end.
+
+For each problem the correct baseline (``kind: correct baseline ...``) is judged first; its speedup
+is the yardstick of ``speedup_max_vs_baseline``. With ``--interleave`` the baseline is judged again
+after every other candidate, on the same Judge, and must stay ``correct``.
+
+Outcome column:
+    OK      the status is one of the expected ones, and no other check failed
+    FOOLED  judged better than it deserves (``correct`` where it should not be, a timing cheat's
+            speedup, a recorded breach)
+    WRONG   another status than expected (e.g. ``runtime_error`` for a hang)
+    BROKE   Judge.evaluate raised instead of giving a verdict, or the baseline judged after this
+            candidate was no longer ``correct``
+    LEAK    a process the candidate started was still alive after judging (it is killed)
+
+Exit status: 0 when every row is OK, 1 otherwise, 2 on a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+# KJ_ADV_SRC: judge with a snapshot of the package (a folder holding kerneljudge/) rather than
+# the live tree, e.g. while someone edits src/. Workers follow, since they are started with the
+# PYTHONPATH of the package the supervisor imported.
+if os.environ.get("KJ_ADV_SRC"):
+    sys.path.insert(0, os.environ["KJ_ADV_SRC"])
+else:
+    try:
+        import kerneljudge  # noqa: F401
+    except ImportError:  # runnable without an editable install too
+        sys.path.insert(0, str(REPO / "src"))
+
+from kerneljudge.candidate import Candidate  # noqa: E402
+from kerneljudge.judge import Judge, JudgeConfig  # noqa: E402
+from kerneljudge.timing import TimingConfig  # noqa: E402
+
+_HEADER = re.compile(r"^#\s*([a-z_]+)\s*:\s*(.*?)\s*$")
+
+
+@dataclass
+class Case:
+    """One candidate file and what its header says."""
+
+    path: Path
+    expected: tuple[str, ...]
+    kind: str
+    problem: str
+    speedup_max: float | None = None
+    breach_fails: bool = False
+    affects_others: bool = False
+    fresh_judge: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.path.stem
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.kind.startswith("correct baseline")
+
+
+@dataclass
+class Row:
+    """The outcome of judging one candidate."""
+
+    file: str
+    kind: str
+    expected: str
+    got: str
+    reason: str
+    outcome: str
+    notes: list[str] = field(default_factory=list)
+    speedup: float | None = None
+    baseline_speedup: float | None = None
+    seconds: float = 0.0
+    verdict: dict[str, Any] | None = None
+
+
+def parse_case(path: Path) -> Case:
+    head: dict[str, str] = {}
+    for line in path.read_text().splitlines()[:12]:
+        m = _HEADER.match(line)
+        if m:
+            head.setdefault(m.group(1), m.group(2))
+    missing = [k for k in ("expected", "kind", "problem") if k not in head]
+    if missing:
+        raise SystemExit(f"{path}: header lacks {', '.join(missing)}")
+    return Case(
+        path=path,
+        expected=tuple(s.strip() for s in head["expected"].split("|")),
+        kind=head["kind"],
+        problem=head["problem"],
+        speedup_max=float(head["speedup_max_vs_baseline"])
+        if "speedup_max_vs_baseline" in head
+        else None,
+        breach_fails=head.get("breach_fails", "").lower() == "yes",
+        affects_others=head.get("affects_others", "").lower() == "yes",
+        fresh_judge=head.get("fresh_judge", "").lower() == "yes",
+    )
+
+
+def problem_spec(case: Case) -> str:
+    """A path for the suite's own problems, the bundled name otherwise."""
+    local = HERE / case.problem
+    return str(local) if local.is_file() else case.problem
+
+
+def eager_speedup(verdict: Any) -> float | None:
+    timing = getattr(verdict, "timing", None)
+    if timing is None:
+        return None
+    for s in timing.speedups:
+        if s.baseline == "eager":
+            return float(s.median)
+    return None
+
+
+# ---------------------------------------------------------------------------- side effects
+def read_marks(adv_dir: Path, tag: str) -> list[dict[str, Any]]:
+    path = adv_dir / f"{tag}.jsonl"
+    out = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+    return out
+
+
+def clear_marks(adv_dir: Path) -> None:
+    for p in adv_dir.glob("*.jsonl"):
+        p.unlink(missing_ok=True)
+
+
+def judge_worker_pids(judge: Judge | None) -> set[int]:
+    """Pids of the workers the judge itself holds (reference workers, idle pool workers)."""
+    pids: set[int] = set()
+    if judge is None:
+        return pids
+    for ref in getattr(judge, "_refs", {}).values():
+        pids.add(ref.worker.proc.pid)
+    for pool in getattr(judge, "_pools", {}).values():
+        for w in getattr(pool, "_idle", []):
+            pids.add(w.proc.pid)
+    return pids
+
+
+def stray_processes(adv_dir: Path, judges: list[Judge | None]) -> list[tuple[int, str]]:
+    """Processes that carry this run's KJ_ADV_DIR in their environment (so they descend from this
+    suite) but are neither this process nor a worker a live judge holds: leftovers of a
+    candidate."""
+    needle = f"KJ_ADV_DIR={adv_dir}".encode()
+    keep = {os.getpid()}
+    for j in judges:
+        keep |= judge_worker_pids(j)
+    found = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) in keep:
+            continue
+        try:
+            with open(f"/proc/{d}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            if needle not in env:
+                continue
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            with open(f"/proc/{d}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+            if state != "Z":
+                found.append((int(d), cmd[:120]))
+        except (OSError, IndexError):
+            continue
+    return found
+
+
+def kill_pids(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def resume_references(judge: Judge | None) -> None:
+    """Safety net against a candidate that left the reference worker stopped (SIGSTOP)."""
+    if judge is None:
+        return
+    for ref in getattr(judge, "_refs", {}).values():
+        try:
+            os.kill(ref.worker.proc.pid, signal.SIGCONT)
+        except OSError:
+            pass
+
+
+def heal_cache(judge: Judge, baselines: list[Case]) -> list[str]:
+    """Cached baseline sources rewritten by a candidate: report them and drop the entries."""
+    notes = []
+    for case in baselines:
+        cand = Candidate.from_file(case.path)
+        try:
+            key = judge.cache.key(cand, judge.arch_for(None))
+        except Exception:  # noqa: BLE001 - toolchain probing must not stop the suite
+            continue
+        entry = judge.cache.entry(key)
+        src = entry / "candidate.py"
+        if src.is_file() and src.read_text() != cand.source:
+            notes.append(f"cache entry of {case.path.name} was rewritten by a candidate")
+            shutil.rmtree(entry, ignore_errors=True)
+    return notes
+
+
+# ---------------------------------------------------------------------------- the suite
+class Suite:
+    def __init__(self, args: argparse.Namespace, adv_dir: Path, cache_dir: Path) -> None:
+        self.args = args
+        self.adv_dir = adv_dir
+        self.cache_dir = cache_dir
+        self.rows: list[Row] = []
+
+    def config(self, device: str) -> JudgeConfig:
+        return JudgeConfig(
+            device=device,
+            cache_dir=self.cache_dir,
+            run_timeout_s=self.args.run_timeout,
+            build_timeout_s=self.args.build_timeout,
+            timing_config=TimingConfig(max_time_s=1.0),
+            baselines=("eager", "compile") if self.args.compile_baseline else ("eager",),
+        )
+
+    def evaluate(self, judge: Judge, case: Case) -> tuple[Any, str]:
+        """(verdict or None, error text)."""
+        try:
+            return judge.evaluate(case.path), ""
+        except Exception as exc:  # noqa: BLE001 - the point is to see what escapes
+            return None, f"{type(exc).__name__}: {exc}".splitlines()[0][
+                :300
+            ] + "\n" + traceback.format_exc(limit=4)
+
+    def run_problem(
+        self,
+        spec: str,
+        device: str,
+        cases: list[Case],
+        baseline: Case | None,
+        all_baselines: list[Case],
+    ) -> None:
+        judge: Judge | None = Judge(spec, self.config(device))
+        base_speedup = None
+        try:
+            if baseline is not None:
+                row, verdict = self.judge_one(judge, baseline, None, [judge])
+                base_speedup = eager_speedup(verdict) if verdict is not None else None
+                self.rows.append(row)
+                self.print_row(row)
+            for case in cases:
+                own = Judge(spec, self.config(device)) if case.fresh_judge else None
+                active = own or judge
+                row, _ = self.judge_one(active, case, base_speedup, [judge, own])
+                if baseline is not None and (
+                    self.args.interleave or case.affects_others or case.fresh_judge
+                ):
+                    self.check_baseline(active, baseline, row, [judge, own])
+                    notes = heal_cache(active, all_baselines)
+                    if notes:
+                        row.notes += notes
+                        row.outcome = "BROKE" if row.outcome == "OK" else row.outcome
+                if own is not None:
+                    own.close()
+                if row.outcome == "BROKE" and own is None:
+                    # The judge may be unusable now (a dead reference is never replaced):
+                    # go on with a fresh one so that later rows mean something.
+                    judge.close()
+                    judge = Judge(spec, self.config(device))
+                self.rows.append(row)
+                self.print_row(row)
+        finally:
+            if judge is not None:
+                judge.close()
+
+    def judge_one(
+        self, judge: Judge, case: Case, base_speedup: float | None, judges: list[Judge | None]
+    ) -> tuple[Row, Any]:
+        clear_marks(self.adv_dir)
+        t0 = time.monotonic()
+        verdict, error = self.evaluate(judge, case)
+        seconds = time.monotonic() - t0
+        resume_references(judge)
+        notes: list[str] = []
+        if verdict is None:
+            got, reason = "EXCEPTION", error.splitlines()[0]
+        else:
+            got, reason = verdict.status.value, verdict.reason
+        speedup = eager_speedup(verdict) if verdict is not None else None
+        row = Row(
+            file=f"{case.path.parent.name}/{case.path.name}",
+            kind=case.kind,
+            expected="|".join(case.expected),
+            got=got,
+            reason=reason,
+            outcome="OK",
+            speedup=speedup,
+            baseline_speedup=base_speedup,
+            seconds=seconds,
+            verdict=json.loads(verdict.to_json()) if verdict is not None else None,
+        )
+        if verdict is None:
+            row.outcome = "BROKE"
+            row.notes.append("Judge.evaluate raised: " + error.splitlines()[0])
+        elif got not in case.expected:
+            row.outcome = "FOOLED" if got == "correct" else "WRONG"
+        if (
+            verdict is not None
+            and got == "correct"
+            and case.speedup_max is not None
+            and speedup is not None
+            and base_speedup is not None
+            and speedup > case.speedup_max * base_speedup
+        ):
+            row.outcome = "FOOLED"
+            notes.append(f"speedup {speedup:.3g}x vs the honest baseline's {base_speedup:.3g}x")
+        marks = read_marks(self.adv_dir, case.name)
+        for m in marks:
+            if "breach" in m:
+                notes.append("breach: " + str(m["breach"]))
+                if case.breach_fails and row.outcome == "OK":
+                    row.outcome = "FOOLED"
+            for k, v in m.items():
+                if k not in ("breach", "pids", "files"):
+                    notes.append(f"{k}: {v}")
+        stray = stray_processes(self.adv_dir, judges)
+        marked = [p for m in marks for p in m.get("pids", [])]
+        alive_marked = [p for p in marked if _alive(p)]
+        leftovers = sorted({p for p, _ in stray} | set(alive_marked))
+        if leftovers:
+            desc = {p: c for p, c in stray}
+            notes.append(
+                "left running after judging: "
+                + ", ".join(f"{p} ({desc.get(p, '?')})" for p in leftovers)
+            )
+            kill_pids(leftovers)
+            if row.outcome == "OK":
+                row.outcome = "LEAK"
+        for m in marks:
+            for f in m.get("files", []):
+                if os.path.exists(f) and str(f).startswith(str(self.adv_dir)):
+                    os.unlink(f)
+        row.notes += notes
+        return row, verdict
+
+    def check_baseline(
+        self, judge: Judge, baseline: Case, row: Row, judges: list[Judge | None]
+    ) -> None:
+        verdict, error = self.evaluate(judge, baseline)
+        resume_references(judge)
+        if verdict is None:
+            row.notes.append("the baseline judged next raised: " + error.splitlines()[0])
+            row.outcome = "BROKE"
+        elif verdict.status.value != "correct":
+            row.notes.append(
+                f"the baseline judged next got {verdict.status.value}: {verdict.reason[:160]}"
+            )
+            row.outcome = "BROKE"
+        else:
+            row.notes.append("baseline judged next: correct")
+        stray = stray_processes(self.adv_dir, judges)
+        if stray:
+            kill_pids([p for p, _ in stray])
+
+    @staticmethod
+    def print_row(row: Row) -> None:
+        sp = f" speedup={row.speedup:.3g}x" if row.speedup is not None else ""
+        print(
+            f"  [{row.outcome:6}] {row.file}: expected {row.expected}, got {row.got} ({row.seconds:.1f} s){sp}",
+            flush=True,
+        )
+        if row.reason:
+            print(f"           reason: {row.reason[:200]}", flush=True)
+        for n in row.notes:
+            print(f"           note: {n[:220]}", flush=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def print_table(rows: list[Row]) -> None:
+    cols = [
+        ("file", 40),
+        ("kind", 48),
+        ("expected", 22),
+        ("got", 14),
+        ("reason", 60),
+        ("outcome", 7),
+    ]
+    line = "  ".join(name.ljust(w) for name, w in cols)
+    print("\n" + line)
+    print("-" * len(line))
+    for r in rows:
+        vals = [
+            r.file,
+            r.kind,
+            r.expected,
+            r.got,
+            (r.reason or "; ".join(r.notes)).replace("\n", " "),
+            r.outcome,
+        ]
+        print("  ".join(str(v)[:w].ljust(w) for v, (_, w) in zip(vals, cols)))
+    bad = [r for r in rows if r.outcome != "OK"]
+    print(
+        f"\n{len(rows) - len(bad)}/{len(rows)} as expected; "
+        + ", ".join(
+            f"{k}: {sum(r.outcome == k for r in rows)}"
+            for k in ("FOOLED", "WRONG", "BROKE", "LEAK")
+            if any(r.outcome == k for r in rows)
+        )
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gpu", action="store_true", help="also judge gpu/ (needs a CUDA GPU)")
+    ap.add_argument("--no-cpu", action="store_true", help="skip cpu/")
+    ap.add_argument(
+        "--interleave", action="store_true", help="judge the correct baseline after every candidate"
+    )
+    ap.add_argument("--json", type=Path, help="write every row (with its verdict) as JSON here")
+    ap.add_argument(
+        "--only",
+        nargs="*",
+        default=[],
+        help="only candidates whose file name contains one of these",
+    )
+    ap.add_argument(
+        "--cache-dir",
+        type=Path,
+        help="build cache (default: a temporary folder, removed at the end)",
+    )
+    ap.add_argument(
+        "--run-timeout", type=float, default=10.0, help="JudgeConfig.run_timeout_s (default 10)"
+    )
+    ap.add_argument(
+        "--build-timeout",
+        type=float,
+        default=300.0,
+        help="JudgeConfig.build_timeout_s (default 300)",
+    )
+    ap.add_argument(
+        "--compile-baseline", action="store_true", help="also time torch.compile (slow on CPU)"
+    )
+    args = ap.parse_args(argv)
+
+    dirs = ([] if args.no_cpu else [HERE / "cpu"]) + ([HERE / "gpu"] if args.gpu else [])
+    cases = [parse_case(p) for d in dirs for p in sorted(d.glob("*.py"))]
+    if not cases:
+        print("no candidates selected", file=sys.stderr)
+        return 2
+    all_baselines = [c for c in cases if c.is_baseline]
+    selected = [
+        c
+        for c in cases
+        if not c.is_baseline and (not args.only or any(s in c.path.name for s in args.only))
+    ]
+
+    adv_dir = Path(tempfile.mkdtemp(prefix="kj_adv_"))
+    own_cache = args.cache_dir is None
+    cache_dir = (
+        Path(tempfile.mkdtemp(prefix="kj_adv_cache_")) if own_cache else args.cache_dir.resolve()
+    )
+    os.environ["KJ_ADV_DIR"] = str(adv_dir)
+    os.environ["KJ_ADV_ROOT"] = str(HERE)
+    os.environ["KJ_ADV_CANARY"] = secrets.token_hex(16)
+    suite = Suite(args, adv_dir, cache_dir)
+    started = time.monotonic()
+    import kerneljudge
+
+    print(f"judging with {Path(kerneljudge.__file__).parent}", flush=True)
+    try:
+        by_problem: dict[str, list[Case]] = {}
+        for c in selected:
+            by_problem.setdefault(c.problem, []).append(c)
+        for problem, group in by_problem.items():
+            gpu = group[0].path.parent.name == "gpu"
+            device = "cuda" if gpu else "cpu"
+            baseline = next((b for b in all_baselines if b.problem == problem), None)
+            print(
+                f"\n== {problem} on {device} ({len(group)} candidates; baseline {baseline.path.name if baseline else 'none'})",
+                flush=True,
+            )
+            suite.run_problem(problem_spec(group[0]), device, group, baseline, all_baselines)
+    finally:
+        shutil.rmtree(adv_dir, ignore_errors=True)
+        if own_cache:
+            shutil.rmtree(cache_dir, ignore_errors=True)
+    print_table(suite.rows)
+    print(f"({time.monotonic() - started:.0f} s)")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps([r.__dict__ for r in suite.rows], indent=1, default=str))
+    return 0 if all(r.outcome == "OK" for r in suite.rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
