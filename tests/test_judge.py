@@ -128,3 +128,24 @@ def test_verdict_json_round_trip(judge: Judge) -> None:
     again = Verdict.from_json(v.to_json())
     assert again == v
     assert again.to_json() == v.to_json()
+
+
+def test_mask_inputs_are_not_nudged_during_timing(tmp_path: Path) -> None:
+    problem = Path(__file__).parent / "fixtures" / "masked_problem.py"
+    config = JudgeConfig(
+        device="cpu",
+        cache_dir=tmp_path,
+        baselines=("eager",),
+        threads=1,
+        timing_config=TimingConfig(max_time_s=0.3, min_samples=5),
+    )
+    with Judge(problem, config) as j:
+        v = j.evaluate(CANDIDATES / "masked_good.py")
+    assert v.status is Status.CORRECT, v.reason
+
+
+def test_outputs_of_timed_calls_are_audited(judge: Judge) -> None:
+    v = evaluate(judge, "degrades_when_timed.py")
+    assert v.check is not None and v.check.passed  # the trials alone are fooled
+    assert v.status is Status.INCORRECT
+    assert "timed call" in v.reason

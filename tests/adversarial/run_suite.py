@@ -113,6 +113,8 @@ class Row:
     notes: list[str] = field(default_factory=list)
     speedup: float | None = None
     baseline_speedup: float | None = None
+    speedup_max: float | None = None
+    problem: str = ""
     seconds: float = 0.0
     verdict: dict[str, Any] | None = None
 
@@ -258,6 +260,8 @@ class Suite:
         self.adv_dir = adv_dir
         self.cache_dir = cache_dir
         self.rows: list[Row] = []
+        #: every eager speedup of a problem's correct baseline (first judging and interleaved)
+        self.baseline_speedups: dict[str, list[float]] = {}
 
     def config(self, device: str) -> JudgeConfig:
         return JudgeConfig(
@@ -292,6 +296,8 @@ class Suite:
             if baseline is not None:
                 row, verdict = self.judge_one(judge, baseline, None, [judge])
                 base_speedup = eager_speedup(verdict) if verdict is not None else None
+                if base_speedup is not None:
+                    self.baseline_speedups.setdefault(baseline.problem, []).append(base_speedup)
                 self.rows.append(row)
                 self.print_row(row)
             for case in cases:
@@ -350,16 +356,8 @@ class Suite:
             row.notes.append("Judge.evaluate raised: " + error.splitlines()[0])
         elif got not in case.expected:
             row.outcome = "FOOLED" if got == "correct" else "WRONG"
-        if (
-            verdict is not None
-            and got == "correct"
-            and case.speedup_max is not None
-            and speedup is not None
-            and base_speedup is not None
-            and speedup > case.speedup_max * base_speedup
-        ):
-            row.outcome = "FOOLED"
-            notes.append(f"speedup {speedup:.3g}x vs the honest baseline's {base_speedup:.3g}x")
+        # the speedup rule is applied in Suite.finalize, against the median baseline speedup
+        row.speedup_max, row.problem = case.speedup_max, case.problem
         marks = read_marks(self.adv_dir, case.name)
         for m in marks:
             if "breach" in m:
@@ -404,17 +402,36 @@ class Suite:
             row.outcome = "BROKE"
         else:
             row.notes.append("baseline judged next: correct")
+            sp = eager_speedup(verdict)
+            if sp is not None:
+                self.baseline_speedups.setdefault(baseline.problem, []).append(sp)
         stray = stray_processes(self.adv_dir, judges)
         if stray:
             kill_pids([p for p, _ in stray])
 
+    def finalize(self) -> None:
+        """Apply `speedup_max_vs_baseline` against the median of the baseline's speedups (with
+        --interleave the baseline is judged many times, so one noisy timing does not decide)."""
+        for row in self.rows:
+            base = self.baseline_speedups.get(row.problem)
+            if row.speedup_max is None or row.got != "correct" or row.speedup is None or not base:
+                continue
+            med = sorted(base)[len(base) // 2]
+            row.baseline_speedup = med
+            if row.speedup > row.speedup_max * med:
+                row.notes.insert(
+                    0,
+                    f"speedup {row.speedup:.3g}x vs the honest baseline's median {med:.3g}x "
+                    f"({len(base)} judgings)",
+                )
+                if row.outcome in ("OK", "LEAK"):
+                    row.outcome = "FOOLED"
+
     @staticmethod
     def print_row(row: Row) -> None:
         sp = f" speedup={row.speedup:.3g}x" if row.speedup is not None else ""
-        print(
-            f"  [{row.outcome:6}] {row.file}: expected {row.expected}, got {row.got} ({row.seconds:.1f} s){sp}",
-            flush=True,
-        )
+        head = f"  [{row.outcome:6}] {row.file}: expected {row.expected}, got {row.got}"
+        print(f"{head} ({row.seconds:.1f} s){sp}", flush=True)
         if row.reason:
             print(f"           reason: {row.reason[:200]}", flush=True)
         for n in row.notes:
@@ -427,6 +444,13 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return False
+
+
+def why(r: Row) -> str:
+    """The reason column: the verdict's reason, or (for a failed row) what gave it away."""
+    if r.outcome != "OK" and r.notes:
+        return "; ".join(r.notes)
+    return r.reason or "; ".join(r.notes)
 
 
 def print_table(rows: list[Row]) -> None:
@@ -447,7 +471,7 @@ def print_table(rows: list[Row]) -> None:
             r.kind,
             r.expected,
             r.got,
-            (r.reason or "; ".join(r.notes)).replace("\n", " "),
+            why(r).replace("\n", " "),
             r.outcome,
         ]
         print("  ".join(str(v)[:w].ljust(w) for v, (_, w) in zip(vals, cols)))
@@ -528,15 +552,14 @@ def main(argv: list[str] | None = None) -> int:
             gpu = group[0].path.parent.name == "gpu"
             device = "cuda" if gpu else "cpu"
             baseline = next((b for b in all_baselines if b.problem == problem), None)
-            print(
-                f"\n== {problem} on {device} ({len(group)} candidates; baseline {baseline.path.name if baseline else 'none'})",
-                flush=True,
-            )
+            base_name = baseline.path.name if baseline else "none"
+            print(f"\n== {problem} on {device} ({len(group)} candidates; baseline {base_name})")
             suite.run_problem(problem_spec(group[0]), device, group, baseline, all_baselines)
     finally:
         shutil.rmtree(adv_dir, ignore_errors=True)
         if own_cache:
             shutil.rmtree(cache_dir, ignore_errors=True)
+    suite.finalize()
     print_table(suite.rows)
     print(f"({time.monotonic() - started:.0f} s)")
     if args.json:

@@ -20,8 +20,12 @@ FAULTS = [
 
 
 def test_faults_in_a_row_leave_the_judge_healthy(shared_cache: Path) -> None:
-    config = JudgeConfig(cache_dir=shared_cache, run_timeout_s=20, baselines=("eager",),
-                         timing_config=TimingConfig(max_time_s=2.0))
+    config = JudgeConfig(
+        cache_dir=shared_cache,
+        run_timeout_s=20,
+        baselines=("eager",),
+        timing_config=TimingConfig(max_time_s=2.0),
+    )
     good = ROOT / "examples" / "causal_gqa" / "cuda_fused.py"
     with Judge("causal_gqa", config) as judge:
         before = judge.evaluate(good)

@@ -156,6 +156,7 @@ class Worker:
         self.source_path: str | None = None
         self.inputs: list[Any] = []
         self.sets: list[list[Any]] = []
+        self.nudgeable: list[list[bool]] = []
         self.snapshots: dict[int, Any] = {}
         self.poison_bytes = 0
         self.flush: torch.Tensor | None = None
@@ -233,7 +234,7 @@ class Worker:
         note = align_state_dict(model, state)
         self.model = model.to(self.device).eval()
         self.compiled = None
-        self.sets, self.snapshots = [], {}
+        self.sets, self.nudgeable, self.snapshots = [], [], {}
         return {"note": note}
 
     # ------------------------------------------------------------------ running
@@ -270,6 +271,9 @@ class Worker:
             raise RuntimeError("run before setup")
         self.inputs = _to_device(list(msg["inputs"]), self.device)
         self.sets = (self.sets + [self.inputs])[-MAX_TIMING_SETS:]
+        self.nudgeable = (self.nudgeable + [[measure.continuous(x) for x in self.inputs]])[
+            -MAX_TIMING_SETS:
+        ]
         args = [x.clone() if isinstance(x, torch.Tensor) else x for x in self.inputs]
         measure.poison(self.poison_bytes or _nbytes(args), self.device)
         out = self._call(self.model, args, record_ops=bool(msg.get("record_ops")))
@@ -354,7 +358,8 @@ class Worker:
                 _candidate_traceback(exc, self.source_path),
                 _candidate_lineno(exc, self.source_path),
             ) from None
-        self.snapshots.update(snaps)
+        for k, outs in snaps.items():
+            self.snapshots[k] = (self.snapshots.get(k, []) + outs)[-measure.AUDIT_KEEP :]
         return {"times_ms": times, "wall_s": wall}
 
     def op_pin(self, msg: dict[str, Any]) -> dict[str, Any]:
@@ -368,7 +373,7 @@ class Worker:
         return {}
 
     def op_timed_outputs(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Copies of the last timed output on each input set: ``{"outputs": {set: [tensors]}}``,
+        """Outputs of timed calls kept for checking: ``{"outputs": {set: [[tensors], ...]}}``,
         set 0 being the oldest kept trial's inputs."""
         return {
             "outputs": {int(k): _to_cpu(v) for k, v in self.snapshots.items()},

@@ -63,8 +63,9 @@ COMPILER_TOOLS = frozenset(
     }
 )
 _PR_SET_CHILD_SUBREAPER = 36
-#: C functions a candidate may not look up through ctypes while it runs: the same powers the
-#: audit hook refuses to Python code (signals, tracing, processes, sockets, files, limits).
+#: C functions a candidate may not look up through ctypes while it runs: the powers the audit
+#: hook refuses to Python code (signals, tracing, processes, sockets, limits). File functions
+#: are not on the list: CUDA and profiling libraries look them up through ctypes themselves.
 DENIED_SYMBOLS = frozenset(
     {
         "kill",

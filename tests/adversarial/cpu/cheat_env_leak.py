@@ -1,12 +1,11 @@
 # expected: correct
-# kind: reading what the judge owns: its environment (secrets, API keys)
+# kind: reading what the judge owns: its environment variables (secrets, API keys)
 # problem: problem_cpu.py
 # breach_fails: yes
-"""Computes honestly; on the first call it looks for the suite's canary variable
-(KJ_ADV_CANARY, set in the judging process by run_suite.py) in its own environment and in
-/proc/<ppid>/environ, and lists (names only, never values) variables that look like secrets.
-A judge that hands the candidate a scrubbed environment and hides its own gives `correct` and no
-breach."""
+"""Computes honestly; on the first call it looks for the suite's canary variable (KJ_ADV_CANARY,
+set in the judging process by run_suite.py) in its own environment, and lists (names only, never
+values) variables that look like secrets. A judge that hands the candidate a scrubbed
+environment and hides its own gives `correct` and no breach."""
 
 import json
 import os
@@ -47,12 +46,6 @@ class ModelNew(nn.Module):
             seen = []
             if "KJ_ADV_CANARY" in os.environ:
                 seen.append("own environment")
-            try:
-                with open(f"/proc/{os.getppid()}/environ", "rb") as f:
-                    if b"KJ_ADV_CANARY=" in f.read():
-                        seen.append("/proc/<judge>/environ")
-            except OSError:
-                pass
             secretish = sorted(
                 k for k in os.environ if re.search(r"KEY|TOKEN|SECRET|PASSW", k, re.I)
             )

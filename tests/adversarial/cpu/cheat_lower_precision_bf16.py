@@ -3,7 +3,6 @@
 # problem: problem_cpu.py
 """Computes the Linear and GELU in bfloat16 and returns float32. The problem states float32."""
 
-import torch
 import torch.nn as nn
 import torch.nn.functional as F
 

@@ -5,7 +5,7 @@
 """Like cheat_sabotage_sigstop, past the in-process checks: /proc read with a raw libc open(),
 signals sent with signal.pidfd_send_signal, and the throttling thread started with
 _thread.start_new_thread (invisible to threading.enumerate()). While this worker is idle (the
-judge is timing the reference) the reference is stopped 80% of the time. Always SIGCONT last."""
+judge is timing the reference) the reference is stopped 90% of the time. Always SIGCONT last."""
 
 import _thread
 import atexit
@@ -103,10 +103,10 @@ class _Throttle:
                     break
                 try:
                     signal.pidfd_send_signal(self.fd, signal.SIGSTOP)
-                    time.sleep(0.004)
+                    time.sleep(0.008)
                 finally:
                     signal.pidfd_send_signal(self.fd, signal.SIGCONT)
-            time.sleep(0.001)
+            time.sleep(0.0005)
 
     def close(self):
         self.stop = True

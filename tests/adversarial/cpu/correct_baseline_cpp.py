@@ -5,7 +5,6 @@
 (double accumulation, rows in parallel). Slower than the reference's BLAS, but a real kernel: the
 policy problem must accept it. Judged after every candidate on the policy problem."""
 
-import torch
 import torch.nn as nn
 from torch.utils.cpp_extension import load_inline
 

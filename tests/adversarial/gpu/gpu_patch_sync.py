@@ -4,8 +4,8 @@
 # speedup_max_vs_baseline: 3
 """Rebinds the worker's captured torch.cuda.synchronize (module globals _synchronize of
 kerneljudge.worker.runtime/.measure) to a function that does nothing when called from the
-timing loop, and runs the honest computation on a side stream. In op_time the end event is then recorded on the current
-stream right after the launch: the kernels are not timed."""
+timing loop, and runs the honest computation on a side stream. In the timing loop the end event
+is then recorded on the current stream right after the launch: the kernels are not timed."""
 
 import sys
 
