@@ -8,7 +8,6 @@ candidate is compiled once across test runs on the same machine.
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -39,10 +38,3 @@ def shared_cache() -> Path:
 def tiny_problem() -> Path:
     """A small CPU problem with a Linear layer (fixtures/tiny_problem.py)."""
     return FIXTURES / "tiny_problem.py"
-
-
-def needs_nvcc() -> pytest.MarkDecorator:
-    return pytest.mark.skipif(
-        shutil.which("nvcc") is None and not Path("/usr/local/cuda/bin/nvcc").exists(),
-        reason="needs the CUDA compiler (nvcc) to build a CUDA candidate",
-    )

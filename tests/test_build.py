@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from conftest import needs_nvcc
 from kerneljudge import toolchain
 from kerneljudge.build import BuildCache, build
 from kerneljudge.candidate import Candidate
@@ -94,7 +93,7 @@ def test_real_cpp_compile_error_maps_to_candidate_line(shared_cache: Path) -> No
     assert result.log.startswith("cpp_compile_error.py:9: error:")
 
 
-@needs_nvcc()
+@pytest.mark.skipif(toolchain.cuda_home() is None, reason="needs the CUDA compiler (nvcc)")
 def test_real_cuda_compile_error_maps_to_candidate_line(shared_cache: Path) -> None:
     os.environ.setdefault("CUDA_HOME", toolchain.cuda_home() or "")
     cand = Candidate.from_file(CANDIDATES / "cuda_compile_error.py")

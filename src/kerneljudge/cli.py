@@ -226,6 +226,9 @@ def examples_command(
     device: DeviceOpt = "auto",
     cache_dir: CacheOpt = None,
     max_time: Annotated[float, typer.Option(help="Timing budget per candidate, seconds.")] = 2.0,
+    baselines: Annotated[
+        str, typer.Option(envvar=_env("baselines"), help="Comma list of eager, compile.")
+    ] = "eager",
     json_out: JsonOpt = False,
 ) -> None:
     """Judge the bundled examples (CUDA ones only where a GPU is visible); exit 1 on a surprise."""
@@ -237,6 +240,7 @@ def examples_command(
             device=device,
             cache_dir=cache_dir,
             max_time_s=max_time,
+            baselines=tuple(b for b in baselines.split(",") if b),
             console=None if json_out else console,
         )
     except KernelJudgeError as exc:

@@ -48,7 +48,7 @@ from kerneljudge.verdict import (
 from kerneljudge.worker import CandidateFault, WorkerDied, WorkerPool, WorkerProcess, WorkerTimeout
 from kerneljudge.worker.process import timing_cpu
 
-__all__ = ["Judge", "JudgeConfig", "judge"]
+__all__ = ["Judge", "JudgeConfig", "ReferenceSession", "judge"]
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ def _derive(seed: int, *parts: object) -> int:
 
 def _versions() -> dict[str, str]:
     out = {
-        "kerneljudge": _pkg_version("kerneljudge"),
+        "kerneljudge": _kerneljudge_version(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cuda": str(torch.version.cuda),
@@ -104,6 +104,12 @@ def _versions() -> dict[str, str]:
     if triton != "unknown":
         out["triton"] = triton
     return out
+
+
+def _kerneljudge_version() -> str:
+    from kerneljudge import __version__
+
+    return __version__
 
 
 def _pkg_version(name: str) -> str:
@@ -121,7 +127,7 @@ def _first_line(text: str) -> str:
     return next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
 
 
-class _Reference:
+class ReferenceSession:
     """The trusted reference worker for one shape set: fixed weights, reference runs, baselines."""
 
     def __init__(
@@ -192,7 +198,7 @@ class Judge:
             self.config.seed if self.config.seed is not None else secrets.randbits(62)
         )
         self._pools: dict[str, WorkerPool] = {}
-        self._refs: dict[tuple[str, str], _Reference] = {}
+        self._refs: dict[tuple[str, str], ReferenceSession] = {}
         self._devices: dict[str, DeviceInfo] = {}
 
     # ------------------------------------------------------------------ resources
@@ -217,10 +223,10 @@ class Judge:
             self._pools[device] = WorkerPool(device, env, threads=self.config.threads)
         return self._pools[device]
 
-    def _reference(self, device: str, shape_set: str) -> _Reference:
+    def _reference(self, device: str, shape_set: str) -> ReferenceSession:
         key = (device, shape_set)
         if key not in self._refs:
-            self._refs[key] = _Reference(
+            self._refs[key] = ReferenceSession(
                 self.problem, shape_set, device, self._weight_seed, self.config.threads
             )
         return self._refs[key]
@@ -519,7 +525,7 @@ class Judge:
         self,
         device: str,
         worker: WorkerProcess,
-        ref: _Reference,
+        ref: ReferenceSession,
         inputs: list[Any],
         expectations: list[tuple[Any, Any]],
         atol: float,
@@ -607,7 +613,7 @@ class Judge:
 
     def _roofline(
         self,
-        ref: _Reference,
+        ref: ReferenceSession,
         samples: list[float],
         info: DeviceInfo,
         inputs: list[Any],

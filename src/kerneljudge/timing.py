@@ -59,7 +59,7 @@ class TimingConfig:
     min_samples: int = 15
     max_samples: int = 1000
     rel_precision: float = 0.005
-    max_time_s: float = 3.0
+    max_time_s: float = 2.0
     batch_target_ms: float = 30.0
 
 

@@ -159,20 +159,34 @@ def eager_speedup(verdict: Any) -> float | None:
 
 
 # ---------------------------------------------------------------------------- side effects
-def read_marks(adv_dir: Path, tag: str) -> list[dict[str, Any]]:
-    path = adv_dir / f"{tag}.jsonl"
+def mark_files(adv_dir: Path, judge: Judge, case: Case) -> list[Path]:
+    """Where a candidate's reports land: ``kj_adv/<tag>.jsonl`` in its own build folder (its
+    TORCH_EXTENSIONS_DIR, which the worker lets it write), or ``<tag>.jsonl`` in KJ_ADV_DIR."""
+    paths = [adv_dir / f"{case.name}.jsonl"]
+    try:
+        cand = Candidate.from_file(case.path)
+        device = "cuda" if case.path.parent.name == "gpu" else "cpu"
+        key = judge.cache.key(cand, judge.arch_for(device))
+        paths.append(judge.cache.entry(key) / "ext" / "kj_adv" / f"{case.name}.jsonl")
+    except Exception:  # noqa: BLE001 - a report location we cannot compute is no report
+        pass
+    return paths
+
+
+def read_marks(paths: list[Path]) -> list[dict[str, Any]]:
     out = []
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                pass
+    for path in paths:
+        if path.is_file():
+            for line in path.read_text().splitlines():
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    pass
     return out
 
 
-def clear_marks(adv_dir: Path) -> None:
-    for p in adv_dir.glob("*.jsonl"):
+def clear_marks(paths: list[Path]) -> None:
+    for p in paths:
         p.unlink(missing_ok=True)
 
 
@@ -328,7 +342,8 @@ class Suite:
     def judge_one(
         self, judge: Judge, case: Case, base_speedup: float | None, judges: list[Judge | None]
     ) -> tuple[Row, Any]:
-        clear_marks(self.adv_dir)
+        marks_at = mark_files(self.adv_dir, judge, case)
+        clear_marks(marks_at)
         t0 = time.monotonic()
         verdict, error = self.evaluate(judge, case)
         seconds = time.monotonic() - t0
@@ -358,7 +373,7 @@ class Suite:
             row.outcome = "FOOLED" if got == "correct" else "WRONG"
         # the speedup rule is applied in Suite.finalize, against the median baseline speedup
         row.speedup_max, row.problem = case.speedup_max, case.problem
-        marks = read_marks(self.adv_dir, case.name)
+        marks = read_marks(marks_at)
         for m in marks:
             if "breach" in m:
                 notes.append("breach: " + str(m["breach"]))

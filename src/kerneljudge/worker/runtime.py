@@ -35,6 +35,9 @@ from kerneljudge.worker.sandbox import (
 # Captured before any candidate code runs, so a candidate that patches these names in torch
 # cannot change how the worker synchronises.
 _synchronize = torch.cuda.synchronize
+# The timed loop and the request handlers are bound here, before candidate code runs, so that
+# patching ``measure.time_calls`` or the ``Worker`` class afterwards does not reach them.
+_time_calls = measure.time_calls
 #: Input sets kept for the timed loop (the latest trials'), each timed call uses one in turn.
 MAX_TIMING_SETS = 4
 
@@ -340,7 +343,7 @@ class Worker:
 
         try:
             with self._confined():
-                times, snaps, wall = measure.time_calls(
+                times, snaps, wall = _time_calls(
                     fn,
                     self.sets,
                     n=int(msg["n"]),
@@ -485,6 +488,11 @@ class _Confined:
 
 def serve(chan: Channel, worker: Worker) -> int:
     """Answer requests until ``exit`` or a closed pipe; returns the exit code."""
+    handlers = {
+        name.removeprefix("op_"): getattr(worker, name)
+        for name in dir(worker)
+        if name.startswith("op_")
+    }
     chan.send({"op": "ready", "pid": os.getpid()})
     while True:
         try:
@@ -495,7 +503,7 @@ def serve(chan: Channel, worker: Worker) -> int:
         if op == "exit":
             chan.send({"ok": True})
             return 0
-        handler = getattr(worker, f"op_{op}", None)
+        handler = handlers.get(op)
         if handler is None:
             chan.send({"ok": False, "fault": False, "error": f"unknown op {op!r}"})
             continue

@@ -3,7 +3,8 @@
 # problem: problem_cpu.py
 # speedup_max_vs_baseline: 3
 """The timing loop runs in the candidate's process, so its helpers are the candidate's to
-rebind: kerneljudge.worker.measure.nudge and .poison become no-ops. With the timed inputs equal
+rebind: kerneljudge.worker.measure.nudge and .poison become no-ops, and the draw that picks
+timed calls for checking (_randbelow) never picks one. With the timed inputs equal
 to the trial inputs again, an exact content cache answers every timed call."""
 
 import sys
@@ -15,6 +16,8 @@ _measure = sys.modules.get("kerneljudge.worker.measure")
 if _measure is not None:
     _measure.nudge = lambda *a, **k: None
     _measure.poison = lambda *a, **k: None
+    if hasattr(_measure, "_randbelow"):  # no random audits of timed outputs
+        _measure._randbelow = lambda n: n - 1
 
 
 def _fingerprint(x):

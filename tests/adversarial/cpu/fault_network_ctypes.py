@@ -1,90 +1,87 @@
 # expected: runtime_error|rejected
-# kind: opening a network connection through libc (ctypes), 127.0.0.1 only
+# kind: opening a network connection through libc aliases (ctypes __socket/__connect), 127.0.0.1
 # problem: problem_cpu.py
-"""Like fault_network, but socket/bind/listen/connect/accept are called through ctypes on libc,
-so no Python audit event fires. Only the loopback address is used. A sandbox that confines the
-process (network namespace, seccomp) makes socket() fail (-> runtime_error)."""
+"""Like fault_network, but forward connects through ctypes calls of libc's aliases __socket and
+__connect: no Python socket audit event fires, and a deny-list of libc names (socket, connect)
+does not name them. The listening end (127.0.0.1, ephemeral port) is set up in ModelNew.__init__
+with the plain socket module. Only the loopback address is used. A sandbox that confines the
+process (network namespace, seccomp) makes the socket or the connection fail (-> runtime_error)."""
 
 import ctypes
 import json
 import os
 import socket
 import struct
+import threading
 
 import torch.nn as nn
 import torch.nn.functional as F
 
 TAG = "fault_network_ctypes"
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def _mark(**facts):
-    """Report to run_suite.py. Written through a raw libc open(), which the worker's audit hook
-    does not see, so that reporting never changes the verdict; under a real sandbox it fails
-    quietly and the breach it would report did not happen."""
-    path = os.path.join(os.environ.get("KJ_ADV_DIR", "/tmp/kj_adv"), TAG + ".jsonl")
+    """Report to run_suite.py: a JSON line in this candidate's own build folder
+    ($TORCH_EXTENSIONS_DIR, which the worker lets it write and the suite reads afterwards), else
+    in $KJ_ADV_DIR. Plain Python file APIs into an allowed folder: reporting never changes the
+    verdict."""
+    base = os.environ.get("TORCH_EXTENSIONS_DIR") or os.environ.get("KJ_ADV_DIR", "/tmp/kj_adv")
     try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        fd = libc.open(path.encode(), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        if fd >= 0:
-            os.write(fd, (json.dumps(facts) + "\n").encode())
-            os.close(fd)
-    except Exception:  # noqa: BLE001
+        os.makedirs(os.path.join(base, "kj_adv"), exist_ok=True)
+        with open(os.path.join(base, "kj_adv", TAG + ".jsonl"), "a") as f:
+            f.write(json.dumps(facts) + "\n")
+    except OSError:
         pass
 
 
-def _check(rc, what):
-    if rc < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-    return rc
-
-
-def _sockaddr(port: int) -> bytes:
-    return (
-        struct.pack("<H", socket.AF_INET)
-        + struct.pack(">H", port)
-        + socket.inet_aton("127.0.0.1")
-        + bytes(8)
-    )
-
-
-def _loopback_roundtrip() -> bytes:
-    srv = _check(_libc.socket(socket.AF_INET, socket.SOCK_STREAM, 0), "socket")
-    cli = -1
+def _serve_once(srv: socket.socket) -> None:
     try:
-        addr = _sockaddr(0)
-        _check(_libc.bind(srv, addr, len(addr)), "bind")
-        _check(_libc.listen(srv, 1), "listen")
-        buf = ctypes.create_string_buffer(16)
-        size = ctypes.c_uint32(16)
-        _check(_libc.getsockname(srv, buf, ctypes.byref(size)), "getsockname")
-        port = struct.unpack(">H", buf.raw[2:4])[0]
-        cli = _check(_libc.socket(socket.AF_INET, socket.SOCK_STREAM, 0), "socket")
-        addr = _sockaddr(port)
-        _check(_libc.connect(cli, addr, len(addr)), "connect")  # completes against the backlog
-        conn = _check(_libc.accept(srv, None, None), "accept")
-        os.write(conn, b"hello over raw libc sockets")
-        data = os.read(cli, 100)
-        os.close(conn)
-        return data
+        conn, _ = srv.accept()
+        with conn:
+            conn.sendall(b"hello over libc aliases")
+    except OSError:
+        pass
     finally:
-        os.close(srv)
-        if cli >= 0:
-            os.close(cli)
+        srv.close()
+
+
+def _connect_raw(port: int) -> bytes:
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.__socket(socket.AF_INET, socket.SOCK_STREAM, 0)
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), "socket")
+    try:
+        addr = (
+            struct.pack("<H", socket.AF_INET)
+            + struct.pack(">H", port)
+            + socket.inet_aton("127.0.0.1")
+            + bytes(8)
+        )
+        if libc.__connect(fd, addr, len(addr)) < 0:
+            raise OSError(ctypes.get_errno(), "connect")
+        return os.read(fd, 100)
+    finally:
+        os.close(fd)
 
 
 class ModelNew(nn.Module):
     def __init__(self, in_features: int, out_features: int):
         super().__init__()
         self.linear = nn.Linear(in_features, out_features)
-        self.done = False
+        self.port = None
+        try:  # test scaffolding: the listening end
+            srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            srv.settimeout(10)
+            srv.bind(("127.0.0.1", 0))
+            srv.listen(1)
+            self.port = srv.getsockname()[1]
+            threading.Thread(target=_serve_once, args=(srv,), daemon=True).start()
+        except OSError:
+            pass
 
     def forward(self, x):
-        if not self.done:
-            self.done = True
-            data = _loopback_roundtrip()  # no try: a sandbox's refusal is the expected outcome
-            _mark(breach=f"TCP connection to 127.0.0.1 through libc worked: {data!r}")
+        if self.port is not None:
+            port, self.port = self.port, None
+            data = _connect_raw(port)  # no try: a sandbox's refusal is the expected outcome
+            _mark(breach=f"TCP connection to 127.0.0.1 through libc aliases worked: {data!r}")
         return F.gelu(self.linear(x))

@@ -18,19 +18,16 @@ TAG = "fault_stdout_flood"
 
 
 def _mark(**facts):
-    """Report to run_suite.py. Written through a raw libc open(), which the worker's audit hook
-    does not see, so that reporting never changes the verdict; under a real sandbox it fails
-    quietly and the breach it would report did not happen."""
-    path = os.path.join(os.environ.get("KJ_ADV_DIR", "/tmp/kj_adv"), TAG + ".jsonl")
+    """Report to run_suite.py: a JSON line in this candidate's own build folder
+    ($TORCH_EXTENSIONS_DIR, which the worker lets it write and the suite reads afterwards), else
+    in $KJ_ADV_DIR. Plain Python file APIs into an allowed folder: reporting never changes the
+    verdict."""
+    base = os.environ.get("TORCH_EXTENSIONS_DIR") or os.environ.get("KJ_ADV_DIR", "/tmp/kj_adv")
     try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        fd = libc.open(path.encode(), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        if fd >= 0:
-            os.write(fd, (json.dumps(facts) + "\n").encode())
-            os.close(fd)
-    except Exception:  # noqa: BLE001
+        os.makedirs(os.path.join(base, "kj_adv"), exist_ok=True)
+        with open(os.path.join(base, "kj_adv", TAG + ".jsonl"), "a") as f:
+            f.write(json.dumps(facts) + "\n")
+    except OSError:
         pass
 
 

@@ -1,0 +1,105 @@
+"""Eager and torch.compile times of every bundled problem's reference, with the judge's protocol.
+
+For each problem at a shape set (default ``public``): the trusted reference worker runs one
+trial, compiles the reference, then eager and compiled calls are timed alternately exactly as
+in a verdict (fresh nudged inputs, L2 flush, device-wide sync before the end mark). Prints one
+row per problem: medians with their 95% CI, compile time, and the speedup of torch.compile.
+
+Run:  PYTHONPATH=src python3 benchmarks/reference_times.py [--problems a,b] [--shape-set public]
+      [--device cuda] [--max-time 2] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import secrets
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from kerneljudge.device import describe_device, resolve_device
+from kerneljudge.errors import KernelJudgeError
+from kerneljudge.judge import ReferenceSession
+from kerneljudge.problem import Problem, bundled_problem_names
+from kerneljudge.timing import TimingConfig, measure_alternating, speedups, summarise
+from kerneljudge.worker.process import timing_cpu
+
+
+def time_reference(name: str, shape_set: str, device: str, max_time_s: float) -> dict[str, object]:
+    problem = Problem.load(name)
+    ref = ReferenceSession(problem, shape_set, device, secrets.randbits(62), threads=0)
+    try:
+        ref.request("run", 600, inputs=ref.problem.make_inputs(secrets.randbits(62)))
+        t0 = time.perf_counter()
+        compiled = ref.ensure_compiled(900)
+        compile_s = time.perf_counter() - t0
+        if device.startswith("cuda"):
+            ref.request("pin", 60, cpu=timing_cpu())
+        flush = 2 * (describe_device(device).l2_bytes or 128 << 20) if device != "cpu" else 0
+
+        def sampler(target: str):
+            def sample(n: int, warmup: int) -> list[float]:
+                reply = ref.request("time", 600, n=n, warmup=warmup, flush_bytes=flush,
+                                    target=target)
+                return [float(x) for x in reply["times_ms"]]
+            return sample
+
+        contestants = {"eager": sampler("eager")}
+        if compiled:
+            contestants["compile"] = sampler("compile")
+        samples, _, stop = measure_alternating(contestants, TimingConfig(max_time_s=max_time_s))
+    finally:
+        ref.close()
+    row: dict[str, object] = {"problem": name, "shape_set": shape_set, "stop": stop,
+                              "compile_s": compile_s if compiled else None,
+                              "compile_error": ref.compile_error}
+    for k, v in samples.items():
+        m = summarise(k, v)
+        row[k] = {"median_ms": m.median_ms, "ci95_ms": m.ci95_ms, "iqr_ms": m.iqr_ms,
+                  "samples": m.samples}
+    if compiled:
+        (s,) = speedups({"eager": samples["eager"], "candidate": samples["compile"]})
+        row["compile_speedup"] = {"median": s.median, "ci95": s.ci95}
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--problems", default="", help="comma list (default: all bundled)")
+    parser.add_argument("--shape-set", default="public")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--max-time", type=float, default=2.0)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    device = resolve_device(args.device, needs_gpu=False)
+    names = [p for p in args.problems.split(",") if p] or bundled_problem_names()
+    rows = []
+    print(f"{'problem':<28}{'eager ms':>12}{'compile ms':>12}{'compile x':>10}{'compile s':>10}")
+    for name in names:
+        try:
+            row = time_reference(name, args.shape_set, device, args.max_time)
+        except KernelJudgeError as exc:
+            row = {"problem": name, "error": str(exc)}
+            print(f"{name:<28} error: {exc}")
+            rows.append(row)
+            continue
+        rows.append(row)
+        eager = row["eager"]["median_ms"]  # type: ignore[index]
+        comp = row.get("compile")
+        print(f"{name:<28}{eager:>12.4f}"
+              + (f"{comp['median_ms']:>12.4f}{row['compile_speedup']['median']:>10.2f}"  # type: ignore[index]
+                 f"{row['compile_s']:>10.1f}" if comp else f"{'-':>12}{'-':>10}{'-':>10}"),
+              flush=True)
+    if args.json:
+        args.json.write_text(json.dumps({
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "device": describe_device(device).name, "torch": torch.__version__,
+            "shape_set": args.shape_set, "rows": rows,
+        }, indent=2))
+
+
+if __name__ == "__main__":
+    main()
