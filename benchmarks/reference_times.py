@@ -42,9 +42,11 @@ def time_reference(name: str, shape_set: str, device: str, max_time_s: float) ->
 
         def sampler(target: str):
             def sample(n: int, warmup: int) -> list[float]:
-                reply = ref.request("time", 600, n=n, warmup=warmup, flush_bytes=flush,
-                                    target=target)
+                reply = ref.request(
+                    "time", 600, n=n, warmup=warmup, flush_bytes=flush, target=target
+                )
                 return [float(x) for x in reply["times_ms"]]
+
             return sample
 
         contestants = {"eager": sampler("eager")}
@@ -53,13 +55,21 @@ def time_reference(name: str, shape_set: str, device: str, max_time_s: float) ->
         samples, _, stop = measure_alternating(contestants, TimingConfig(max_time_s=max_time_s))
     finally:
         ref.close()
-    row: dict[str, object] = {"problem": name, "shape_set": shape_set, "stop": stop,
-                              "compile_s": compile_s if compiled else None,
-                              "compile_error": ref.compile_error}
+    row: dict[str, object] = {
+        "problem": name,
+        "shape_set": shape_set,
+        "stop": stop,
+        "compile_s": compile_s if compiled else None,
+        "compile_error": ref.compile_error,
+    }
     for k, v in samples.items():
         m = summarise(k, v)
-        row[k] = {"median_ms": m.median_ms, "ci95_ms": m.ci95_ms, "iqr_ms": m.iqr_ms,
-                  "samples": m.samples}
+        row[k] = {
+            "median_ms": m.median_ms,
+            "ci95_ms": m.ci95_ms,
+            "iqr_ms": m.iqr_ms,
+            "samples": m.samples,
+        }
     if compiled:
         (s,) = speedups({"eager": samples["eager"], "candidate": samples["compile"]})
         row["compile_speedup"] = {"median": s.median, "ci95": s.ci95}
@@ -89,16 +99,29 @@ def main() -> None:
         rows.append(row)
         eager = row["eager"]["median_ms"]  # type: ignore[index]
         comp = row.get("compile")
-        print(f"{name:<28}{eager:>12.4f}"
-              + (f"{comp['median_ms']:>12.4f}{row['compile_speedup']['median']:>10.2f}"  # type: ignore[index]
-                 f"{row['compile_s']:>10.1f}" if comp else f"{'-':>12}{'-':>10}{'-':>10}"),
-              flush=True)
+        print(
+            f"{name:<28}{eager:>12.4f}"
+            + (
+                f"{comp['median_ms']:>12.4f}{row['compile_speedup']['median']:>10.2f}"  # type: ignore[index]
+                f"{row['compile_s']:>10.1f}"
+                if comp
+                else f"{'-':>12}{'-':>10}{'-':>10}"
+            ),
+            flush=True,
+        )
     if args.json:
-        args.json.write_text(json.dumps({
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "device": describe_device(device).name, "torch": torch.__version__,
-            "shape_set": args.shape_set, "rows": rows,
-        }, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                    "device": describe_device(device).name,
+                    "torch": torch.__version__,
+                    "shape_set": args.shape_set,
+                    "rows": rows,
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

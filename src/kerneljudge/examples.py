@@ -115,7 +115,8 @@ def run_examples(
     config = JudgeConfig(
         device=device,
         cache_dir=cache_dir,
-        run_timeout_s=60.0,
+        run_timeout_s=20.0,
+        baselines=baselines,
         timing_config=TimingConfig(max_time_s=max_time_s),
     )
     results: list[ExampleResult] = []

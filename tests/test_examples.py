@@ -1,0 +1,39 @@
+"""The bundled examples are fixtures: each must get the status its header declares.
+
+On the CPU this judges the C++ and plain-PyTorch examples of ``causal_gqa`` (three real C++
+builds, shared through the test build cache); the GPU tier judges all of them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kerneljudge.examples import find_examples, run_examples
+from kerneljudge.verdict import Status
+
+
+def test_every_example_declares_status_and_backend() -> None:
+    examples = find_examples()
+    assert {e.problem for e in examples} >= {
+        "causal_gqa",
+        "mla_kv_projection",
+        "triangle_attention",
+    }
+    for e in examples:
+        assert e.backend in ("cuda", "cpp", "triton", "torch"), e.path
+        if e.expected is Status.COMPILE_ERROR:
+            assert e.compile_error_line, f"{e.path} must declare its compile-error line"
+
+
+def test_cpu_examples_of_causal_gqa_get_their_status(shared_cache: Path) -> None:
+    results = run_examples(
+        problem="causal_gqa", device="cpu", cache_dir=shared_cache, max_time_s=0.5
+    )
+    assert {r.example.path.name for r in results} >= {
+        "cpp_reference.py",
+        "cpp_wrong.py",
+        "cpp_crash.py",
+        "torch_hang.py",
+    }
+    for r in results:
+        assert r.as_expected, (r.example.path.name, r.verdict.status, r.verdict.reason)
