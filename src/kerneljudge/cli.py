@@ -262,6 +262,9 @@ problems_app.command("lint")(_lint)
 
 def main() -> None:
     """Entry point of the console script."""
+    from kerneljudge.worker.sandbox import set_undumpable
+
+    set_undumpable()  # this process holds the run seed and the reference outputs
     try:
         app()
     except KeyboardInterrupt:

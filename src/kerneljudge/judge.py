@@ -372,6 +372,9 @@ class Judge:
                         inputs=inputs,
                         record_ops=requires_custom_kernel(policy),
                     )
+                    effect = _input_effect_violation(expected, got)
+                    if effect:
+                        return finish(Status.REJECTED, effect, build=result)
                     used = forbidden_ops_used(list(got.get("ops", [])), policy)
                     if requires_custom_kernel(policy) and used:
                         return finish(
@@ -650,6 +653,19 @@ class Judge:
             below_floor=r.below_floor,
             source=spec.source,
         )
+
+
+def _input_effect_violation(reference: dict[str, Any], candidate: dict[str, Any]) -> str:
+    """Why the candidate's treatment of its inputs is a cheat, if it is (the reference's own
+    behaviour is allowed: a reference that returns a view may be matched by one)."""
+    if candidate.get("aliases_input") and not reference.get("aliases_input"):
+        return "forward returned a view of one of its inputs"
+    changed = sorted(
+        set(candidate.get("modified_inputs", [])) - set(reference.get("modified_inputs", []))
+    )
+    if changed:
+        return f"forward changed its input {changed[0]} in place"
+    return ""
 
 
 def _as_candidate(candidate: Candidate | str | Path) -> Candidate:

@@ -15,9 +15,16 @@ Two lines of evidence, both needed because each alone is easy to dodge:
 from __future__ import annotations
 
 import ast
+import re
 from typing import Any
 
-__all__ = ["DEFAULT_FORBIDDEN_OPS", "forbidden_ops_used", "requires_custom_kernel", "static_issues"]
+__all__ = [
+    "DEFAULT_FORBIDDEN_OPS",
+    "cpp_ops_called",
+    "forbidden_ops_used",
+    "requires_custom_kernel",
+    "static_issues",
+]
 
 #: ATen operator names (overload packets) that do a problem's heavy lifting.
 DEFAULT_FORBIDDEN_OPS = frozenset(
@@ -75,6 +82,35 @@ def forbidden_ops_used(ops: list[str], policy: dict[str, Any]) -> list[str]:
     return sorted(set(ops) & forbidden)
 
 
+#: Operators whose C++ spelling in a candidate's extension source means "call PyTorch's own".
+_CPP_OPS = sorted(
+    DEFAULT_FORBIDDEN_OPS | {"conv2d", "conv1d", "layer_norm", "softmax", "log_softmax"}, key=len
+)[::-1]
+_CPP_CALL = re.compile(
+    r"\b(?:at|torch)::(?:[A-Za-z_]\w*::)*(" + "|".join(map(re.escape, _CPP_OPS)) + r")\s*\("
+    r"|\.\s*(" + "|".join(map(re.escape, _CPP_OPS)) + r")\s*\("
+)
+
+
+def cpp_ops_called(source: str) -> list[str]:
+    """Forbidden operators called from the C++/CUDA source strings of a candidate
+    (``at::matmul(...)``, ``at::native::mm(...)``, ``x.mm(y)``, ``at::_ops::mm::call(...)``)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    found: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            text = node.value
+            if not re.search(r"torch::|at::|#include|__global__", text):
+                continue
+            for m in _CPP_CALL.finditer(text):
+                found.append(m.group(1) or m.group(2))
+            found += re.findall(r"\bat::_ops::(\w+)::", text)
+    return sorted(set(found) & (set(_CPP_OPS) | DEFAULT_FORBIDDEN_OPS))
+
+
 def static_issues(source: str, backend: str) -> list[str]:
     """Reasons, read off the source, why this candidate is not a custom kernel."""
     issues = []
@@ -84,6 +120,9 @@ def static_issues(source: str, backend: str) -> list[str]:
         tree = ast.parse(source)
     except SyntaxError:
         return issues
+    called = cpp_ops_called(source)
+    if called:
+        issues.append("its C++ source calls PyTorch's own " + ", ".join(called))
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef) and node.name == "ModelNew":
             for base in node.bases:

@@ -30,6 +30,7 @@ from kerneljudge.worker.sandbox import (
     limit_output,
     lingering_threads,
     set_subreaper,
+    set_undumpable,
 )
 
 # Captured before any candidate code runs, so a candidate that patches these names in torch
@@ -229,13 +230,16 @@ class Worker:
         init_inputs = list(msg.get("init_inputs", []))
         state = dict(msg.get("state_dict", {}))
         try:
-            model = self.model_cls(*init_inputs)
+            with self._confined():  # the constructor is candidate code too
+                model = self.model_cls(*init_inputs)
+                note = align_state_dict(model, state)
+                self.model = model.to(self.device).eval()
+        except Fault:
+            raise
         except BaseException as exc:  # noqa: BLE001
             raise Fault(
                 "constructing the model failed: " + _candidate_traceback(exc, self.source_path)
             ) from None
-        note = align_state_dict(model, state)
-        self.model = model.to(self.device).eval()
         self.compiled = None
         self.sets, self.nudgeable, self.snapshots = [], [], {}
         return {"note": note}
@@ -267,8 +271,9 @@ class Worker:
     def op_run(self, msg: dict[str, Any]) -> dict[str, Any]:
         """One correctness trial on ``inputs``; keeps them as an input set for the timed loop.
 
-        Returns ``outputs`` (on the CPU), ``oracle`` (float64 reference, when asked) and ``ops``
-        (ATen operators the call ran, when ``record_ops``).
+        Returns ``outputs`` (on the CPU), ``oracle`` (float64 reference, when asked), ``ops``
+        (ATen operators the call ran, when ``record_ops``), ``aliases_input`` (an output shares
+        storage with an input) and ``modified_inputs`` (indices of inputs changed in place).
         """
         if self.model is None:
             raise RuntimeError("run before setup")
@@ -280,8 +285,9 @@ class Worker:
         args = [x.clone() if isinstance(x, torch.Tensor) else x for x in self.inputs]
         measure.poison(self.poison_bytes or _nbytes(args), self.device)
         out = self._call(self.model, args, record_ops=bool(msg.get("record_ops")))
+        effects = _input_effects(args, self.inputs, out)
         self.poison_bytes = max(self.poison_bytes, _nbytes(measure.flatten_tensors(out)))
-        reply: dict[str, Any] = {"outputs": _to_cpu(out), "ops": self.ops}
+        reply: dict[str, Any] = {"outputs": _to_cpu(out), "ops": self.ops, **effects}
         if msg.get("oracle"):
             reply["oracle"] = self._oracle()
         return reply
@@ -449,6 +455,22 @@ class Worker:
         return {"rows": rows[:30], "calls": n}
 
 
+def _input_effects(args: list[Any], originals: list[Any], out: Any) -> dict[str, Any]:
+    """Whether a call returned a view of an input, and which inputs it changed in place."""
+    inputs = [a for a in args if isinstance(a, torch.Tensor)]
+    storages = {a.untyped_storage().data_ptr() for a in inputs if a.numel()}
+    aliases = any(
+        t.numel() and t.untyped_storage().data_ptr() in storages
+        for t in measure.flatten_tensors(out)
+    )
+    modified = [
+        i
+        for i, (a, o) in enumerate(zip(args, originals))
+        if isinstance(a, torch.Tensor) and not torch.equal(a, o)
+    ]
+    return {"aliases_input": bool(aliases), "modified_inputs": modified}
+
+
 def _nbytes(values: list[Any]) -> int:
     return sum(t.numel() * t.element_size() for t in values if isinstance(t, torch.Tensor))
 
@@ -545,6 +567,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.role == "candidate":
         set_subreaper()
         limit_output()
+    else:
+        set_undumpable()  # the reference holds the reference outputs
     return serve(chan, Worker(args.role, device))
 
 

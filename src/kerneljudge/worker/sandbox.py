@@ -31,6 +31,7 @@ __all__ = [
     "Sandbox",
     "child_pids",
     "set_subreaper",
+    "set_undumpable",
 ]
 
 #: Largest log (stdout + stderr) a candidate worker may write; beyond it the worker gets SIGXFSZ.
@@ -63,6 +64,21 @@ COMPILER_TOOLS = frozenset(
     }
 )
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_DUMPABLE = 4
+#: Audit events that change the file system, with how many leading arguments are paths.
+_PATH_EVENTS = {
+    "os.rename": 2,
+    "os.remove": 1,
+    "os.rmdir": 1,
+    "os.mkdir": 1,
+    "os.symlink": 2,
+    "os.link": 2,
+    "os.truncate": 1,
+    "os.chmod": 1,
+    "os.chown": 1,
+    "os.utime": 1,
+    "shutil.rmtree": 1,
+}
 #: C functions a candidate may not look up through ctypes while it runs: the powers the audit
 #: hook refuses to Python code (signals, tracing, processes, sockets, limits). File functions
 #: are not on the list: CUDA and profiling libraries look them up through ctypes themselves.
@@ -122,6 +138,16 @@ def set_subreaper() -> None:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def set_undumpable() -> None:
+    """Make this process's memory unreadable through ``/proc/<pid>/mem`` and ptrace for other
+    processes of the same (non-root) user (``PR_SET_DUMPABLE`` 0; no-op off Linux)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
     except (OSError, AttributeError):
         pass
 
@@ -213,6 +239,12 @@ class Sandbox:
                 pid = p.split("/")[2]
                 if pid.isdigit() and int(pid) != os.getpid():
                     self._refuse(f"reading {p} (another process)")
+        elif event in _PATH_EVENTS:
+            for arg in args[: _PATH_EVENTS[event]]:
+                if isinstance(arg, (str, bytes, os.PathLike)) and not self._may_write(
+                    os.fsdecode(arg)
+                ):
+                    self._refuse(f"changing {os.fsdecode(arg)} (outside the scratch folder)")
         elif event in ("socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg"):
             address = args[1] if len(args) > 1 else "?"
             self._refuse(f"opening a network connection ({event} {address})")
