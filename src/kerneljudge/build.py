@@ -26,6 +26,7 @@ from kerneljudge import toolchain
 from kerneljudge.buildlog import parse_diagnostics, shape_log, trace_to_candidate
 from kerneljudge.candidate import Candidate
 from kerneljudge.verdict import BuildResult, CompilerMessage, decode
+from kerneljudge.worker.sandbox import candidate_environment
 
 __all__ = ["BuildCache", "build", "default_cache_dir"]
 
@@ -36,7 +37,8 @@ IMPORT_ONLY_BACKENDS = frozenset({"torch", "triton"})
 
 
 def default_cache_dir() -> Path:
-    """``$KERNELJUDGE_CACHE_DIR``, else ``$XDG_CACHE_HOME/kerneljudge``, else ``~/.cache/kerneljudge``."""
+    """``$KERNELJUDGE_CACHE_DIR``, else ``$XDG_CACHE_HOME/kerneljudge``, else
+    ``~/.cache/kerneljudge``."""
     env = os.environ.get("KERNELJUDGE_CACHE_DIR")
     if env:
         return Path(env)
@@ -52,7 +54,7 @@ class BuildCache:
     """
 
     def __init__(self, root: Path | str | None = None) -> None:
-        self.root = Path(root) if root is not None else default_cache_dir()
+        self.root = (Path(root) if root is not None else default_cache_dir()).resolve()
 
     def key(self, candidate: Candidate, arch: str) -> str:
         """sha256 of source, backend and toolchain fingerprint."""
@@ -162,8 +164,9 @@ def build(
         result_path = entry / "result.json"
         result_path.unlink(missing_ok=True)
         log_path = entry / "build.log"
-        env = dict(os.environ)
+        env = candidate_environment(dict(os.environ))
         env.update(toolchain.build_environment(arch, entry / "ext"))
+        env["TMPDIR"] = str(entry)
         env["CUDA_VISIBLE_DEVICES"] = ""
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_SRC_DIR, env.get("PYTHONPATH")]))
         started = time.monotonic()
@@ -235,6 +238,7 @@ def build(
                 cache_key=key,
                 messages=tuple(messages),
                 log=log,
+                rejected=bool(outcome.get("rejected")),
             )
         cache.store(key, result)
         return result

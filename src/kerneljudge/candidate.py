@@ -33,17 +33,34 @@ class StaticIssue:
 def detect_backend(source: str) -> str:
     """The backend a candidate's source uses, from what it imports and calls.
 
-    Triton wins over ``load_inline`` (``@triton.jit`` kernels); ``load_inline``/``load`` with
-    ``cuda_sources`` or CUDA launch syntax is ``cuda``; ``load_inline`` without is ``cpp``;
-    anything else is plain ``torch``.
+    Triton wins over ``load_inline`` (``@triton.jit`` kernels); a call of ``load_inline`` or
+    ``cpp_extension.load`` with ``cuda_sources`` (or CUDA launch syntax in the source) is
+    ``cuda``, without it ``cpp``; anything else is plain ``torch``. Calls are found in the
+    syntax tree, so the words in a comment or docstring do not count; a file that does not parse
+    falls back to searching the text.
     """
     if re.search(r"^\s*(import triton|from triton\b)", source, re.MULTILINE):
         return "triton"
-    if re.search(r"\bload_inline\b|\bcpp_extension\.load\b", source):
-        if re.search(r"\bcuda_sources\s*=|__global__|<<<", source):
-            return "cuda"
-        return "cpp"
-    return "torch"
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        if re.search(r"\bload_inline\b|\bcpp_extension\.load\b", source):
+            return "cuda" if re.search(r"\bcuda_sources\s*=|__global__|<<<", source) else "cpp"
+        return "torch"
+    calls = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and (getattr(node.func, "id", None) or getattr(node.func, "attr", None))
+        in ("load_inline", "load")
+    ]
+    if not calls:
+        return "torch"
+    cuda_kw = any(kw.arg in ("cuda_sources", "with_cuda") for c in calls for kw in c.keywords)
+    cuda_kw = cuda_kw or any(len(c.args) >= 3 for c in calls)  # load_inline(name, cpp, cuda)
+    if cuda_kw or re.search(r"__global__|<<<", source):
+        return "cuda"
+    return "cpp"
 
 
 @dataclass(frozen=True)

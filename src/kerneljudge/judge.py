@@ -127,6 +127,19 @@ def _first_line(text: str) -> str:
     return next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
 
 
+class ReferenceFailed(WorkerError):
+    """The reference worker failed (died, hung, raised); its session is discarded.
+
+    Attributes:
+        had_answered: it had answered requests before, so the problem itself works and the
+            failure came from outside (a candidate running beside it).
+    """
+
+    def __init__(self, message: str, had_answered: bool) -> None:
+        super().__init__(message)
+        self.had_answered = had_answered
+
+
 class ReferenceSession:
     """The trusted reference worker for one shape set: fixed weights, reference runs, baselines."""
 
@@ -141,6 +154,8 @@ class ReferenceSession:
         self.state_dict = {k: v.detach().clone() for k, v in model.state_dict().items()}
         self.worker = WorkerProcess("reference", device, threads=threads)
         self._ready = False
+        self.failed = False
+        self.answered = False
         self.compile_error: str | None = None
         self._compiled = False
 
@@ -155,10 +170,14 @@ class ReferenceSession:
                 self.request(
                     "setup", timeout_s, init_inputs=self.init_inputs, state_dict=self.state_dict
                 )
-            return self.worker.request(op, timeout_s, **fields)
+            reply = self.worker.request(op, timeout_s, **fields)
+            self.answered = True
+            return reply
         except (CandidateFault, WorkerDied, WorkerTimeout) as exc:
-            raise WorkerError(
-                f"the reference of {self.problem.name} failed on {op}: {exc}"
+            self.failed = True
+            self.worker.kill()
+            raise ReferenceFailed(
+                f"the reference of {self.problem.name} failed on {op}: {exc}", self.answered
             ) from None
 
     def ensure_compiled(self, timeout_s: float) -> bool:
@@ -225,6 +244,8 @@ class Judge:
 
     def _reference(self, device: str, shape_set: str) -> ReferenceSession:
         key = (device, shape_set)
+        if key in self._refs and self._refs[key].failed:
+            self._refs.pop(key).close()  # a dead reference is replaced, never reused
         if key not in self._refs:
             self._refs[key] = ReferenceSession(
                 self.problem, shape_set, device, self._weight_seed, self.config.threads
@@ -329,7 +350,13 @@ class Judge:
 
         result = self.build(cand, device)
         if not result.ok:
-            status = Status.TIMEOUT if result.timed_out else Status.COMPILE_ERROR
+            status = (
+                Status.TIMEOUT
+                if result.timed_out
+                else Status.REJECTED
+                if result.rejected
+                else Status.COMPILE_ERROR
+            )
             first = next((m for m in result.messages if m.severity == "error"), None)
             where = f"line {first.candidate_line}: " if first and first.candidate_line else ""
             return finish(
@@ -435,6 +462,17 @@ class Judge:
             return finish(
                 Status.TIMEOUT,
                 f"the candidate's {exc.op} did not finish within {exc.timeout_s:g} s",
+                build=result,
+                worker_log=worker.log_tail(),
+            )
+        except ReferenceFailed as exc:
+            if not exc.had_answered:
+                raise  # it never worked: a problem or harness error, not the candidate's
+            # The candidate ran beside it: it may have killed or stopped the reference. The
+            # reference is replaced for the next evaluation either way.
+            return finish(
+                Status.RUNTIME_ERROR,
+                f"the reference worker failed while this candidate was judged: {exc}",
                 build=result,
                 worker_log=worker.log_tail(),
             )
@@ -548,20 +586,36 @@ class Judge:
         flush = 2 * (info.l2_bytes or 128 << 20) if info.kind == "cuda" else 0
         tampered: list[str] = []
 
+        gaps: dict[str, list[float]] = {}
+
         def sampler(request, name: str):  # type: ignore[no-untyped-def]
             def sample(n: int, warmup: int) -> list[float]:
+                if name != "candidate":
+                    worker.pause(True)  # nothing of the candidate runs while the reference is timed
                 t0 = time.perf_counter()
-                reply = request(
-                    "time", cfg.run_timeout_s, n=n, warmup=warmup, flush_bytes=flush, target=name
-                )
+                try:
+                    reply = request(
+                        "time",
+                        cfg.run_timeout_s,
+                        n=n,
+                        warmup=warmup,
+                        flush_bytes=flush,
+                        target=name,
+                    )
+                finally:
+                    if name != "candidate":
+                        worker.pause(False)
                 wall_ms = (time.perf_counter() - t0) * 1e3
                 times = [float(x) for x in reply["times_ms"]]
                 if len(times) != n or not all(0 < x < float("inf") for x in times):
                     tampered.append(f"{name} reported {len(times)} invalid times for {n} calls")
                 elif sum(times) > wall_ms + 1.0:
                     tampered.append(
-                        f"{name} reported {sum(times):.3f} ms of calls in {wall_ms:.3f} ms of wall time"
+                        f"{name} reported {sum(times):.3f} ms of calls in {wall_ms:.3f} ms of "
+                        "wall time"
                     )
+                else:
+                    gaps.setdefault(name, []).append((wall_ms - sum(times)) / (n + warmup))
                 return times if times else [float("nan")]
 
             return sample
@@ -586,6 +640,7 @@ class Judge:
             l2_flush_bytes=flush,
             roofline=roofline,
         )
+        tampered += _gap_anomaly(gaps)
         if tampered:
             return timing, Status.REJECTED, "the timer was tampered with: " + tampered[0]
         timed = worker.request("timed_outputs", cfg.run_timeout_s)
@@ -653,6 +708,22 @@ class Judge:
             below_floor=r.below_floor,
             source=spec.source,
         )
+
+
+def _gap_anomaly(gaps: dict[str, list[float]]) -> list[str]:
+    """Per call, wall time outside the reported time (cloning, flushing, synchronising) is the
+    same work for every contestant. A candidate whose untimed share is far larger than the
+    reference's is doing timed work off the clock, or reporting less than it spent."""
+    if "candidate" not in gaps or len(gaps) < 2:
+        return []
+    cand = float(np.median(gaps["candidate"]))
+    ref = min(float(np.median(v)) for k, v in gaps.items() if k != "candidate")
+    if cand > 4 * ref + 1.0:
+        return [
+            f"{cand:.3f} ms per call went unreported (the reference's: {ref:.3f} ms): "
+            "work was kept off the clock"
+        ]
+    return []
 
 
 def _input_effect_violation(reference: dict[str, Any], candidate: dict[str, Any]) -> str:

@@ -72,6 +72,19 @@ DEFAULT_FORBIDDEN_OPS = frozenset(
 )
 
 
+#: Internals that switch off or probe the dispatch machinery the judge records operators with.
+_DISPATCH_ESCAPES = (
+    "_DisableTorchDispatch",
+    "_len_torch_dispatch_stack",
+    "_ExcludeDispatchKeyGuard",
+    "DisableTorchFunction",
+    "_pop_torch_dispatch_stack",
+    "_python_dispatch",
+    "_get_dispatch_mode",
+    "_RestorePythonTLSSnapshot",
+)
+
+
 def requires_custom_kernel(policy: dict[str, Any]) -> bool:
     return bool(policy.get("require_custom_kernel"))
 
@@ -120,6 +133,9 @@ def static_issues(source: str, backend: str) -> list[str]:
         tree = ast.parse(source)
     except SyntaxError:
         return issues
+    for name in _DISPATCH_ESCAPES:
+        if name in source:
+            issues.append(f"the candidate uses {name}, which hides operators from the judge")
     called = cpp_ops_called(source)
     if called:
         issues.append("its C++ source calls PyTorch's own " + ", ".join(called))

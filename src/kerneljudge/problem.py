@@ -177,7 +177,7 @@ class Problem:
 
     @property
     def tolerance(self) -> tuple[float, float]:
-        """``(atol, rtol)``: ``TOLERANCE`` or the per-dtype default of :data:`DEFAULT_TOLERANCES`."""
+        """``(atol, rtol)``: ``TOLERANCE``, else the default of :data:`DEFAULT_TOLERANCES`."""
         default = DEFAULT_TOLERANCES.get(self.dtype, 1e-4)
         tol = dict(getattr(self.module, "TOLERANCE", {}) or {})
         return float(tol.get("atol", default)), float(tol.get("rtol", default))
@@ -234,7 +234,7 @@ class Problem:
         return [x.to(device) if isinstance(x, torch.Tensor) else x for x in raw]
 
     def make_model(self, seed: int, init_inputs: list[Any] | None = None) -> torch.nn.Module:
-        """The reference ``Model``, its parameters drawn from ``seed``, in ``eval()`` mode, on CPU."""
+        """The reference ``Model``, parameters drawn from ``seed``, in ``eval()`` mode, on CPU."""
         if init_inputs is None:
             init_inputs = self.make_init_inputs(seed)
         with torch.random.fork_rng(devices=[]):

@@ -25,6 +25,10 @@ def _fmt(x: float | None, spec: str = ".3g") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def _pct(fraction: float | None) -> str:
+    return "-" if fraction is None else f"{fraction * 100:.1f}"
+
+
 def verdict_summary(v: Verdict) -> str:
     """One line: status, problem, and the eager speedup or the reason."""
     head = f"{v.status.value} {v.problem}"
@@ -121,11 +125,9 @@ def render_verdict(v: Verdict, console: Console | None = None) -> None:
         if r:
             frac = ""
             if r.bandwidth_fraction is not None or r.compute_fraction is not None:
-                frac = (
-                    f"  ({_fmt(r.bandwidth_fraction and r.bandwidth_fraction * 100, '.1f')}% of peak "
-                    f"bandwidth, {_fmt(r.compute_fraction and r.compute_fraction * 100, '.1f')}% of peak "
-                    f"FLOP/s; floor {_fmt(r.floor_ms, '.4g')} ms)"
-                )
+                bw, fl = _pct(r.bandwidth_fraction), _pct(r.compute_fraction)
+                frac = f"  ({bw}% of peak bandwidth, {fl}% of peak FLOP/s; "
+                frac += f"floor {_fmt(r.floor_ms, '.4g')} ms)"
             parts.append(
                 Text(
                     f"roofline: {_fmt(r.achieved_gbps, '.1f')} GB/s, "

@@ -15,7 +15,7 @@ from pathlib import Path
 __all__ = ["build_environment", "cuda_home", "fingerprint", "target_arch"]
 
 #: Bumped whenever the way kerneljudge builds a candidate changes, so old cache entries miss.
-BUILD_PROTOCOL = "1"
+BUILD_PROTOCOL = "2"
 #: The arch CUDA candidates are built for when no GPU is visible and none is configured
 #: (Hopper, compute capability 9.0: the H100/H200 the task prompts name).
 DEFAULT_ARCH = "9.0"

@@ -80,6 +80,7 @@ class BuildResult:
         messages: compiler diagnostics, errors first.
         log: the shaped log: errors (mapped to candidate lines) first, then the raw log's tail.
         timed_out: the build hit its time limit (its process group was killed).
+        rejected: the candidate's import broke the sandbox's rules during the build.
     """
 
     ok: bool
@@ -90,6 +91,7 @@ class BuildResult:
     messages: tuple[CompilerMessage, ...] = ()
     log: str = ""
     timed_out: bool = False
+    rejected: bool = False
 
 
 @dataclass(frozen=True)

@@ -10,14 +10,21 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import signal
 import sys
 import traceback
+
+from kerneljudge.worker.sandbox import Sandbox
 
 
 def main(argv: list[str]) -> int:
     candidate, result_path = argv[0], argv[1]
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in the terminal is the supervisor's
+    # Candidate code may write only inside its own cache entry (the working directory).
+    sandbox = Sandbox([os.getcwd()])
+    sandbox.install()
+    sandbox.armed = True
     result: dict[str, object] = {"ok": True, "error": "", "lineno": None}
     try:
         spec = importlib.util.spec_from_file_location("candidate_module", candidate)
@@ -36,6 +43,15 @@ def main(argv: list[str]) -> int:
         frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == candidate]
         lineno = frames[-1].lineno if frames else getattr(exc, "lineno", None)
         result = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "lineno": lineno}
+    sandbox.armed = False
+    violations = sandbox.take_violations()
+    if violations:
+        result = {
+            "ok": False,
+            "error": "the candidate attempted " + "; ".join(violations),
+            "lineno": None,
+            "rejected": True,
+        }
     with open(result_path, "w") as f:
         json.dump(result, f)
     return 0

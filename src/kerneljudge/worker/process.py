@@ -9,6 +9,7 @@ process group; nothing of it survives into the next job.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -21,7 +22,7 @@ from typing import Any
 
 from kerneljudge.errors import WorkerError
 from kerneljudge.worker.protocol import Channel, ChannelClosed, ChannelTimeout
-from kerneljudge.worker.sandbox import LOG_LIMIT_BYTES, child_pids
+from kerneljudge.worker.sandbox import LOG_LIMIT_BYTES, candidate_environment, child_pids
 
 __all__ = ["CandidateFault", "WorkerDied", "WorkerPool", "WorkerProcess", "WorkerTimeout"]
 
@@ -117,7 +118,9 @@ class WorkerProcess:
         self.log_path = self.scratch / "worker.log"
         to_worker_r, to_worker_w = os.pipe()
         from_worker_r, from_worker_w = os.pipe()
-        full_env = dict(os.environ)
+        full_env = (
+            candidate_environment(dict(os.environ)) if role == "candidate" else dict(os.environ)
+        )
         full_env.update(env or {})
         full_env["PYTHONPATH"] = os.pathsep.join(
             filter(None, [_SRC_DIR, full_env.get("PYTHONPATH")])
@@ -185,6 +188,16 @@ class WorkerProcess:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def pause(self, paused: bool) -> None:
+        """Stop (``SIGSTOP``) or continue (``SIGCONT``) the worker and all its descendants, so
+        that nothing of it runs while another process is timed."""
+        sig = signal.SIGSTOP if paused else signal.SIGCONT
+        for pid in [self.proc.pid, *child_pids(self.proc.pid)]:
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+
     def kill(self) -> None:
         """Kill the worker, every descendant it has (also those that left its process group;
         the worker is their subreaper) and its process group, then reap it."""
@@ -250,7 +263,7 @@ class WorkerProcess:
                 if remaining <= 0.5:
                     self.kill()
                     raise WorkerTimeout(op, timeout_s) from None
-            except ChannelClosed:
+            except (ChannelClosed, OSError):
                 break
         try:
             self.proc.wait(timeout=5)
@@ -271,11 +284,15 @@ class WorkerProcess:
         """
         self.wait_ready()
         started = time.monotonic()
+        nonce = secrets.randbits(62)
         try:
-            self.chan.send({"op": op, **fields})
+            self.chan.send({"op": op, "nonce": nonce, **fields})
         except ChannelClosed:
             self._recv(op, 1.0)  # raises WorkerDied with the exit status
         reply = self._recv(op, max(0.1, timeout_s - (time.monotonic() - started)))
+        if reply.get("nonce") != nonce:
+            self.kill()
+            raise WorkerDied(None, "a reply that does not answer the request (forged?)")
         if reply.get("ok"):
             return reply
         if reply.get("fault"):

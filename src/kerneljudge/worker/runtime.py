@@ -522,12 +522,13 @@ def serve(chan: Channel, worker: Worker) -> int:
         except ChannelClosed:
             return 0
         op = str(msg.get("op", ""))
+        nonce = msg.get("nonce")
         if op == "exit":
-            chan.send({"ok": True})
+            chan.send({"ok": True, "nonce": nonce})
             return 0
         handler = handlers.get(op)
         if handler is None:
-            chan.send({"ok": False, "fault": False, "error": f"unknown op {op!r}"})
+            chan.send({"ok": False, "fault": False, "error": f"unknown op {op!r}", "nonce": nonce})
             continue
         try:
             reply = handler(msg)
@@ -546,6 +547,7 @@ def serve(chan: Channel, worker: Worker) -> int:
                 raise
         sys.stdout.flush()
         sys.stderr.flush()
+        reply["nonce"] = nonce
         chan.send(reply)
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import resource
 import sys
 import threading
@@ -29,6 +30,7 @@ __all__ = [
     "COMPILER_TOOLS",
     "LOG_LIMIT_BYTES",
     "Sandbox",
+    "candidate_environment",
     "child_pids",
     "set_subreaper",
     "set_undumpable",
@@ -133,6 +135,15 @@ DENIED_SYMBOLS = frozenset(
 )
 
 
+_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|COOKIE|SESSION")
+
+
+def candidate_environment(base: dict[str, str]) -> dict[str, str]:
+    """``base`` without variables that look like credentials (API keys, tokens, passwords),
+    for processes that run candidate code."""
+    return {k: v for k, v in base.items() if not _SECRET_NAME.search(k.upper())}
+
+
 def set_subreaper() -> None:
     """Make this process the reaper of its orphaned descendants (Linux; no-op elsewhere)."""
     try:
@@ -220,6 +231,19 @@ class Sandbox:
             return True
         return any(real == w or real.startswith(w + os.sep) for w in self.writable)
 
+    def _trusted_tool(self, path: str) -> bool:
+        """A compiler tool by name, installed outside every folder the candidate may write."""
+        if os.path.basename(path) not in COMPILER_TOOLS:
+            return False
+        if os.sep in path:
+            real = os.path.realpath(path)
+        else:
+            import shutil
+
+            found = shutil.which(path)
+            real = os.path.realpath(found) if found else ""
+        return bool(real) and not self._may_write(real)
+
     def _hook(self, event: str, args: tuple[object, ...]) -> None:
         if not self.armed:
             return
@@ -254,20 +278,24 @@ class Sandbox:
                 self._refuse("creating a network socket")
         elif event in ("subprocess.Popen", "os.posix_spawn", "os.exec", "os.spawn"):
             exe = args[0] if args else ""
-            name = os.path.basename(os.fsdecode(exe)) if isinstance(exe, (str, bytes)) else ""
-            if name not in COMPILER_TOOLS:
-                self._refuse(f"starting a process ({name or exe})")
+            if exe is None and len(args) > 1 and isinstance(args[1], (list, tuple)) and args[1]:
+                exe = args[1][0]
+            path = os.fsdecode(exe) if isinstance(exe, (str, bytes, os.PathLike)) else ""
+            if not self._trusted_tool(path):
+                self._refuse(f"starting a process ({os.path.basename(path) or exe})")
         elif event in ("os.fork", "os.forkpty", "os.system"):
             self._refuse(f"starting a process ({event})")
         elif event in ("os.kill", "os.killpg"):
             pid = args[0] if args else None
             if isinstance(pid, int) and pid != os.getpid():
                 self._refuse(f"signalling process {pid}")
+        elif event in ("os.pidfd_open",) or event.startswith("signal.pidfd"):
+            self._refuse("signalling another process")
         elif event == "sys.addaudithook":
             self._refuse("adding an audit hook")
         elif event == "ctypes.dlsym":
             name = args[1] if len(args) > 1 else ""
-            if isinstance(name, str) and name in DENIED_SYMBOLS:
+            if isinstance(name, str) and name.lstrip("_").removesuffix("64") in DENIED_SYMBOLS:
                 self._refuse(f"calling the C function {name} through ctypes")
 
 
