@@ -22,7 +22,7 @@ import torch
 
 from kerneljudge.device import describe_device, resolve_device
 from kerneljudge.errors import KernelJudgeError
-from kerneljudge.judge import ReferenceSession
+from kerneljudge.reference import ReferenceSession
 from kerneljudge.problem import Problem, bundled_problem_names
 from kerneljudge.timing import TimingConfig, measure_alternating, speedups, summarise
 from kerneljudge.worker.process import timing_cpu

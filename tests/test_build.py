@@ -47,6 +47,7 @@ def test_failed_builds_are_cached_and_loaded(tmp_path: Path) -> None:
         "from torch.utils.cpp_extension import load_inline\n"
         "import torch.nn as nn\n"
         "raise RuntimeError('configuration step failed')\n"
+        "ext = load_inline(name='never', cpp_sources=[''])\n"
         "class ModelNew(nn.Module):\n    pass\n"
     )
     cand = Candidate.from_source(src)
@@ -62,6 +63,7 @@ def test_build_timeout_kills_the_build(tmp_path: Path) -> None:
     src = (
         "from torch.utils.cpp_extension import load_inline\n"
         "import time\nimport torch.nn as nn\ntime.sleep(600)\n"
+        "ext = load_inline(name='never', cpp_sources=[''])\n"
         "class ModelNew(nn.Module):\n    pass\n"
     )
     result = build(Candidate.from_source(src), cache=BuildCache(tmp_path), arch="9.0", timeout_s=3)
@@ -74,6 +76,7 @@ def test_build_sees_no_gpu(tmp_path: Path) -> None:
         "from torch.utils.cpp_extension import load_inline\n"
         "import os, torch\nimport torch.nn as nn\n"
         "assert os.environ['CUDA_VISIBLE_DEVICES'] == '' and not torch.cuda.is_available()\n"
+        "if False:\n    load_inline(name='never', cpp_sources=[''])\n"
         "class ModelNew(nn.Module):\n    pass\n"
     )
     assert build(Candidate.from_source(src), cache=BuildCache(tmp_path), arch="9.0").ok

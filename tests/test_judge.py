@@ -117,7 +117,8 @@ def test_gpu_backend_without_gpu_is_a_one_line_error(judge: Judge) -> None:
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible")
     src = (
-        "from torch.utils.cpp_extension import load_inline\ncuda_sources=''\nclass ModelNew: pass\n"
+        "from torch.utils.cpp_extension import load_inline\n"
+        "ext = load_inline(name='a', cpp_sources='', cuda_sources='')\nclass ModelNew: pass\n"
     )
     with pytest.raises(DeviceError, match="CUDA GPU"):
         judge.evaluate(Candidate.from_source(src))

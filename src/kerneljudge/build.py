@@ -167,6 +167,7 @@ def build(
         env = candidate_environment(dict(os.environ))
         env.update(toolchain.build_environment(arch, entry / "ext"))
         env["TMPDIR"] = str(entry)
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
         env["CUDA_VISIBLE_DEVICES"] = ""
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_SRC_DIR, env.get("PYTHONPATH")]))
         started = time.monotonic()

@@ -21,7 +21,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from kerneljudge import toolchain
@@ -30,25 +29,23 @@ from kerneljudge.buildlog import shape_log
 from kerneljudge.candidate import Candidate
 from kerneljudge.check import compare_outputs
 from kerneljudge.device import build_arch, describe_device, resolve_device
-from kerneljudge.errors import WorkerError
 from kerneljudge.policy import forbidden_ops_used, requires_custom_kernel, static_issues
 from kerneljudge.problem import Problem
-from kerneljudge.timing import TimingConfig, measure_alternating, speedups, summarise
+from kerneljudge.reference import ReferenceFailed, ReferenceSession, first_line
+from kerneljudge.stage_timing import time_candidate
+from kerneljudge.timing import TimingConfig
 from kerneljudge.verdict import (
     BuildResult,
     CheckResult,
     CompilerMessage,
     DeviceInfo,
-    Roofline,
     Status,
-    TimingResult,
     TrialResult,
     Verdict,
 )
 from kerneljudge.worker import CandidateFault, WorkerDied, WorkerPool, WorkerProcess, WorkerTimeout
-from kerneljudge.worker.process import timing_cpu
 
-__all__ = ["Judge", "JudgeConfig", "ReferenceSession", "judge"]
+__all__ = ["Judge", "JudgeConfig", "judge"]
 
 
 @dataclass(frozen=True)
@@ -121,79 +118,6 @@ def _pkg_version(name: str) -> str:
 
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-def _first_line(text: str) -> str:
-    return next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
-
-
-class ReferenceFailed(WorkerError):
-    """The reference worker failed (died, hung, raised); its session is discarded.
-
-    Attributes:
-        had_answered: it had answered requests before, so the problem itself works and the
-            failure came from outside (a candidate running beside it).
-    """
-
-    def __init__(self, message: str, had_answered: bool) -> None:
-        super().__init__(message)
-        self.had_answered = had_answered
-
-
-class ReferenceSession:
-    """The trusted reference worker for one shape set: fixed weights, reference runs, baselines."""
-
-    def __init__(
-        self, problem: Problem, shape_set: str, device: str, weight_seed: int, threads: int
-    ) -> None:
-        self.problem = Problem.load(problem.path)
-        self.problem.use_shape_set(shape_set)
-        self.shape_set = shape_set
-        self.init_inputs = self.problem.make_init_inputs(weight_seed)
-        model = self.problem.make_model(weight_seed, self.init_inputs)
-        self.state_dict = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        self.worker = WorkerProcess("reference", device, threads=threads)
-        self._ready = False
-        self.failed = False
-        self.answered = False
-        self.compile_error: str | None = None
-        self._compiled = False
-
-    def request(self, op: str, timeout_s: float, **fields: Any) -> dict[str, Any]:
-        """A request the reference must answer; any failure is a harness error."""
-        try:
-            if not self._ready:
-                self._ready = True
-                self.request(
-                    "load_problem", timeout_s, path=str(self.problem.path), shape_set=self.shape_set
-                )
-                self.request(
-                    "setup", timeout_s, init_inputs=self.init_inputs, state_dict=self.state_dict
-                )
-            reply = self.worker.request(op, timeout_s, **fields)
-            self.answered = True
-            return reply
-        except (CandidateFault, WorkerDied, WorkerTimeout) as exc:
-            self.failed = True
-            self.worker.kill()
-            raise ReferenceFailed(
-                f"the reference of {self.problem.name} failed on {op}: {exc}", self.answered
-            ) from None
-
-    def ensure_compiled(self, timeout_s: float) -> bool:
-        """torch.compile the reference once; False (and ``compile_error``) if that fails."""
-        if not self._compiled and self.compile_error is None:
-            try:
-                self.worker.request("compile", timeout_s)
-                self._compiled = True
-            except (CandidateFault, WorkerTimeout, WorkerDied) as exc:
-                self.compile_error = _first_line(str(exc))
-                if not self.worker.alive():
-                    raise WorkerError(f"the reference worker died compiling: {exc}") from None
-        return self._compiled
-
-    def close(self) -> None:
-        self.worker.close()
 
 
 class Judge:
@@ -439,7 +363,9 @@ class Judge:
                 )
             if not self.config.timing:
                 return finish(Status.CORRECT, "", build=result, check=check)
-            timing, status, note = self._time(device, worker, ref, inputs, expectations, atol, rtol)
+            timing, status, note = time_candidate(
+                self.config, self.device_info(device), worker, ref, inputs, expectations, atol, rtol
+            )
             return finish(status, note, build=result, check=check, timing=timing)
         except CandidateFault as exc:
             check = (
@@ -449,7 +375,7 @@ class Judge:
             )
             return finish(
                 Status.REJECTED if exc.status == "rejected" else Status.RUNTIME_ERROR,
-                _first_line(str(exc)),
+                first_line(str(exc)),
                 build=result,
                 check=check,
                 worker_log=str(exc) + "\n" + worker.log_tail(),
@@ -541,7 +467,7 @@ class Judge:
                 raise
             text = str(exc).removeprefix("importing the candidate failed: ")
             msg = CompilerMessage(
-                cand.name, exc.lineno, None, "error", _first_line(text), exc.lineno
+                cand.name, exc.lineno, None, "error", first_line(text), exc.lineno
             )
             log = shape_log([msg], text, cand.source, cand.name)
             return dataclasses.replace(result, ok=False, messages=(msg,), log=log)
@@ -561,169 +487,6 @@ class Judge:
             self.config.atol if self.config.atol is not None else atol,
             self.config.rtol if self.config.rtol is not None else rtol,
         )
-
-    def _time(
-        self,
-        device: str,
-        worker: WorkerProcess,
-        ref: ReferenceSession,
-        inputs: list[Any],
-        expectations: list[tuple[Any, Any]],
-        atol: float,
-        rtol: float,
-    ) -> tuple[TimingResult, Status, str]:
-        """Time baselines and candidate alternately, then audit what was timed.
-
-        The candidate's reported times must fit in the wall time the supervisor saw for each
-        batch (else its clock was tampered with); the outputs of its last timed call on each
-        input set are compared with the reference's (the oracle rule, since the timed inputs
-        were nudged by one ulp); its median must not be below the device's physical floor.
-
-        Returns the timing, the status it implies and the reason (empty when ``correct``).
-        """
-        cfg = self.config
-        info = self.device_info(device)
-        flush = 2 * (info.l2_bytes or 128 << 20) if info.kind == "cuda" else 0
-        tampered: list[str] = []
-
-        gaps: dict[str, list[float]] = {}
-
-        def sampler(request, name: str):  # type: ignore[no-untyped-def]
-            def sample(n: int, warmup: int) -> list[float]:
-                if name != "candidate":
-                    worker.pause(True)  # nothing of the candidate runs while the reference is timed
-                t0 = time.perf_counter()
-                try:
-                    reply = request(
-                        "time",
-                        cfg.run_timeout_s,
-                        n=n,
-                        warmup=warmup,
-                        flush_bytes=flush,
-                        target=name,
-                    )
-                finally:
-                    if name != "candidate":
-                        worker.pause(False)
-                wall_ms = (time.perf_counter() - t0) * 1e3
-                times = [float(x) for x in reply["times_ms"]]
-                if len(times) != n or not all(0 < x < float("inf") for x in times):
-                    tampered.append(f"{name} reported {len(times)} invalid times for {n} calls")
-                elif sum(times) > wall_ms + 1.0:
-                    tampered.append(
-                        f"{name} reported {sum(times):.3f} ms of calls in {wall_ms:.3f} ms of "
-                        "wall time"
-                    )
-                else:
-                    gaps.setdefault(name, []).append((wall_ms - sum(times)) / (n + warmup))
-                return times if times else [float("nan")]
-
-            return sample
-
-        if info.kind == "cuda":
-            for request in (ref.request, worker.request):
-                request("pin", cfg.run_timeout_s, cpu=timing_cpu())
-        contestants = {}
-        if "eager" in cfg.baselines:
-            contestants["eager"] = sampler(ref.request, "eager")
-        contestants["candidate"] = sampler(worker.request, "candidate")
-        if "compile" in cfg.baselines and ref.ensure_compiled(max(cfg.run_timeout_s, 600.0)):
-            contestants["compile"] = sampler(ref.request, "compile")
-        samples, rounds, stop = measure_alternating(contestants, cfg.timing_config)
-        roofline = self._roofline(ref, samples["candidate"], info, inputs, expectations[-1][0])
-        timing = TimingResult(
-            clock="cuda_event" if info.kind == "cuda" else "monotonic",
-            measurements=tuple(summarise(k, v) for k, v in samples.items()),
-            speedups=tuple(speedups(samples)),
-            rounds=rounds,
-            stop_reason=stop,
-            l2_flush_bytes=flush,
-            roofline=roofline,
-        )
-        tampered += _gap_anomaly(gaps)
-        if tampered:
-            return timing, Status.REJECTED, "the timer was tampered with: " + tampered[0]
-        timed = worker.request("timed_outputs", cfg.run_timeout_s)
-        kept = expectations[-int(timed["n_sets"]) :] if int(timed["n_sets"]) else []
-        for k, calls in dict(timed["outputs"]).items():
-            if not 0 <= int(k) < len(kept):
-                return timing, Status.REJECTED, "the worker reported outputs of unknown calls"
-            expected, oracle = kept[int(k)]
-            for outputs in calls:
-                again = compare_outputs(
-                    expected, list(outputs), oracle=oracle, atol=atol, rtol=rtol
-                )
-                if not again.passed:
-                    return (
-                        timing,
-                        Status.INCORRECT,
-                        f"the output of a timed call differs from the reference: {again.reason}",
-                    )
-        cand = timing.measurement("candidate")
-        if roofline and roofline.below_floor and cand:
-            return (
-                timing,
-                Status.REJECTED,
-                f"median time {cand.median_ms:.4g} ms is below the physical floor "
-                f"{roofline.floor_ms:.4g} ms of this device",
-            )
-        return timing, Status.CORRECT, ""
-
-    def _roofline(
-        self,
-        ref: ReferenceSession,
-        samples: list[float],
-        info: DeviceInfo,
-        inputs: list[Any],
-        outputs: Any,
-    ) -> Roofline | None:
-        """Achieved throughput, fractions of peak and the physical floor of the candidate's time.
-
-        FLOPs come from the problem's ``flop_count()``; bytes from ``byte_count()`` or, without
-        one, the sizes of the inputs and outputs. Peaks come from the device table of
-        :mod:`kerneljudge.roofline` (datasheets) for GPUs, and are omitted on the CPU.
-        """
-        from kerneljudge import roofline as rl
-
-        flops = ref.problem.flop_count()
-        nbytes = ref.problem.byte_count(inputs, outputs)
-        median_s = float(np.median(samples)) / 1e3
-        spec = rl.lookup(info.name) if info.kind == "cuda" else None
-        if spec is None:
-            return Roofline(
-                flops=flops,
-                bytes=nbytes,
-                achieved_tflops=flops / median_s / 1e12 if flops else None,
-                achieved_gbps=nbytes / median_s / 1e9 if nbytes else None,
-            )
-        r = rl.roofline(flops, nbytes, median_s, spec, rl.compute_dtype(ref.problem))
-        return Roofline(
-            flops=flops,
-            bytes=nbytes,
-            achieved_tflops=r.achieved_tflops,
-            achieved_gbps=r.achieved_gbps,
-            compute_fraction=r.compute_fraction,
-            bandwidth_fraction=r.bandwidth_fraction,
-            floor_ms=r.floor_s * 1e3,
-            below_floor=r.below_floor,
-            source=spec.source,
-        )
-
-
-def _gap_anomaly(gaps: dict[str, list[float]]) -> list[str]:
-    """Per call, wall time outside the reported time (cloning, flushing, synchronising) is the
-    same work for every contestant. A candidate whose untimed share is far larger than the
-    reference's is doing timed work off the clock, or reporting less than it spent."""
-    if "candidate" not in gaps or len(gaps) < 2:
-        return []
-    cand = float(np.median(gaps["candidate"]))
-    ref = min(float(np.median(v)) for k, v in gaps.items() if k != "candidate")
-    if cand > 4 * ref + 1.0:
-        return [
-            f"{cand:.3f} ms per call went unreported (the reference's: {ref:.3f} ms): "
-            "work was kept off the clock"
-        ]
-    return []
 
 
 def _input_effect_violation(reference: dict[str, Any], candidate: dict[str, Any]) -> str:

@@ -21,6 +21,7 @@ from kerneljudge.worker.sandbox import Sandbox
 def main(argv: list[str]) -> int:
     candidate, result_path = argv[0], argv[1]
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in the terminal is the supervisor's
+    sys.dont_write_bytecode = True
     # Candidate code may write only inside its own cache entry (the working directory).
     sandbox = Sandbox([os.getcwd()])
     sandbox.install()

@@ -126,6 +126,7 @@ class WorkerProcess:
             filter(None, [_SRC_DIR, full_env.get("PYTHONPATH")])
         )
         full_env["PYTHONUNBUFFERED"] = "1"
+        full_env["PYTHONDONTWRITEBYTECODE"] = "1"  # no __pycache__ beside cached candidates
         full_env["TMPDIR"] = str(self.scratch)
         if not device.startswith("cuda"):
             full_env["CUDA_VISIBLE_DEVICES"] = ""

@@ -559,6 +559,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write-fd", type=int, required=True)
     parser.add_argument("--threads", type=int, default=0)
     args = parser.parse_args(argv)
+    sys.dont_write_bytecode = True  # candidate modules leave no __pycache__ in the build cache
     chan = Channel(args.read_fd, args.write_fd)
     device = torch.device(args.device)
     if args.threads:

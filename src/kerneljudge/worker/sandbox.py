@@ -136,12 +136,61 @@ DENIED_SYMBOLS = frozenset(
 
 
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|COOKIE|SESSION")
+#: What a process running candidate code inherits of the judge's environment: the toolchain's
+#: and the libraries' own settings, nothing else (no API keys, no configuration of the judge).
+_ENV_NAMES = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "LANG",
+        "LANGUAGE",
+        "TZ",
+        "TERM",
+        "SHELL",
+        "LD_LIBRARY_PATH",
+        "LIBRARY_PATH",
+        "CPATH",
+        "TMPDIR",
+        "CC",
+        "CXX",
+        "MAX_JOBS",
+        "PYTHONPATH",
+        "PYTHONHASHSEED",
+        "VIRTUAL_ENV",
+        "SSL_CERT_FILE",
+    }
+)
+_ENV_PREFIXES = (
+    "CUDA_",
+    "TORCH",
+    "PYTORCH_",
+    "TRITON_",
+    "NVIDIA_",
+    "NCCL_",
+    "NVSHMEM_",
+    "CUBLAS",
+    "CUDNN",
+    "LC_",
+    "OMP_",
+    "MKL_",
+    "OPENBLAS_",
+    "KMP_",
+    "GOMP_",
+    "XDG_CACHE_HOME",
+)
 
 
 def candidate_environment(base: dict[str, str]) -> dict[str, str]:
-    """``base`` without variables that look like credentials (API keys, tokens, passwords),
-    for processes that run candidate code."""
-    return {k: v for k, v in base.items() if not _SECRET_NAME.search(k.upper())}
+    """The part of ``base`` a process running candidate code may see: the names toolchains and
+    libraries read (``PATH``, ``CUDA_*``, ``TORCH*``, ``TRITON_*``, ``OMP_*``, ...), minus any
+    that look like credentials."""
+    return {
+        k: v
+        for k, v in base.items()
+        if (k in _ENV_NAMES or k.startswith(_ENV_PREFIXES)) and not _SECRET_NAME.search(k.upper())
+    }
 
 
 def set_subreaper() -> None:

@@ -1,0 +1,86 @@
+"""The trusted reference worker of one problem and shape set: fixed weights, reference runs,
+the float64 oracle, and the eager and ``torch.compile`` baselines."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kerneljudge.errors import WorkerError
+from kerneljudge.problem import Problem
+from kerneljudge.worker import CandidateFault, WorkerDied, WorkerProcess, WorkerTimeout
+
+__all__ = ["ReferenceFailed", "ReferenceSession", "first_line"]
+
+
+def first_line(text: str) -> str:
+    """The first non-blank line of ``text``, stripped."""
+    return next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+
+
+class ReferenceFailed(WorkerError):
+    """The reference worker failed (died, hung, raised); its session is discarded.
+
+    Attributes:
+        had_answered: it had answered requests before, so the problem itself works and the
+            failure came from outside (a candidate running beside it).
+    """
+
+    def __init__(self, message: str, had_answered: bool) -> None:
+        super().__init__(message)
+        self.had_answered = had_answered
+
+
+class ReferenceSession:
+    """The trusted reference worker for one shape set: fixed weights, reference runs, baselines."""
+
+    def __init__(
+        self, problem: Problem, shape_set: str, device: str, weight_seed: int, threads: int
+    ) -> None:
+        self.problem = Problem.load(problem.path)
+        self.problem.use_shape_set(shape_set)
+        self.shape_set = shape_set
+        self.init_inputs = self.problem.make_init_inputs(weight_seed)
+        model = self.problem.make_model(weight_seed, self.init_inputs)
+        self.state_dict = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        self.worker = WorkerProcess("reference", device, threads=threads)
+        self._ready = False
+        self.failed = False
+        self.answered = False
+        self.compile_error: str | None = None
+        self._compiled = False
+
+    def request(self, op: str, timeout_s: float, **fields: Any) -> dict[str, Any]:
+        """A request the reference must answer; any failure is a harness error."""
+        try:
+            if not self._ready:
+                self._ready = True
+                self.request(
+                    "load_problem", timeout_s, path=str(self.problem.path), shape_set=self.shape_set
+                )
+                self.request(
+                    "setup", timeout_s, init_inputs=self.init_inputs, state_dict=self.state_dict
+                )
+            reply = self.worker.request(op, timeout_s, **fields)
+            self.answered = True
+            return reply
+        except (CandidateFault, WorkerDied, WorkerTimeout) as exc:
+            self.failed = True
+            self.worker.kill()
+            raise ReferenceFailed(
+                f"the reference of {self.problem.name} failed on {op}: {exc}", self.answered
+            ) from None
+
+    def ensure_compiled(self, timeout_s: float) -> bool:
+        """torch.compile the reference once; False (and ``compile_error``) if that fails."""
+        if not self._compiled and self.compile_error is None:
+            try:
+                self.worker.request("compile", timeout_s)
+                self._compiled = True
+            except (CandidateFault, WorkerTimeout, WorkerDied) as exc:
+                self.compile_error = first_line(str(exc))
+                if not self.worker.alive():
+                    raise WorkerError(f"the reference worker died compiling: {exc}") from None
+        return self._compiled
+
+    def close(self) -> None:
+        self.worker.close()
