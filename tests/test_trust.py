@@ -41,6 +41,13 @@ def test_rejected(judge: Judge, name: str, words: str) -> None:
     assert not glob.glob("/var/tmp/kj-escape-*")
 
 
+def test_output_flood_is_a_runtime_error_and_the_judge_goes_on(judge: Judge) -> None:
+    v = judge.evaluate(CANDIDATES / "floods_stdout.py")
+    assert v.status is Status.RUNTIME_ERROR
+    assert "wrote more than 16 MiB of output" in v.reason
+    assert judge.evaluate(CANDIDATES / "good.py").status is Status.CORRECT
+
+
 def test_reference_in_disguise_in_cpp_source() -> None:
     src = 'cpp = """\n#include <torch/extension.h>\nauto f(at::Tensor a) { return at::mm(a, a); }\n"""\n'
     assert cpp_ops_called(src) == ["mm"]

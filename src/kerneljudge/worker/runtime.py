@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import errno
 import importlib.util
 import os
 import sys
@@ -25,6 +26,7 @@ import torch.utils._python_dispatch
 from kerneljudge.worker import measure
 from kerneljudge.worker.protocol import Channel, ChannelClosed
 from kerneljudge.worker.sandbox import (
+    LOG_LIMIT_BYTES,
     Sandbox,
     child_pids,
     limit_output,
@@ -107,6 +109,8 @@ def _candidate_traceback(exc: BaseException, path: str | None) -> str:
     mine = [f for f in frames if path and f.filename == path]
     lines = [f"  line {f.lineno}: {(f.line or '').strip()}" for f in (mine or frames)[-6:]]
     head = f"{type(exc).__name__}: {exc}".strip()
+    if isinstance(exc, OSError) and exc.errno == errno.EFBIG:
+        head = f"the candidate wrote more than {LOG_LIMIT_BYTES >> 20} MiB of output ({head})"
     return "\n".join([head, *lines]) if lines else head
 
 
