@@ -15,15 +15,15 @@ import argparse
 import json
 import secrets
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
 
 from kerneljudge.device import describe_device, resolve_device
 from kerneljudge.errors import KernelJudgeError
-from kerneljudge.reference import ReferenceSession
 from kerneljudge.problem import Problem, bundled_problem_names
+from kerneljudge.reference import ReferenceSession
 from kerneljudge.timing import TimingConfig, measure_alternating, speedups, summarise
 from kerneljudge.worker.process import timing_cpu
 
@@ -113,7 +113,7 @@ def main() -> None:
         args.json.write_text(
             json.dumps(
                 {
-                    "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                    "date": datetime.now(UTC).isoformat(timespec="seconds"),
                     "device": describe_device(device).name,
                     "torch": torch.__version__,
                     "shape_set": args.shape_set,

@@ -21,7 +21,7 @@ import shutil
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
@@ -126,7 +126,7 @@ def main() -> None:
         args.json.write_text(
             json.dumps(
                 {
-                    "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                    "date": datetime.now(UTC).isoformat(timespec="seconds"),
                     "device": device,
                     "torch": torch.__version__,
                     "baselines": args.baselines,

@@ -18,7 +18,7 @@ def _matmul_case(k: int = 4096, scale: float = 10.0):
 
 
 def test_honest_reordered_sum_passes_oracle_but_not_plain_allclose() -> None:
-    """Outputs of magnitude ~1e3: an fp32 sum in another order fails atol=rtol=1e-4 but is honest."""
+    """Outputs of magnitude ~1e3: an fp32 sum in another order fails atol=rtol=1e-4, honestly."""
     a, b, reference, oracle = _matmul_case()
     # Another summation order: 64 partial sums over chunks of k, added up at the end.
     chunked = sum(a[:, i::64] @ b[i::64, :] for i in range(64))

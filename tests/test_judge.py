@@ -87,7 +87,10 @@ def test_static_failures_never_start_a_build(judge: Judge) -> None:
 
 
 def test_import_error_is_a_compile_error_at_its_line(judge: Judge) -> None:
-    src = "import torch\nimport torch.nn as nn\nx = undefined_name + 1\nclass ModelNew(nn.Module):\n    pass\n"
+    src = (
+        "import torch\nimport torch.nn as nn\nx = undefined_name + 1\n"
+        "class ModelNew(nn.Module):\n    pass\n"
+    )
     v = judge.evaluate(Candidate.from_source(src))
     assert v.status is Status.COMPILE_ERROR
     assert "NameError" in v.reason and "line 3" in v.reason

@@ -16,8 +16,11 @@ CANDIDATES = Path(__file__).parent / "fixtures" / "candidates"
 @pytest.fixture(scope="module")
 def judge(tmp_path_factory: pytest.TempPathFactory):
     config = JudgeConfig(
-        device="cpu", cache_dir=tmp_path_factory.mktemp("cache"), run_timeout_s=8.0,
-        baselines=("eager",), threads=1,
+        device="cpu",
+        cache_dir=tmp_path_factory.mktemp("cache"),
+        run_timeout_s=8.0,
+        baselines=("eager",),
+        threads=1,
         timing_config=TimingConfig(max_time_s=0.3, min_samples=5),
     )
     with Judge(Path(__file__).parent / "fixtures" / "tiny_problem.py", config) as j:
@@ -49,7 +52,10 @@ def test_output_flood_is_a_runtime_error_and_the_judge_goes_on(judge: Judge) -> 
 
 
 def test_reference_in_disguise_in_cpp_source() -> None:
-    src = 'cpp = """\n#include <torch/extension.h>\nauto f(at::Tensor a) { return at::mm(a, a); }\n"""\n'
+    src = (
+        'cpp = """\n#include <torch/extension.h>\n'
+        'auto f(at::Tensor a) { return at::mm(a, a); }\n"""\n'
+    )
     assert cpp_ops_called(src) == ["mm"]
     issues = static_issues(src + "class ModelNew(Model): pass\n", "cpp")
     assert any("calls PyTorch's own mm" in i for i in issues)
