@@ -44,6 +44,11 @@ BackendOpt = Annotated[
 ]
 
 
+def _csv(text: str) -> tuple[str, ...]:
+    """The items of a comma list, stripped, empty ones dropped."""
+    return tuple(item.strip() for item in text.split(",") if item.strip())
+
+
 def _fail(message: str, code: int = 2) -> None:
     err_console.print(f"[bold red]error:[/] {message}", highlight=False)
     raise typer.Exit(code)
@@ -104,7 +109,7 @@ def eval_command(
     try:
         cand = Candidate.from_file(candidate, backend=backend)
         sets = Problem.load(problem).shape_sets
-        chosen = tuple(sets) if shape_sets == "all" and sets else tuple(shape_sets.split(","))
+        chosen = tuple(sets) if shape_sets == "all" and sets else _csv(shape_sets)
         config = _config(
             device=device,
             trials=trials,
@@ -112,7 +117,7 @@ def eval_command(
             atol=atol,
             rtol=rtol,
             timing=timing,
-            baselines=tuple(b for b in baselines.split(",") if b),
+            baselines=_csv(baselines),
             shape_sets=chosen,
             build_timeout_s=build_timeout,
             run_timeout_s=run_timeout,
@@ -240,7 +245,7 @@ def examples_command(
             device=device,
             cache_dir=cache_dir,
             max_time_s=max_time,
-            baselines=tuple(b for b in baselines.split(",") if b),
+            baselines=_csv(baselines),
             console=None if json_out else console,
         )
     except KernelJudgeError as exc:

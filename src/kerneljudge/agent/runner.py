@@ -187,25 +187,14 @@ def run_episode(
                         final = env.end_turn()
                         if final is not None:
                             tw.end(final)
-            except ServerUnreachable as exc:
+            except (ServerUnreachable, KernelJudgeError) as exc:
+                unreachable = isinstance(exc, ServerUnreachable)
                 summary = summarize(
                     env,
                     runner.model,
                     started,
                     usage,
-                    stop_reason="server_unreachable",
-                    error=str(exc),
-                    transcript=path,
-                )
-                tw.summary(summary)
-                raise
-            except KernelJudgeError as exc:
-                summary = summarize(
-                    env,
-                    runner.model,
-                    started,
-                    usage,
-                    stop_reason="error",
+                    stop_reason="server_unreachable" if unreachable else "error",
                     error=str(exc),
                     transcript=path,
                 )
