@@ -1,72 +1,86 @@
 #!/usr/bin/env bash
 # Validation on a CUDA machine, step by step, each step with its own time limit and its whole
-# output in a file under $OUT (default /tmp/kj-out), so that a step cut short loses nothing
-# already written. Steps (pick with STEPS="latency gpu_tier ..."; default: all, in this order):
-#   builds      every CUDA example and GPU adversarial candidate, in the background
-#   latency     benchmarks/verdict_latency.py (cold builds first, on a quiet machine)
-#   gpu_tier    pytest -m gpu tests/gpu (examples, recovery after faults)
-#   env_tier    pytest -m gpu tests/env tests/agent, then the 002 transcript replayed
-#   adversarial tests/adversarial/run_suite.py --gpu --no-cpu
-#   problems    benchmarks/reference_times.py and `problems lint -s public` on the GPU
-#   usage: bash benchmarks/gpu_validation.sh
+# output in a file under $WORK (default /tmp/kj-work); after every step $OUT/results.tgz (default
+# $OUT=/tmp/kj-out) packs $WORK again, so that a run cut short loses nothing already written.
+# Steps (pick with STEPS="latency gpu_tier ..."; default: all, in this order):
+#   build_times     benchmarks/build_times.py: plain vs parallel nvcc, side by side
+#   latency         benchmarks/verdict_latency.py (cold verdicts one at a time, quiet machine)
+#   reference_times benchmarks/reference_times.py (eager and torch.compile of every problem)
+#   builds          every CUDA example and GPU adversarial candidate, built ahead of the tests
+#   gpu_tier        pytest -m gpu tests/gpu (examples, recovery after faults)
+#   env_tier        pytest -m gpu tests/env tests/agent, then the 002 transcript replayed
+#   adversarial     tests/adversarial/run_suite.py --gpu --no-cpu
+#   lint_public     `kerneljudge problems lint -s public --device cuda`
+#   usage: STEPS="latency builds" bash benchmarks/gpu_validation.sh
 set -u
 OUT=${OUT:-/tmp/kj-out}
-STEPS=${STEPS:-"builds latency gpu_tier env_tier adversarial problems"}
-mkdir -p "$OUT"
-export PYTHONPATH=src PYTHONUNBUFFERED=1
+WORK=${WORK:-/tmp/kj-work}
+STEPS=${STEPS:-"build_times latency reference_times builds gpu_tier env_tier adversarial lint_public"}
+mkdir -p "$OUT" "$WORK"
+export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export KERNELJUDGE_CACHE_DIR=/tmp/kj-cache KERNELJUDGE_TEST_CACHE=/tmp/kj-cache
-LAST=$(( $(nproc) - 1 ))
 want() { [[ " $STEPS " == *" $1 "* ]]; }
-step() { echo "== $1 ($(date -u +%T))"; }
+step() {
+    tar czf "$OUT/results.tgz" -C "$WORK" . 2>/dev/null
+    echo "== $1 ($(date -u +%T))"
+}
 
 { date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu \
-    --format=csv; python3 -c "import torch; print('torch', torch.__version__)"; } \
-    > "$OUT/machine.txt" 2>&1
-cat "$OUT/machine.txt"
+    --format=csv; python3 -c "import torch; print('torch', torch.__version__)"; nproc; } \
+    > "$WORK/machine.txt" 2>&1
+cat "$WORK/machine.txt"
 
-if want builds; then
-    step "builds (background, off the timing core $LAST)"
-    ( ls examples/*/cuda_*.py examples/causal_gqa/seed002_submission.py \
-        tests/adversarial/gpu/*.py \
-        | xargs -P 10 -I{} taskset -c 0-$((LAST - 1)) timeout 300 python3 -m kerneljudge build {} \
-        > "$OUT/builds.txt" 2>&1 ) &
-    BUILDS=$!
+if want build_times; then
+    step build_times
+    timeout 200 python3 benchmarks/build_times.py examples/causal_gqa/cuda_fused.py \
+        --json "$WORK/build_times.json" > "$WORK/build_times.txt" 2>&1
+    cat "$WORK/build_times.txt"
 fi
 if want latency; then
     step latency
-    timeout 330 python3 benchmarks/verdict_latency.py --baselines eager --parallel-cold \
-        --json "$OUT/latency.json" > "$OUT/latency.txt" 2>&1
-    tail -6 "$OUT/latency.txt"
+    timeout 420 python3 benchmarks/verdict_latency.py --baselines eager --repeats 5 --pause 3 \
+        --json "$WORK/latency.json" > "$WORK/latency.txt" 2>&1
+    tail -9 "$WORK/latency.txt"
 fi
-if want builds; then wait "$BUILDS"; grep -c "^built" "$OUT/builds.txt"; fi
+if want reference_times; then
+    step reference_times
+    timeout 400 python3 benchmarks/reference_times.py --jobs 8 --max-time 1 \
+        --json "$WORK/reference_times.json" > "$WORK/reference_times.txt" 2>&1
+    cat "$WORK/reference_times.txt"
+fi
+if want builds; then
+    step builds
+    ls examples/*/cuda_*.py examples/causal_gqa/seed002_submission.py examples/*/cpp_*.py \
+        $(grep -l load_inline tests/adversarial/gpu/*.py) \
+        | xargs -P 8 -I{} timeout 300 python3 -m kerneljudge build {} > "$WORK/builds.txt" 2>&1
+    grep -c "^built" "$WORK/builds.txt"
+fi
 if want gpu_tier; then
     step gpu_tier
-    timeout 240 python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider -rA \
-        > "$OUT/pytest_gpu.txt" 2>&1
-    grep -E "passed|failed|FAILED|candidate median" "$OUT/pytest_gpu.txt" | tail -25
+    timeout 300 python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider -rA \
+        > "$WORK/pytest_gpu.txt" 2>&1
+    grep -E "passed|failed|FAILED|candidate median" "$WORK/pytest_gpu.txt" | tail -25
 fi
 if want env_tier; then
     step env_tier
     timeout 200 python3 -m pytest -q -m gpu tests/env tests/agent -p no:cacheprovider -rA \
-        --continue-on-collection-errors > "$OUT/pytest_env.txt" 2>&1
-    tail -5 "$OUT/pytest_env.txt"
+        --continue-on-collection-errors > "$WORK/pytest_env.txt" 2>&1
+    tail -5 "$WORK/pytest_env.txt"
     timeout 150 python3 -m kerneljudge episode \
         --replay examples/transcripts/causal_gqa_seed002.jsonl --baselines eager \
-        --out "$OUT/replay" --json > "$OUT/replay_summary.json" 2>&1
-    tail -c 800 "$OUT/replay_summary.json"
+        --out "$WORK/replay" --json > "$WORK/replay_summary.json" 2>&1
+    tail -c 800 "$WORK/replay_summary.json"
 fi
 if want adversarial; then
     step adversarial
-    timeout 200 python3 tests/adversarial/run_suite.py --gpu --no-cpu --cache-dir /tmp/kj-cache \
-        --json "$OUT/adversarial.json" > "$OUT/adversarial.txt" 2>&1
-    tail -20 "$OUT/adversarial.txt"
+    timeout 240 python3 tests/adversarial/run_suite.py --gpu --no-cpu --cache-dir /tmp/kj-cache \
+        --json "$WORK/adversarial.json" > "$WORK/adversarial.txt" 2>&1
+    tail -22 "$WORK/adversarial.txt"
 fi
-if want problems; then
-    step problems
-    timeout 400 python3 benchmarks/reference_times.py --json "$OUT/reference_times.json" \
-        > "$OUT/reference_times.txt" 2>&1
-    tail -30 "$OUT/reference_times.txt"
+if want lint_public; then
+    step lint_public
     timeout 300 python3 -m kerneljudge problems lint -s public --device cuda \
-        > "$OUT/lint_public.txt" 2>&1
-    tail -5 "$OUT/lint_public.txt"
+        > "$WORK/lint_public.txt" 2>&1
+    tail -6 "$WORK/lint_public.txt"
 fi
+step done

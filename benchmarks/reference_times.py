@@ -1,12 +1,13 @@
 """Eager and torch.compile times of every bundled problem's reference, with the judge's protocol.
 
 For each problem at a shape set (default ``public``): the trusted reference worker runs one
-trial, compiles the reference, then eager and compiled calls are timed alternately exactly as
-in a verdict (fresh nudged inputs, L2 flush, device-wide sync before the end mark). Prints one
+trial, compiles the reference (``--jobs`` problems at once, so the compile times are under
+that load), then eager and compiled calls are timed alternately exactly as in a verdict (fresh
+nudged inputs, L2 flush, device-wide sync before the end mark), one problem at a time. Prints one
 row per problem: medians with their 95% CI, compile time, and the speedup of torch.compile.
 
 Run:  PYTHONPATH=src python3 benchmarks/reference_times.py [--problems a,b] [--shape-set public]
-      [--device cuda] [--max-time 2] [--json OUT]
+      [--device cuda] [--max-time 2] [--jobs 8] [--json OUT]
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import argparse
 import json
 import secrets
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -28,14 +30,25 @@ from kerneljudge.timing import TimingConfig, measure_alternating, speedups, summ
 from kerneljudge.worker.process import timing_cpu
 
 
-def time_reference(name: str, shape_set: str, device: str, max_time_s: float) -> dict[str, object]:
+def prepare(name: str, shape_set: str, device: str) -> tuple[ReferenceSession, float]:
+    """Start the reference worker, run one trial and compile the reference (seconds it took)."""
     problem = Problem.load(name)
     ref = ReferenceSession(problem, shape_set, device, secrets.randbits(62), threads=0)
     try:
         ref.request("run", 600, inputs=ref.problem.make_inputs(secrets.randbits(62)))
         t0 = time.perf_counter()
-        compiled = ref.ensure_compiled(900)
-        compile_s = time.perf_counter() - t0
+        ref.ensure_compiled(900)
+        return ref, time.perf_counter() - t0
+    except BaseException:
+        ref.close()
+        raise
+
+
+def time_reference(
+    name: str, ref: ReferenceSession, compile_s: float, device: str, max_time_s: float
+) -> dict[str, object]:
+    compiled = ref.compile_error is None
+    try:
         if device.startswith("cuda"):
             ref.request("pin", 60, cpu=timing_cpu())
         flush = 2 * (describe_device(device).l2_bytes or 128 << 20) if device != "cpu" else 0
@@ -57,7 +70,7 @@ def time_reference(name: str, shape_set: str, device: str, max_time_s: float) ->
         ref.close()
     row: dict[str, object] = {
         "problem": name,
-        "shape_set": shape_set,
+        "shape_set": ref.shape_set,
         "stop": stop,
         "compile_s": compile_s if compiled else None,
         "compile_error": ref.compile_error,
@@ -82,25 +95,23 @@ def main() -> None:
     parser.add_argument("--shape-set", default="public")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--max-time", type=float, default=2.0)
+    parser.add_argument("--jobs", type=int, default=8, help="problems compiled at once")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     device = resolve_device(args.device, needs_gpu=False)
     names = [p for p in args.problems.split(",") if p] or bundled_problem_names()
     rows = []
     print(f"{'problem':<28}{'eager ms':>12}{'compile ms':>12}{'compile x':>10}{'compile s':>10}")
-    for name in names:
-        try:
-            row = time_reference(name, args.shape_set, device, args.max_time)
-        except KernelJudgeError as exc:
-            row = {"problem": name, "error": str(exc)}
-            print(f"{name:<28} error: {exc}")
-            rows.append(row)
-            continue
+
+    def report(row: dict[str, object]) -> None:
         rows.append(row)
+        if "error" in row:
+            print(f"{row['problem']:<28} error: {row['error']}", flush=True)
+            return
         eager = row["eager"]["median_ms"]  # type: ignore[index]
         comp = row.get("compile")
         print(
-            f"{name:<28}{eager:>12.4f}"
+            f"{row['problem']:<28}{eager:>12.4f}"
             + (
                 f"{comp['median_ms']:>12.4f}{row['compile_speedup']['median']:>10.2f}"  # type: ignore[index]
                 f"{row['compile_s']:>10.1f}"
@@ -109,6 +120,23 @@ def main() -> None:
             ),
             flush=True,
         )
+
+    # Compiling is CPU work and runs `--jobs` problems at once; timing runs one at a time, with
+    # no compile running beside it.
+    for start in range(0, len(names), args.jobs):
+        chunk = names[start : start + args.jobs]
+        with ThreadPoolExecutor(max_workers=len(chunk)) as pool:
+            futures = [pool.submit(prepare, n, args.shape_set, device) for n in chunk]
+        for name, future in zip(chunk, futures):
+            try:
+                ref, compile_s = future.result()
+            except KernelJudgeError as exc:
+                report({"problem": name, "error": str(exc)})
+                continue
+            try:
+                report(time_reference(name, ref, compile_s, device, args.max_time))
+            except KernelJudgeError as exc:
+                report({"problem": name, "error": str(exc)})
     if args.json:
         args.json.write_text(
             json.dumps(

@@ -4,12 +4,15 @@ For each problem (its fused CUDA example on a GPU, its C++ example on a CPU):
 
 * cold: an empty build cache and a new judge (build + worker start + check + timing);
 * warm, new judge: the build cached, everything else new (a second ``kerneljudge eval``);
-* warm, same judge: the build cached and the judge's workers alive (an agent's next tool call);
-* three more verdicts from the same judge: the spread of their speedups over eager,
-  ``(max - min) / mean``.
+* warm, same judge: the build cached and the judge's workers alive (an agent's next tool call,
+  which comes ``--pause`` seconds after the last verdict: the time its model takes to reply);
+* ``--repeats`` verdicts from that same judge (the first is the warm one): the spread of their
+  speedups over eager, as the largest deviation from their mean (``+-``, the target's form) and
+  as ``(max - min) / mean``; each verdict's eager and candidate medians are kept, to tell which
+  side moved.
 
 Run:  PYTHONPATH=src python3 benchmarks/verdict_latency.py [--problems a,b] [--json OUT]
-      [--baselines eager,compile] [--parallel-cold]
+      [--baselines eager,compile] [--repeats 5] [--pause 3] [--parallel-cold]
 """
 
 from __future__ import annotations
@@ -56,19 +59,38 @@ def cold(problem: str, baselines: tuple[str, ...], cache_root: Path) -> tuple[fl
         return _timed(judge, _candidate(problem))
 
 
+def _median_of(v: Verdict, name: str) -> dict[str, object] | None:
+    m = v.timing.measurement(name) if v.timing else None
+    return (
+        None if m is None else {"median_ms": m.median_ms, "ci95": list(m.ci95_ms), "n": m.samples}
+    )
+
+
 def warm(
-    problem: str, baselines: tuple[str, ...], cache_root: Path, cold_s: float, cold: Verdict
+    problem: str,
+    baselines: tuple[str, ...],
+    cache_root: Path,
+    cold_s: float,
+    cold: Verdict,
+    repeats: int,
+    pause_s: float,
 ) -> dict[str, object]:
-    """Verdicts with the build cached: from a new judge, then four from one live judge."""
+    """Verdicts with the build cached: from a new judge, then ``repeats`` from one live judge."""
     candidate = _candidate(problem)
     if cold.status is not Status.CORRECT:
         raise SystemExit(f"{problem}: {candidate.name} is {cold.status.value}: {cold.reason}")
     config = JudgeConfig(cache_dir=cache_root / problem, baselines=baselines)
     with Judge(problem, config) as judge:
         warm_new_s, _ = _timed(judge, candidate)
-        warm_same_s, first = _timed(judge, candidate)
-        repeats = [first] + [_timed(judge, candidate)[1] for _ in range(2)]
-    speedups = [s for s in map(_speedup, repeats) if s is not None]
+        runs = []
+        for _ in range(repeats):
+            time.sleep(pause_s)
+            runs.append(_timed(judge, candidate))
+    verdicts = [v for _, v in runs]
+    for v in verdicts:
+        if v.status is not Status.CORRECT:
+            raise SystemExit(f"{problem}: a repeated verdict is {v.status.value}: {v.reason}")
+    speedups = [s for s in map(_speedup, verdicts) if s is not None]
     mean = sum(speedups) / len(speedups)
     return {
         "problem": problem,
@@ -76,10 +98,15 @@ def warm(
         "cold_s": cold_s,
         "build_s": cold.build.duration_s if cold.build else None,
         "warm_new_judge_s": warm_new_s,
-        "warm_same_judge_s": warm_same_s,
+        "warm_same_judge_s": runs[0][0],
+        "warm_same_judge_all_s": [t for t, _ in runs],
         "speedups_vs_eager": speedups,
+        "speedup_max_deviation": max(abs(s / mean - 1) for s in speedups),
         "speedup_spread": (max(speedups) - min(speedups)) / mean,
-        "compile_baseline": [_speedup_of(v, "compile") for v in repeats],
+        "eager": [_median_of(v, "eager") for v in verdicts],
+        "candidate_times": [_median_of(v, "candidate") for v in verdicts],
+        "rounds": [v.timing.rounds if v.timing else None for v in verdicts],
+        "compile_baseline": [_speedup_of(v, "compile") for v in verdicts],
     }
 
 
@@ -93,6 +120,8 @@ def main() -> None:
     parser.add_argument("--problems", default="causal_gqa,mla_kv_projection,triangle_attention")
     parser.add_argument("--baselines", default="eager,compile")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--repeats", type=int, default=5, help="verdicts from one live judge")
+    parser.add_argument("--pause", type=float, default=3.0, help="seconds between those verdicts")
     parser.add_argument(
         "--parallel-cold", action="store_true", help="run the cold verdicts of all problems at once"
     )
@@ -105,23 +134,29 @@ def main() -> None:
     # verdicts, whose timings give the spread, run one problem at a time on a quiet device.
     with ThreadPoolExecutor(max_workers=len(problems) if args.parallel_cold else 1) as pool:
         colds = list(pool.map(lambda p: cold(p, baselines, cache_root), problems))
-    rows = [warm(p, baselines, cache_root, *c) for p, c in zip(problems, colds)]
+    rows = [
+        warm(p, baselines, cache_root, *c, args.repeats, args.pause)
+        for p, c in zip(problems, colds)
+    ]
     shutil.rmtree(cache_root, ignore_errors=True)
     print(
         f"device: {device}   torch {torch.__version__}   baselines: {args.baselines}   "
         f"cold verdicts {'in parallel' if args.parallel_cold else 'one at a time'}"
     )
     print(
-        f"{'problem':<22}{'cold s':>8}{'build s':>9}{'warm new s':>12}{'warm same s':>13}"
-        f"{'speedups vs eager':>26}{'spread':>9}"
+        f"{'problem':<20}{'cold s':>8}{'build s':>9}{'warm new s':>12}{'warm same s':>13}"
+        f"{'max dev':>9}{'range':>8}   speedups vs eager"
     )
     for r in rows:
-        sp = ", ".join(f"{s:.3f}" for s in r["speedups_vs_eager"])  # type: ignore[union-attr]
+        sp = ", ".join(f"{s:.3g}" for s in r["speedups_vs_eager"])  # type: ignore[union-attr]
         print(
-            f"{r['problem']:<22}{r['cold_s']:>8.1f}{r['build_s']:>9.1f}"
-            f"{r['warm_new_judge_s']:>12.2f}{r['warm_same_judge_s']:>13.2f}{sp:>26}"
-            f"{r['speedup_spread'] * 100:>8.2f}%"
+            f"{r['problem']:<20}{r['cold_s']:>8.1f}{r['build_s']:>9.1f}"
+            f"{r['warm_new_judge_s']:>12.2f}{r['warm_same_judge_s']:>13.2f}"
+            f"{r['speedup_max_deviation'] * 100:>8.2f}%{r['speedup_spread'] * 100:>7.1f}%   {sp}"
         )
+        eager = ", ".join(f"{e['median_ms']:.4g}" for e in r["eager"] if e)  # type: ignore[union-attr]
+        cand = ", ".join(f"{c['median_ms']:.4g}" for c in r["candidate_times"] if c)  # type: ignore[union-attr]
+        print(f"{'':<20}eager ms: {eager}   candidate ms: {cand}")
     if args.json:
         args.json.write_text(
             json.dumps(
@@ -131,6 +166,8 @@ def main() -> None:
                     "torch": torch.__version__,
                     "baselines": args.baselines,
                     "parallel_cold": args.parallel_cold,
+                    "repeats": args.repeats,
+                    "pause_s": args.pause,
                     "rows": rows,
                 },
                 indent=2,

@@ -153,3 +153,59 @@ def test_outputs_of_timed_calls_are_audited(judge: Judge) -> None:
     assert v.check is not None and v.check.passed  # the trials alone are fooled
     assert v.status is Status.INCORRECT
     assert "timed call" in v.reason
+
+
+SLOW_PROBLEM = '''
+import time
+import torch
+import torch.nn as nn
+
+SHAPE_SETS = {"public": {}}
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        time.sleep(SLEEP_S)
+        return x * 2.0
+
+
+def get_inputs():
+    return [torch.randn(8)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_reference_work_runs_beside_the_build(tmp_path: Path) -> None:
+    """A failed build is reported without waiting for the reference's preparation, and the
+    judge stays usable: the next verdict waits for that preparation and uses it correctly."""
+    problem = tmp_path / "slow_reference.py"
+    problem.write_text(SLOW_PROBLEM.replace("SLEEP_S", "2.0"))
+    config = JudgeConfig(
+        device="cpu",
+        trials=2,
+        cache_dir=tmp_path / "cache",
+        run_timeout_s=30.0,
+        timing=False,
+        threads=1,
+    )
+    good = Candidate.from_source(
+        "import torch.nn as nn\n\nclass ModelNew(nn.Module):\n"
+        "    def forward(self, x):\n        return x + x\n",
+        name="double.py",
+    )
+    broken = Candidate.from_source(
+        "import torch.nn as nn\n\nclass ModelNew(nn.Module):\n    def forward(self, x) ->\n",
+        name="broken.py",
+    )
+    with Judge(problem, config) as j:
+        first = j.evaluate(broken)
+        # The reference needs >= 8 s after its worker starts: two trials, each a 2 s forward
+        # and a 2 s float64 oracle forward.
+        assert first.status is Status.COMPILE_ERROR, first.reason
+        assert first.duration_s < 5.0
+        second = j.evaluate(good)
+        assert second.status is Status.CORRECT, second.reason
+        assert second.check is not None and second.check.n_passed == 2

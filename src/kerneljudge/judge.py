@@ -5,6 +5,10 @@ worker with no GPU visible; each candidate runs in a fresh candidate worker (tak
 started ahead of need) that is discarded afterwards; the reference runs and is timed in a
 separate, trusted reference worker on the same device. Inputs are drawn here from a secret
 per-run seed and compared here, in float64 on the CPU.
+
+The reference's part of a verdict (its worker's start, its outputs and float64 oracle on every
+trial's inputs, the ``torch.compile`` of the baseline) runs on a helper thread while the
+candidate builds, so a cold verdict costs little more than its build.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import importlib.metadata
 import platform
 import secrets
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -143,6 +148,9 @@ class Judge:
         self._pools: dict[str, WorkerPool] = {}
         self._refs: dict[tuple[str, str], ReferenceSession] = {}
         self._devices: dict[str, DeviceInfo] = {}
+        # The reference sessions belong to this thread while a preparation is pending.
+        self._prep_thread = ThreadPoolExecutor(1, thread_name_prefix="kerneljudge-reference")
+        self._prep: Future[dict[str, list[tuple[list[Any], dict[str, Any]]]]] | None = None
 
     # ------------------------------------------------------------------ resources
     def __enter__(self) -> Judge:
@@ -155,10 +163,21 @@ class Judge:
         """End every worker this judge started."""
         for pool in self._pools.values():
             pool.close()
+        for ref in list(self._refs.values()):
+            ref.close()  # a pending preparation fails fast once its worker is gone
+        self._settle()
+        self._prep_thread.shutdown(wait=True)
         for ref in self._refs.values():
             ref.close()
         self._pools.clear()
         self._refs.clear()
+
+    def _settle(self) -> None:
+        """Wait for a pending reference preparation; its failure belongs to its own verdict."""
+        prep, self._prep = self._prep, None
+        if prep is not None:
+            with contextlib.suppress(Exception):
+                prep.result()
 
     def _pool(self, device: str) -> WorkerPool:
         if device not in self._pools:
@@ -243,8 +262,7 @@ class Judge:
         )
         pool = self._pool(device)
         pool.prestart()  # the worker starts while the build runs
-        for shape_set in self._shape_sets():
-            self._reference(device, shape_set)
+        self._settle()
         base = dict(
             problem=self.problem.name,
             candidate_sha256=cand.sha256,
@@ -272,6 +290,7 @@ class Judge:
                     Status.REJECTED, f"this problem requires a custom kernel: {issues[0]}"
                 )
 
+        self._prep = self._prep_thread.submit(self._prepare, self.config, device, run_seed)
         result = self.build(cand, device)
         if not result.ok:
             status = (
@@ -291,6 +310,8 @@ class Judge:
         trials: list[TrialResult] = []
         atol, rtol = self._tolerances()
         try:
+            # Before any of this candidate's code runs: a reference failure so far is not its.
+            prepared = self._await_prepared(device, run_seed)
             failed_import = self._load(worker, cand, result, device)
             if failed_import is not None:
                 first = failed_import.messages[0]
@@ -300,7 +321,7 @@ class Judge:
                     + first.message,
                     build=failed_import,
                 )
-            for shape_set in self._shape_sets():
+            for shape_set, runs in prepared.items():
                 ref = self._reference(device, shape_set)
                 worker.request(
                     "setup",
@@ -309,14 +330,7 @@ class Judge:
                     state_dict=ref.state_dict,
                 )
                 expectations = []
-                for i in range(self.config.trials):
-                    inputs = ref.problem.make_inputs(_derive(run_seed, shape_set, i))
-                    expected = ref.request(
-                        "run",
-                        self.config.run_timeout_s,
-                        inputs=inputs,
-                        oracle=self.config.tolerance == "oracle",
-                    )
+                for inputs, expected in runs:
                     got = worker.request(
                         "run",
                         self.config.run_timeout_s,
@@ -363,9 +377,17 @@ class Judge:
                 )
             if not self.config.timing:
                 return finish(Status.CORRECT, "", build=result, check=check)
-            timing, status, note = time_candidate(
-                self.config, self.device_info(device), worker, ref, inputs, expectations, atol, rtol
-            )
+            with pool.paused():
+                timing, status, note = time_candidate(
+                    self.config,
+                    self.device_info(device),
+                    worker,
+                    ref,
+                    inputs,
+                    expectations,
+                    atol,
+                    rtol,
+                )
             return finish(status, note, build=result, check=check, timing=timing)
         except CandidateFault as exc:
             check = (
@@ -431,6 +453,7 @@ class Judge:
         if not result.ok:
             return []
         shape_set = self._shape_sets()[-1]
+        self._settle()
         ref = self._reference(device, shape_set)
         run_seed = seed if seed is not None else secrets.randbits(62)
         worker = self._pool(device).take()
@@ -444,6 +467,50 @@ class Judge:
             return list(worker.request("profile", timeout, calls=calls)["rows"])
         finally:
             worker.close()
+
+    def _prepare(
+        self, config: JudgeConfig, device: str, run_seed: int
+    ) -> dict[str, list[tuple[list[Any], dict[str, Any]]]]:
+        """The reference's part of one verdict (runs on the preparation thread).
+
+        For each shape set (the timed one last): the trials' inputs with the reference's reply
+        on them (outputs, float64 oracle outputs, input effects); then the ``torch.compile``
+        baseline is compiled if it will be timed.
+
+        Raises:
+            ReferenceFailed: the reference failed.
+        """
+        prepared: dict[str, list[tuple[list[Any], dict[str, Any]]]] = {}
+        for shape_set in self._shape_sets(config):
+            ref = self._reference(device, shape_set)
+            runs = []
+            for i in range(config.trials):
+                inputs = ref.problem.make_inputs(_derive(run_seed, shape_set, i))
+                expected = ref.request(
+                    "run", config.run_timeout_s, inputs=inputs, oracle=config.tolerance == "oracle"
+                )
+                runs.append((inputs, expected))
+            prepared[shape_set] = runs
+        if config.timing and "compile" in config.baselines:
+            self._reference(device, self._shape_sets(config)[-1]).ensure_compiled(
+                max(config.run_timeout_s, 600.0)
+            )
+        return prepared
+
+    def _await_prepared(
+        self, device: str, run_seed: int
+    ) -> dict[str, list[tuple[list[Any], dict[str, Any]]]]:
+        """The pending preparation's result; prepared again once, with new reference workers,
+        if a reference that had worked failed meanwhile. Called before the candidate's code
+        runs, so such a failure is never this candidate's."""
+        prep, self._prep = self._prep, None
+        assert prep is not None
+        try:
+            return prep.result()
+        except ReferenceFailed as exc:
+            if not exc.had_answered:
+                raise
+            return self._prepare(self.config, device, run_seed)
 
     def _load(
         self, worker: WorkerProcess, cand: Candidate, result: BuildResult, device: str
@@ -473,9 +540,9 @@ class Judge:
             return dataclasses.replace(result, ok=False, messages=(msg,), log=log)
         return None
 
-    def _shape_sets(self) -> list[str]:
+    def _shape_sets(self, config: JudgeConfig | None = None) -> list[str]:
         """The configured shape sets, the public one last (it is the one timed)."""
-        sets = list(dict.fromkeys(self.config.shape_sets))
+        sets = list(dict.fromkeys((config or self.config).shape_sets))
         if "public" in sets:
             sets.remove("public")
             sets.append("public")

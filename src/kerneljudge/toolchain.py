@@ -8,14 +8,16 @@ from __future__ import annotations
 import functools
 import os
 import platform
+import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 __all__ = ["build_environment", "cuda_home", "fingerprint", "target_arch"]
 
 #: Bumped whenever the way kerneljudge builds a candidate changes, so old cache entries miss.
-BUILD_PROTOCOL = "2"
+BUILD_PROTOCOL = "3"
 #: The arch CUDA candidates are built for when no GPU is visible and none is configured
 #: (Hopper, compute capability 9.0: the H100/H200 the task prompts name).
 DEFAULT_ARCH = "9.0"
@@ -99,7 +101,14 @@ def fingerprint(arch: str) -> dict[str, str]:
         "nvcc": nvcc_version(),
         "cxx": cxx_version(),
         "arch": arch,
+        "parallel_nvcc": str(parallel_nvcc_enabled()),
     }
+
+
+def parallel_nvcc_enabled() -> bool:
+    """Whether CUDA sources compile through :mod:`kerneljudge.parallel_nvcc` (the default;
+    ``KERNELJUDGE_PARALLEL_NVCC=0`` runs plain nvcc)."""
+    return os.environ.get("KERNELJUDGE_PARALLEL_NVCC", "1") != "0"
 
 
 def build_environment(arch: str, extensions_dir: Path) -> dict[str, str]:
@@ -115,4 +124,8 @@ def build_environment(arch: str, extensions_dir: Path) -> dict[str, str]:
     home = cuda_home()
     if home:
         env["CUDA_HOME"] = home
+        if parallel_nvcc_enabled():
+            script = Path(__file__).with_name("parallel_nvcc.py")
+            env["KERNELJUDGE_NVCC"] = str(Path(home) / "bin" / "nvcc")
+            env["PYTORCH_NVCC"] = f"{shlex.quote(sys.executable)} {shlex.quote(str(script))}"
     return env

@@ -26,8 +26,10 @@ __all__ = ["flatten_tensors", "nudge", "poison", "time_calls"]
 
 # Captured when the worker starts, before candidate code can patch them: the C-level event
 # methods cannot be replaced from Python, and a later patch of the Python names does not reach
-# these references.
+# these references. The events go on the current stream; the device-wide synchronisations on
+# both sides make the interval cover work on every stream.
 _synchronize = torch.cuda.synchronize
+_current_stream = torch.cuda.current_stream
 _Event = torch.cuda.Event
 _record = torch._C._CudaEventBase.record
 _elapsed = torch._C._CudaEventBase.elapsed_time
@@ -119,6 +121,7 @@ def time_calls(
     end_ev = _Event(enable_timing=True) if cuda else None
     times: list[float] = []
     kept: dict[int, list[Any]] = {}
+    stream = _current_stream() if cuda else None
     wall0 = _perf_counter_ns()
     for i in range(warmup + n):
         k = i % len(input_sets)
@@ -130,10 +133,10 @@ def time_calls(
                 if flush is not None:
                     flush.fill_(i & 0xFF)
                 _synchronize()
-                _record(start_ev)
+                _record(start_ev, stream)
                 out = fn(*args)
                 _synchronize()
-                _record(end_ev)
+                _record(end_ev, stream)
                 _event_sync(end_ev)
                 elapsed = float(_elapsed(start_ev, end_ev))
             else:

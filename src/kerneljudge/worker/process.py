@@ -8,6 +8,7 @@ process group; nothing of it survives into the next job.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -17,6 +18,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -367,6 +369,20 @@ class WorkerPool:
             worker = self._spawn()
             worker.wait_ready()
         return worker
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Inside the block the workers started ahead of need are stopped (``SIGSTOP``): a
+        starting worker imports torch for seconds on every core it may use, and the timed
+        stage should have the machine to itself."""
+        idle = list(self._idle)
+        for worker in idle:
+            worker.pause(True)
+        try:
+            yield
+        finally:
+            for worker in idle:
+                worker.pause(False)
 
     def close(self) -> None:
         for worker in self._idle:
