@@ -63,6 +63,7 @@ def test_faults_give_verdicts_and_the_next_candidate_is_healthy(judge: Judge) ->
         "segfault.py": (Status.RUNTIME_ERROR, "SIGSEGV"),
         "exits.py": (Status.RUNTIME_ERROR, "SystemExit"),
         "hang.py": (Status.TIMEOUT, "did not finish"),
+        "breaks_harness.py": (Status.RUNTIME_ERROR, "after loading the candidate"),
     }
     for name, (status, words) in expected.items():
         v = evaluate(judge, name)
@@ -155,7 +156,7 @@ def test_outputs_of_timed_calls_are_audited(judge: Judge) -> None:
     assert "timed call" in v.reason
 
 
-SLOW_PROBLEM = '''
+SLOW_PROBLEM = """
 import time
 import torch
 import torch.nn as nn
@@ -175,7 +176,7 @@ def get_inputs():
 
 def get_init_inputs():
     return []
-'''
+"""
 
 
 def test_reference_work_runs_beside_the_build(tmp_path: Path) -> None:
@@ -209,3 +210,20 @@ def test_reference_work_runs_beside_the_build(tmp_path: Path) -> None:
         second = j.evaluate(good)
         assert second.status is Status.CORRECT, second.reason
         assert second.check is not None and second.check.n_passed == 2
+
+
+def test_next_reference_work_is_prepared_ahead_with_a_fresh_seed(judge: Judge) -> None:
+    """After a verdict the reference's part of the next one is prepared at once (fresh secret
+    run seed); the next verdict of the same configuration uses it, another drops it."""
+    evaluate(judge, "good.py")
+    ahead = judge._prep
+    assert ahead is not None and ahead.key[0] == "cpu"
+    v = evaluate(judge, "good.py")
+    assert v.status is Status.CORRECT, v.reason
+    assert judge._prep is not None and judge._prep.run_seed != ahead.run_seed
+    with judge.configured(trials=2):
+        v = evaluate(judge, "good.py")  # another configuration: prepared afresh
+    assert v.status is Status.CORRECT and v.check is not None and v.check.n_passed == 2
+    fixed = judge.evaluate(CANDIDATES / "wrong.py", seed=7)
+    again = judge.evaluate(CANDIDATES / "wrong.py", seed=7)
+    assert fixed.check.trials[0].max_abs_err == again.check.trials[0].max_abs_err

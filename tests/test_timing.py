@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -63,7 +65,14 @@ def test_alternation_rotates_order_and_stops_on_precision() -> None:
 
     samples, rounds, stop = measure_alternating(
         {"eager": sampler("eager", 2.0), "candidate": sampler("candidate", 1.0)},
-        TimingConfig(min_samples=10, rel_precision=0.01, max_time_s=5, batch_target_ms=10),
+        TimingConfig(
+            min_samples=10,
+            rel_precision=0.01,
+            min_time_s=0,
+            min_rounds=1,
+            max_time_s=5,
+            batch_target_ms=10,
+        ),
     )
     assert stop == "precision"
     body = calls[2:]  # after the two calibration calls
@@ -80,3 +89,20 @@ def test_noisy_contestant_stops_on_time_or_samples() -> None:
         TimingConfig(min_samples=5, rel_precision=1e-6, max_time_s=0.2, max_samples=300),
     )
     assert stop in ("max_time", "max_samples")
+
+
+def test_precision_stop_waits_for_a_minimum_span() -> None:
+    """A tight interval after a few quick rounds is not enough: the samples must span
+    ``min_time_s`` and ``min_rounds``."""
+    rng = np.random.default_rng(5)
+
+    def sample(n: int, warmup: int) -> list[float]:
+        return list(rng.normal(1.0, 0.001, n))
+
+    t0 = time.monotonic()
+    _, rounds, stop = measure_alternating(
+        {"candidate": sample},
+        TimingConfig(min_samples=5, min_time_s=0.2, min_rounds=12, max_samples=100_000),
+    )
+    assert stop == "precision"
+    assert rounds >= 12 and time.monotonic() - t0 >= 0.2

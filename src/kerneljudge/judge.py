@@ -19,6 +19,7 @@ import hashlib
 import importlib.metadata
 import platform
 import secrets
+import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from kerneljudge.buildlog import shape_log
 from kerneljudge.candidate import Candidate
 from kerneljudge.check import compare_outputs
 from kerneljudge.device import build_arch, describe_device, resolve_device
+from kerneljudge.errors import WorkerError
 from kerneljudge.policy import forbidden_ops_used, requires_custom_kernel, static_issues
 from kerneljudge.problem import Problem
 from kerneljudge.reference import ReferenceFailed, ReferenceSession, first_line
@@ -88,6 +90,27 @@ class JudgeConfig:
     cache_dir: Path | None = None
     seed: int | None = None
     threads: int = 0
+
+
+@dataclass(frozen=True)
+class _Preparation:
+    """The reference's part of one verdict, running or done on the preparation thread."""
+
+    key: tuple[Any, ...]
+    run_seed: int
+    future: Future[dict[str, list[tuple[list[Any], dict[str, Any]]]]]
+
+
+def _preparation_key(config: JudgeConfig, device: str) -> tuple[Any, ...]:
+    """What a reference preparation depends on, besides its run seed."""
+    return (
+        device,
+        config.trials,
+        config.shape_sets,
+        config.tolerance,
+        config.timing and "compile" in config.baselines,
+        config.run_timeout_s,
+    )
 
 
 def _derive(seed: int, *parts: object) -> int:
@@ -150,7 +173,8 @@ class Judge:
         self._devices: dict[str, DeviceInfo] = {}
         # The reference sessions belong to this thread while a preparation is pending.
         self._prep_thread = ThreadPoolExecutor(1, thread_name_prefix="kerneljudge-reference")
-        self._prep: Future[dict[str, list[tuple[list[Any], dict[str, Any]]]]] | None = None
+        self._prep: _Preparation | None = None
+        self._closed = False
 
     # ------------------------------------------------------------------ resources
     def __enter__(self) -> Judge:
@@ -161,6 +185,7 @@ class Judge:
 
     def close(self) -> None:
         """End every worker this judge started."""
+        self._closed = True
         for pool in self._pools.values():
             pool.close()
         for ref in list(self._refs.values()):
@@ -173,19 +198,38 @@ class Judge:
         self._refs.clear()
 
     def _settle(self) -> None:
-        """Wait for a pending reference preparation; its failure belongs to its own verdict."""
+        """Wait for a pending reference preparation and drop it; its failure belongs to the
+        verdict it was for."""
         prep, self._prep = self._prep, None
         if prep is not None:
             with contextlib.suppress(Exception):
-                prep.result()
+                prep.future.result()
+
+    def _start_preparation(self, device: str, run_seed: int) -> None:
+        self._settle()
+        key = _preparation_key(self.config, device)
+        future = self._prep_thread.submit(self._prepare, self.config, device, run_seed)
+        self._prep = _Preparation(key, run_seed, future)
+
+    def _prepare_ahead(self, device: str) -> None:
+        """Prepare the reference for the next verdict now, with a fresh secret run seed, while
+        nothing is timed (an agent's next call comes seconds later); :meth:`evaluate` uses it
+        when its configuration and device match and no seed is asked for."""
+        if self.config.seed is None and not self._closed:
+            self._start_preparation(device, secrets.randbits(62))
 
     def _pool(self, device: str) -> WorkerPool:
         if device not in self._pools:
             env = {"CUDA_HOME": toolchain.cuda_home()} if toolchain.cuda_home() else {}
-            self._pools[device] = WorkerPool(device, env, threads=self.config.threads)
+            # Two ahead on a GPU: a worker needs seconds to import torch and create its context,
+            # is stopped while a verdict is timed, and an agent's calls can come back to back.
+            size = 2 if device.startswith("cuda") else 1
+            self._pools[device] = WorkerPool(device, env, size=size, threads=self.config.threads)
         return self._pools[device]
 
     def _reference(self, device: str, shape_set: str) -> ReferenceSession:
+        if self._closed:
+            raise WorkerError("the judge was closed")
         key = (device, shape_set)
         if key in self._refs and self._refs[key].failed:
             self._refs.pop(key).close()  # a dead reference is replaced, never reused
@@ -255,14 +299,23 @@ class Judge:
         cand = _as_candidate(candidate)
         started, t0 = _now(), time.monotonic()
         device = resolve_device(self.config.device, cand.needs_gpu)
-        run_seed = (
-            seed
-            if seed is not None
-            else (self.config.seed if self.config.seed is not None else secrets.randbits(62))
-        )
         pool = self._pool(device)
         pool.prestart()  # the worker starts while the build runs
-        self._settle()
+        ahead = self._prep
+        if (
+            seed is None
+            and self.config.seed is None
+            and ahead is not None
+            and ahead.key == _preparation_key(self.config, device)
+        ):
+            run_seed = ahead.run_seed  # prepared after the last verdict, with a fresh seed
+        else:
+            run_seed = (
+                seed
+                if seed is not None
+                else (self.config.seed if self.config.seed is not None else secrets.randbits(62))
+            )
+            self._settle()
         base = dict(
             problem=self.problem.name,
             candidate_sha256=cand.sha256,
@@ -290,7 +343,8 @@ class Judge:
                     Status.REJECTED, f"this problem requires a custom kernel: {issues[0]}"
                 )
 
-        self._prep = self._prep_thread.submit(self._prepare, self.config, device, run_seed)
+        if self._prep is None:
+            self._start_preparation(device, run_seed)
         result = self.build(cand, device)
         if not result.ok:
             status = (
@@ -426,6 +480,10 @@ class Judge:
             )
         finally:
             worker.close()
+            # The next verdict's reference work, unless this one's was left unused (a build
+            # failure) or the judge itself failed.
+            if self._prep is None and sys.exc_info()[0] is None:
+                self._prepare_ahead(device)
 
     def profile(
         self, candidate: Candidate | str | Path, *, calls: int = 5, seed: int | None = None
@@ -506,7 +564,7 @@ class Judge:
         prep, self._prep = self._prep, None
         assert prep is not None
         try:
-            return prep.result()
+            return prep.future.result()
         except ReferenceFailed as exc:
             if not exc.had_answered:
                 raise

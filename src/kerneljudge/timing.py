@@ -50,6 +50,11 @@ class TimingConfig:
         min_samples: samples each contestant needs before the precision rule may stop.
         max_samples: hard cap of samples per contestant.
         rel_precision: stop once every median's 95% CI half-width is below this fraction of it.
+        min_time_s, min_rounds: the precision rule waits for this much wall time and this many
+            rounds too. Samples taken close together share the machine's state of that moment
+            (clocks, host load), so a tight interval over a tenth of a second says little about
+            the next second; on the H200 machine, verdicts stopped after 5 rounds moved by up to
+            2x between repetitions (docs/benchmarks/2026-11-30-h200.md).
         max_time_s: stop after this much wall time in the sampling loop.
         batch_target_ms: wall time one contestant's batch should take in one round.
     """
@@ -59,6 +64,8 @@ class TimingConfig:
     min_samples: int = 15
     max_samples: int = 1000
     rel_precision: float = 0.005
+    min_time_s: float = 0.5
+    min_rounds: int = 8
     max_time_s: float = 2.0
     batch_target_ms: float = 30.0
 
@@ -150,14 +157,15 @@ def measure_alternating(
             if len(samples[name]) < config.max_samples:  # a full contestant rests
                 samples[name].extend(contestants[name](batch[name], config.batch_warmup_calls))
         rounds += 1
+        elapsed = time.monotonic() - started
+        settled = elapsed >= config.min_time_s and rounds >= config.min_rounds
         enough = all(len(s) >= config.min_samples for s in samples.values())
         full = [len(s) >= config.max_samples for s in samples.values()]
         precise = [_precise(s, config.rel_precision) for s in samples.values()]
-        if enough and all(precise):
+        if enough and settled and all(precise):
             return samples, rounds, "precision"
-        if all(f or p for f, p in zip(full, precise)) and enough:
+        if enough and (settled or all(full)) and all(f or p for f, p in zip(full, precise)):
             return samples, rounds, "max_samples"
-        elapsed = time.monotonic() - started
         if elapsed >= config.max_time_s and (enough or elapsed >= 5 * config.max_time_s):
             return samples, rounds, "max_time"
 

@@ -114,6 +114,7 @@ class WorkerProcess:
         memory_limit_bytes: int = 0,
     ) -> None:
         self.role = role
+        self._candidate_ran = False
         self.device = device
         self.memory_limit_bytes = memory_limit_bytes
         self.scratch = Path(tempfile.mkdtemp(prefix=f"kj-{role}-"))
@@ -283,11 +284,14 @@ class WorkerProcess:
             CandidateFault: the code under test raised; the worker is still alive.
             WorkerDied: the worker ended (crash, signal, ``os._exit``).
             WorkerTimeout: no answer within ``timeout_s``; the worker was killed.
-            WorkerError: the worker reported a bug of its own.
+            WorkerError: the worker reported a bug of its own (in a candidate worker, only before
+                the candidate was loaded; afterwards it is a :class:`CandidateFault`).
         """
         self.wait_ready()
         started = time.monotonic()
         nonce = secrets.randbits(62)
+        if op == "load_candidate":
+            self._candidate_ran = True
         try:
             self.chan.send({"op": op, "nonce": nonce, **fields})
         except ChannelClosed:
@@ -305,7 +309,13 @@ class WorkerProcess:
                 line if isinstance(line, int) else None,
                 str(reply.get("status", "runtime_error")),
             )
-        raise WorkerError(f"worker failed on {op}: {reply.get('error', '')}")
+        error = str(reply.get("error", ""))
+        if self.role == "candidate" and self._candidate_ran:
+            # Candidate code has run in this process: its state (memory, patched modules,
+            # threads) is the candidate's doing, so a failure of the harness here is its fault.
+            last = next((ln for ln in reversed(error.splitlines()) if ln.strip()), error)
+            raise CandidateFault(f"the worker failed on {op} after loading the candidate: {last}")
+        raise WorkerError(f"worker failed on {op}: {error}")
 
 
 def timing_cpu() -> int:
