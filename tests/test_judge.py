@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -227,3 +228,36 @@ def test_next_reference_work_is_prepared_ahead_with_a_fresh_seed(judge: Judge) -
     fixed = judge.evaluate(CANDIDATES / "wrong.py", seed=7)
     again = judge.evaluate(CANDIDATES / "wrong.py", seed=7)
     assert fixed.check.trials[0].max_abs_err == again.check.trials[0].max_abs_err
+
+
+def test_a_given_seed_is_never_reused_for_a_secret_one(judge: Judge) -> None:
+    """A build failure leaves its verdict's reference work unused; it is reused by the next
+    verdict only when its seed was drawn in secret."""
+    broken = Candidate.from_source("class ModelNew(\n", name="broken.py")
+    assert judge.evaluate(broken, seed=7).status is Status.COMPILE_ERROR
+    assert judge._prep is not None and not judge._prep.secret
+    judge.evaluate(CANDIDATES / "good.py")
+    assert judge._prep is not None and judge._prep.run_seed != 7 and judge._prep.secret
+    left = judge._prep
+    assert judge.evaluate(broken).status is Status.COMPILE_ERROR
+    assert judge._prep is left  # secret and unused: kept for the next verdict
+
+
+def test_work_ahead_waits_for_the_device_lock(tmp_path: Path) -> None:
+    """Reference work prepared ahead of need does not run while someone else holds the
+    device lock (another episode timing on the same device)."""
+    import threading
+
+    config = JudgeConfig(device="cpu", cache_dir=tmp_path, timing=False, threads=1)
+    with Judge(Path(__file__).parent / "fixtures" / "tiny_problem.py", config) as j:
+        lock = threading.Lock()
+        j.device_lock = lock
+        with lock:
+            assert j.evaluate(CANDIDATES / "good.py").status is Status.CORRECT
+        with lock:  # taken again before the work ahead could start
+            ahead = j._prep
+            assert ahead is not None
+            time.sleep(0.5)
+            assert not ahead._future.done()
+        ahead.join()
+        assert ahead._future.done() and ahead._future.exception() is None

@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import importlib.metadata
 import platform
 import secrets
-import sys
+import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -92,13 +94,82 @@ class JudgeConfig:
     threads: int = 0
 
 
-@dataclass(frozen=True)
-class _Preparation:
-    """The reference's part of one verdict, running or done on the preparation thread."""
+Prepared = dict[str, list[tuple[list[Any], dict[str, Any]]]]
 
-    key: tuple[Any, ...]
-    run_seed: int
-    future: Future[dict[str, list[tuple[list[Any], dict[str, Any]]]]]
+
+class _Dropped(Exception):
+    """A preparation nobody needs any more, stopped before it started."""
+
+
+class _Preparation:
+    """The reference's part of one verdict (:meth:`Judge._prepare`), on a thread of its own.
+
+    Preparations run one at a time, in order (each first waits for the one before it: they
+    share the reference workers). One made ahead of need waits for ``lock``, the device lock of
+    everything timed on the same device, unless whoever needs it holds that lock already
+    (:meth:`result`) or it was dropped.
+
+    Attributes:
+        key: what it depends on besides the seed (see :func:`_preparation_key`).
+        run_seed: the seed of its inputs.
+        secret: the seed was drawn here, not given by the caller.
+    """
+
+    def __init__(
+        self,
+        key: tuple[Any, ...],
+        run_seed: int,
+        secret: bool,
+        run: Callable[[], Prepared],
+        after: _Preparation | None,
+        lock: Any = None,
+    ) -> None:
+        self.key, self.run_seed, self.secret = key, run_seed, secret
+        self.dropped = False
+        self._future: Future[Prepared] = Future()
+        self._lock_held_by_caller = threading.Event()
+        self._thread = threading.Thread(
+            target=self._main, args=(run, after, lock), name="kerneljudge-reference", daemon=True
+        )
+        self._thread.start()
+
+    def _main(self, run: Callable[[], Prepared], after: _Preparation | None, lock: Any) -> None:
+        try:
+            if after is not None:
+                after.join()
+            while lock is not None and not self._lock_held_by_caller.is_set():
+                if self.dropped:
+                    raise _Dropped
+                if lock.acquire(timeout=0.05):
+                    try:
+                        if self.dropped:
+                            raise _Dropped
+                        self._future.set_result(run())
+                        return
+                    finally:
+                        lock.release()
+            if self.dropped:
+                raise _Dropped
+            self._future.set_result(run())
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever asks for the result
+            self._future.set_exception(exc)
+
+    def result(self) -> Prepared:
+        """Wait for the result (the caller holds the device lock, if there is one).
+
+        Raises:
+            ReferenceFailed, WorkerError: as :meth:`Judge._prepare`.
+        """
+        self._lock_held_by_caller.set()
+        return self._future.result()
+
+    def drop(self) -> None:
+        """Nobody will use the result: skip the work if it has not started."""
+        self.dropped = True
+        self._lock_held_by_caller.set()
+
+    def join(self) -> None:
+        self._thread.join()
 
 
 def _preparation_key(config: JudgeConfig, device: str) -> tuple[Any, ...]:
@@ -171,10 +242,13 @@ class Judge:
         self._pools: dict[str, WorkerPool] = {}
         self._refs: dict[tuple[str, str], ReferenceSession] = {}
         self._devices: dict[str, DeviceInfo] = {}
-        # The reference sessions belong to this thread while a preparation is pending.
-        self._prep_thread = ThreadPoolExecutor(1, thread_name_prefix="kerneljudge-reference")
+        # The latest reference preparation; while one runs, the reference sessions are its.
         self._prep: _Preparation | None = None
         self._closed = False
+        #: A lock held by everything that runs on the judging device and is shared with other
+        #: judges on it (see :class:`kerneljudge.env.KernelEnv`); work this judge does ahead
+        #: of need takes it first. None: this judge has the device to itself.
+        self.device_lock: Any = None
 
     # ------------------------------------------------------------------ resources
     def __enter__(self) -> Judge:
@@ -186,37 +260,38 @@ class Judge:
     def close(self) -> None:
         """End every worker this judge started."""
         self._closed = True
+        if self._prep is not None:
+            self._prep.drop()
         for pool in self._pools.values():
             pool.close()
         for ref in list(self._refs.values()):
-            ref.close()  # a pending preparation fails fast once its worker is gone
+            ref.worker.kill()  # a running preparation fails at once
         self._settle()
-        self._prep_thread.shutdown(wait=True)
-        for ref in self._refs.values():
+        for ref in list(self._refs.values()):
             ref.close()
         self._pools.clear()
         self._refs.clear()
 
     def _settle(self) -> None:
-        """Wait for a pending reference preparation and drop it; its failure belongs to the
-        verdict it was for."""
+        """Drop the latest reference preparation and wait until none runs."""
         prep, self._prep = self._prep, None
         if prep is not None:
-            with contextlib.suppress(Exception):
-                prep.future.result()
+            prep.drop()
+            prep.join()
 
-    def _start_preparation(self, device: str, run_seed: int) -> None:
-        self._settle()
+    def _begin_preparation(
+        self, device: str, run_seed: int, secret: bool, lock: Any = None
+    ) -> None:
+        run = functools.partial(self._prepare, self.config, device, run_seed)
         key = _preparation_key(self.config, device)
-        future = self._prep_thread.submit(self._prepare, self.config, device, run_seed)
-        self._prep = _Preparation(key, run_seed, future)
+        self._prep = _Preparation(key, run_seed, secret, run, after=self._prep, lock=lock)
 
     def _prepare_ahead(self, device: str) -> None:
         """Prepare the reference for the next verdict now, with a fresh secret run seed, while
         nothing is timed (an agent's next call comes seconds later); :meth:`evaluate` uses it
         when its configuration and device match and no seed is asked for."""
         if self.config.seed is None and not self._closed:
-            self._start_preparation(device, secrets.randbits(62))
+            self._begin_preparation(device, secrets.randbits(62), True, lock=self.device_lock)
 
     def _pool(self, device: str) -> WorkerPool:
         if device not in self._pools:
@@ -297,25 +372,36 @@ class Judge:
             WorkerError: the reference itself failed (a harness or problem bug).
         """
         cand = _as_candidate(candidate)
-        started, t0 = _now(), time.monotonic()
         device = resolve_device(self.config.device, cand.needs_gpu)
+        verdict = self._judge(cand, device, seed)
+        if self._prep is None:  # this verdict used its preparation: start the next one
+            self._prepare_ahead(device)
+        return verdict
+
+    def _judge(self, cand: Candidate, device: str, seed: int | None) -> Verdict:
+        """:meth:`evaluate` of one candidate on one device."""
+        started, t0 = _now(), time.monotonic()
         pool = self._pool(device)
         pool.prestart()  # the worker starts while the build runs
         ahead = self._prep
-        if (
-            seed is None
-            and self.config.seed is None
+        secret = seed is None and self.config.seed is None
+        reuse = (
+            secret
             and ahead is not None
+            and ahead.secret
+            and not ahead.dropped
             and ahead.key == _preparation_key(self.config, device)
-        ):
+        )
+        if reuse:
             run_seed = ahead.run_seed  # prepared after the last verdict, with a fresh seed
         else:
+            if ahead is not None:
+                ahead.drop()
             run_seed = (
                 seed
                 if seed is not None
                 else (self.config.seed if self.config.seed is not None else secrets.randbits(62))
             )
-            self._settle()
         base = dict(
             problem=self.problem.name,
             candidate_sha256=cand.sha256,
@@ -343,8 +429,8 @@ class Judge:
                     Status.REJECTED, f"this problem requires a custom kernel: {issues[0]}"
                 )
 
-        if self._prep is None:
-            self._start_preparation(device, run_seed)
+        if not reuse:
+            self._begin_preparation(device, run_seed, secret)
         result = self.build(cand, device)
         if not result.ok:
             status = (
@@ -480,10 +566,6 @@ class Judge:
             )
         finally:
             worker.close()
-            # The next verdict's reference work, unless this one's was left unused (a build
-            # failure) or the judge itself failed.
-            if self._prep is None and sys.exc_info()[0] is None:
-                self._prepare_ahead(device)
 
     def profile(
         self, candidate: Candidate | str | Path, *, calls: int = 5, seed: int | None = None
@@ -526,9 +608,7 @@ class Judge:
         finally:
             worker.close()
 
-    def _prepare(
-        self, config: JudgeConfig, device: str, run_seed: int
-    ) -> dict[str, list[tuple[list[Any], dict[str, Any]]]]:
+    def _prepare(self, config: JudgeConfig, device: str, run_seed: int) -> Prepared:
         """The reference's part of one verdict (runs on the preparation thread).
 
         For each shape set (the timed one last): the trials' inputs with the reference's reply
@@ -538,7 +618,7 @@ class Judge:
         Raises:
             ReferenceFailed: the reference failed.
         """
-        prepared: dict[str, list[tuple[list[Any], dict[str, Any]]]] = {}
+        prepared: Prepared = {}
         for shape_set in self._shape_sets(config):
             ref = self._reference(device, shape_set)
             runs = []
@@ -555,16 +635,14 @@ class Judge:
             )
         return prepared
 
-    def _await_prepared(
-        self, device: str, run_seed: int
-    ) -> dict[str, list[tuple[list[Any], dict[str, Any]]]]:
+    def _await_prepared(self, device: str, run_seed: int) -> Prepared:
         """The pending preparation's result; prepared again once, with new reference workers,
         if a reference that had worked failed meanwhile. Called before the candidate's code
         runs, so such a failure is never this candidate's."""
         prep, self._prep = self._prep, None
         assert prep is not None
         try:
-            return prep.future.result()
+            return prep.result()
         except ReferenceFailed as exc:
             if not exc.had_answered:
                 raise

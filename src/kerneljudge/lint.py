@@ -752,6 +752,7 @@ def lint_paths(
     shape_set: str | None = None,
     device: str | torch.device = "cpu",
     limits: LintLimits | None = None,
+    progress: Callable[[LintReport], None] | None = None,
 ) -> list[LintReport]:
     """Lint every problem the specs name, one report each.
 
@@ -759,9 +760,15 @@ def lint_paths(
         specs: bundled names, ``.py`` files or folders (every problem file under a folder, see
             :func:`discover_problem_files`); empty means every bundled problem.
         shape_set, device, limits: as for :func:`lint_problem`.
+        progress: called with each report as soon as it is made.
     """
     targets: list[str | Path] = []
     for spec in specs or bundled_problem_names():
         path = Path(spec)
         targets.extend(discover_problem_files(path) if path.is_dir() else [spec])
-    return [lint_problem(t, shape_set=shape_set, device=device, limits=limits) for t in targets]
+    reports = []
+    for target in targets:
+        reports.append(lint_problem(target, shape_set=shape_set, device=device, limits=limits))
+        if progress is not None:
+            progress(reports[-1])
+    return reports

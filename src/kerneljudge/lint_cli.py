@@ -116,7 +116,12 @@ def lint_command(
         0 when every problem passes every required check, 1 otherwise.
     """
     console = console or Console()
-    reports = lint_paths(list(specs), shape_set=shape_set, device=device)
+
+    def progress(r: LintReport) -> None:  # a long lint shows where it is (on stderr)
+        mark = "pass" if r.passed else "FAIL"
+        Console(stderr=True).print(f"[dim]{r.problem}: {mark} ({r.duration_s:.1f} s)[/]")
+
+    reports = lint_paths(list(specs), shape_set=shape_set, device=device, progress=progress)
     if json_out:
         console.print_json(json.dumps([r.to_dict() for r in reports]))
     else:

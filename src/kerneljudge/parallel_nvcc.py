@@ -11,7 +11,8 @@ sides). This wrapper asks nvcc for its plan (``-dryrun``), writes a module id it
 two branches concurrently, then the host compile: on the H200 machine's host a CUDA extension
 builds about a third faster. Outputs and diagnostics are nvcc's own: the host branch's messages
 come first and a failed host branch hides the device branch's (duplicate) messages, as nvcc
-would have stopped there.
+would have stopped there; the dependency file (``-MD -MF``) comes from the host preprocessor.
+The steps' messages all go to standard output.
 
 When the plan is not of that shape (several source files, ``-E``, ``-ptx``, ``-dlink``, an
 unknown step), the real nvcc runs unchanged. The real nvcc is ``$KERNELJUDGE_NVCC``, else the
@@ -65,20 +66,12 @@ def _real_nvcc() -> str:
 
 
 def _split_depfile(args: list[str]) -> tuple[list[str], str | None]:
-    """Take ``-MD -MF FILE`` (torch's dependency request) out of the arguments."""
-    out, depfile, i = [], None, 0
-    while i < len(args):
-        a = args[i]
-        if a == "-MD":
-            i += 1
-            continue
-        if a == "-MF" and i + 1 < len(args):
-            depfile = args[i + 1]
-            i += 2
-            continue
-        out.append(a)
-        i += 1
-    return out, depfile
+    """Take torch's dependency request, the consecutive ``-MD -MF FILE``, out of the
+    arguments (a ``-MD`` meant for the host compiler, after ``-Xcompiler``, stays)."""
+    for i in range(len(args) - 2):
+        if args[i] == "-MD" and args[i + 1] == "-MF":
+            return args[:i] + args[i + 3 :], args[i + 2]
+    return list(args), None
 
 
 def plan_of(dryrun: str, scratch: str) -> Plan | None:
@@ -139,6 +132,14 @@ def _module_id(args: list[str], source: str) -> str:
 
 
 def _run(commands: list[str], env: dict[str, str], sink: list[bytes]) -> int:
+    try:
+        return _run_steps(commands, env, sink)
+    except OSError as exc:
+        sink.append(f"parallel_nvcc: {exc}\n".encode())
+        return 1
+
+
+def _run_steps(commands: list[str], env: dict[str, str], sink: list[bytes]) -> int:
     for command in commands:
         proc = subprocess.run(
             command,
@@ -177,6 +178,13 @@ def main(argv: list[str] | None = None) -> int:
         plan = plan_of(dry.stdout + dry.stderr, scratch) if dry.returncode == 0 else None
         if plan is None:
             return subprocess.call([nvcc, *args])
+        notes = [ln for ln in (dry.stdout + dry.stderr).splitlines() if not ln.startswith("#$")]
+        if notes:  # nvcc's own warnings about the arguments
+            print("\n".join(notes), file=sys.stderr, flush=True)
+        target = compile_args[compile_args.index("-o") + 1] if "-o" in compile_args else ""
+        if depfile:  # the host preprocessor lists every header, as nvcc's own would
+            first = plan.host[0]
+            plan.host[0] = f"{first} -MD -MF {shlex.quote(depfile)} -MT {shlex.quote(target)}"
         with open(plan.module_id_path, "w") as f:
             f.write(_module_id(compile_args, source))
         env.update(plan.env)
@@ -201,8 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         code = _run(plan.tail, env, tail_out := [])
         out.write(b"".join(tail_out))
         out.flush()
-        if code == 0 and depfile:
-            target = compile_args[compile_args.index("-o") + 1] if "-o" in compile_args else ""
+        if code == 0 and depfile and not os.path.exists(depfile):
             with open(depfile, "w") as f:
                 f.write(f"{target}: {source}\n")
         return code

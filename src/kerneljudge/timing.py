@@ -62,7 +62,7 @@ class TimingConfig:
     warmup_calls: int = 3
     batch_warmup_calls: int = 1
     min_samples: int = 15
-    max_samples: int = 1000
+    max_samples: int = 10_000
     rel_precision: float = 0.005
     min_time_s: float = 0.5
     min_rounds: int = 8
@@ -147,7 +147,10 @@ def measure_alternating(
     for name in names:  # warm-up + calibration, not kept
         probe = contestants[name](3, config.warmup_calls)
         per_call = max(float(np.median(probe)), 1e-4)
-        batch[name] = int(min(200, max(1, round(config.batch_target_ms / per_call))))
+        # At most a (2 * min_rounds)-th of max_samples per batch: no contestant fills up before
+        # the minimum span has been sampled.
+        cap = max(1, min(200, config.max_samples // (2 * max(1, config.min_rounds))))
+        batch[name] = int(min(cap, max(1, round(config.batch_target_ms / per_call))))
     samples: dict[str, list[float]] = {name: [] for name in names}
     started = time.monotonic()
     rounds = 0

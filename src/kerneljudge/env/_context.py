@@ -66,6 +66,9 @@ class JudgeSession:
             ),
         )
         self.lock = device_lock if device_lock is not None else threading.Lock()
+        # What the judge prepares between calls (the next verdict's reference work) waits for
+        # this lock too, so it never runs beside another episode's timing.
+        self.judge.device_lock = self.lock
 
     @property
     def problem(self) -> Problem:

@@ -115,6 +115,7 @@ class WorkerProcess:
     ) -> None:
         self.role = role
         self._candidate_ran = False
+        self._reaped = False
         self.device = device
         self.memory_limit_bytes = memory_limit_bytes
         self.scratch = Path(tempfile.mkdtemp(prefix=f"kj-{role}-"))
@@ -204,7 +205,10 @@ class WorkerProcess:
 
     def kill(self) -> None:
         """Kill the worker, every descendant it has (also those that left its process group;
-        the worker is their subreaper) and its process group, then reap it."""
+        the worker is their subreaper) and its process group, then reap it. Once it is reaped,
+        its pid may belong to another process: a second call does nothing."""
+        if self._reaped:
+            return
         for pid in child_pids(self.proc.pid):
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -216,17 +220,18 @@ class WorkerProcess:
             pass
         try:
             self.proc.wait(timeout=10)
+            self._reaped = True
         except subprocess.TimeoutExpired:  # pragma: no cover - unkillable (D state)
             pass
         self.chan.close()
 
     def close(self) -> None:
         """Ask the worker to exit, kill it if it does not, and delete its scratch directory."""
-        if self.alive():
+        if self.alive() and not self._reaped:
             try:
                 self.chan.send({"op": "exit"})
                 self.chan.recv(timeout_s=5)
-            except (ChannelClosed, ChannelTimeout):
+            except (ChannelClosed, ChannelTimeout, OSError):
                 pass
         self.kill()
         shutil.rmtree(self.scratch, ignore_errors=True)
@@ -314,7 +319,9 @@ class WorkerProcess:
             # Candidate code has run in this process: its state (memory, patched modules,
             # threads) is the candidate's doing, so a failure of the harness here is its fault.
             last = next((ln for ln in reversed(error.splitlines()) if ln.strip()), error)
-            raise CandidateFault(f"the worker failed on {op} after loading the candidate: {last}")
+            raise CandidateFault(
+                f"the worker failed on {op} after loading the candidate: {last}\n{error}"
+            )
         raise WorkerError(f"worker failed on {op}: {error}")
 
 
