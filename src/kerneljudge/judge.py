@@ -245,6 +245,7 @@ class Judge:
         # The latest reference preparation; while one runs, the reference sessions are its.
         self._prep: _Preparation | None = None
         self._closed = False
+        self._refs_lock = threading.Lock()
         #: A lock held by everything that runs on the judging device and is shared with other
         #: judges on it (see :class:`kerneljudge.env.KernelEnv`); work this judge does ahead
         #: of need takes it first. None: this judge has the device to itself.
@@ -259,12 +260,15 @@ class Judge:
 
     def close(self) -> None:
         """End every worker this judge started."""
-        self._closed = True
+        with self._refs_lock:
+            self._closed = True
         if self._prep is not None:
             self._prep.drop()
         for pool in self._pools.values():
             pool.close()
-        for ref in list(self._refs.values()):
+        with self._refs_lock:  # no reference is started after this
+            running = list(self._refs.values())
+        for ref in running:
             ref.worker.kill()  # a running preparation fails at once
         self._settle()
         for ref in list(self._refs.values()):
@@ -303,16 +307,17 @@ class Judge:
         return self._pools[device]
 
     def _reference(self, device: str, shape_set: str) -> ReferenceSession:
-        if self._closed:
-            raise WorkerError("the judge was closed")
         key = (device, shape_set)
-        if key in self._refs and self._refs[key].failed:
-            self._refs.pop(key).close()  # a dead reference is replaced, never reused
-        if key not in self._refs:
-            self._refs[key] = ReferenceSession(
-                self.problem, shape_set, device, self._weight_seed, self.config.threads
-            )
-        return self._refs[key]
+        with self._refs_lock:
+            if self._closed:
+                raise WorkerError("the judge was closed")
+            if key in self._refs and self._refs[key].failed:
+                self._refs.pop(key).close()  # a dead reference is replaced, never reused
+            if key not in self._refs:
+                self._refs[key] = ReferenceSession(
+                    self.problem, shape_set, device, self._weight_seed, self.config.threads
+                )
+            return self._refs[key]
 
     def device_info(self, device: str) -> DeviceInfo:
         if device not in self._devices:
