@@ -38,8 +38,12 @@ if want build_times; then
 fi
 if want latency; then
     step latency
+    # GPU clocks, power and utilisation once a second beside it, to explain slow verdicts.
+    nvidia-smi dmon -s pucm -d 1 -o T > "$WORK/dmon_latency.txt" 2>&1 &
+    DMON=$!
     timeout 420 python3 benchmarks/verdict_latency.py --baselines eager --repeats 5 --pause 3 \
         --json "$WORK/latency.json" > "$WORK/latency.txt" 2>&1
+    kill "$DMON" 2>/dev/null
     tail -9 "$WORK/latency.txt"
 fi
 if want reference_times; then

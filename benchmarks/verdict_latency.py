@@ -35,10 +35,29 @@ from kerneljudge.verdict import Verdict
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _cpu_ticks() -> tuple[int, int]:
+    """(steal, total) clock ticks of all CPUs so far, from ``/proc/stat`` ((0, 0) elsewhere)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    return (fields[7] if len(fields) > 7 else 0), sum(fields)
+
+
 def _timed(judge: Judge, candidate: Path) -> tuple[float, Verdict]:
     t0 = time.perf_counter()
     verdict = judge.evaluate(candidate)
     return time.perf_counter() - t0, verdict
+
+
+def _timed_with_steal(judge: Judge, candidate: Path) -> tuple[float, Verdict, float]:
+    """As :func:`_timed`, plus the share of CPU time the hypervisor gave to others meanwhile
+    (``steal`` in ``/proc/stat``): a host busy with other machines slows launch-bound timings."""
+    steal0, total0 = _cpu_ticks()
+    elapsed, verdict = _timed(judge, candidate)
+    steal1, total1 = _cpu_ticks()
+    return elapsed, verdict, (steal1 - steal0) / max(1, total1 - total0)
 
 
 def _speedup(v: Verdict) -> float | None:
@@ -82,10 +101,12 @@ def warm(
     config = JudgeConfig(cache_dir=cache_root / problem, baselines=baselines)
     with Judge(problem, config) as judge:
         warm_new_s, _ = _timed(judge, candidate)
-        runs = []
+        runs, steal = [], []
         for _ in range(repeats):
             time.sleep(pause_s)
-            runs.append(_timed(judge, candidate))
+            elapsed, verdict, stolen = _timed_with_steal(judge, candidate)
+            runs.append((elapsed, verdict))
+            steal.append(stolen)
     verdicts = [v for _, v in runs]
     for v in verdicts:
         if v.status is not Status.CORRECT:
@@ -106,6 +127,8 @@ def warm(
         "eager": [_median_of(v, "eager") for v in verdicts],
         "candidate_times": [_median_of(v, "candidate") for v in verdicts],
         "rounds": [v.timing.rounds if v.timing else None for v in verdicts],
+        "started_at": [v.started_at for v in verdicts],
+        "cpu_steal_share": steal,
         "compile_baseline": [_speedup_of(v, "compile") for v in verdicts],
     }
 

@@ -19,7 +19,7 @@ def judges(shared_cache: Path):
     config = JudgeConfig(
         device="auto",
         cache_dir=shared_cache,
-        run_timeout_s=60,
+        run_timeout_s=20,  # the hanging example waits this long
         baselines=("eager",),
         timing_config=TimingConfig(max_time_s=2.0),
     )
