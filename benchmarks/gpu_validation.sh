@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Validation on a CUDA machine, step by step, each step with its own time limit and its whole
-# output in a file under $WORK (default /tmp/kj-work); after every step $OUT/results.tgz (default
-# $OUT=/tmp/kj-out) packs $WORK again, so that a run cut short loses nothing already written.
+# output in a file under $WORK (default /tmp/kj-work); $OUT/results.tgz (default $OUT=/tmp/kj-out)
+# packs $WORK again after every step and every 20 s, so that a run cut short loses little.
 # Steps (pick with STEPS="latency gpu_tier ..."; default: all, in this order):
 #   build_times     benchmarks/build_times.py: plain vs parallel nvcc, side by side
 #   latency         benchmarks/verdict_latency.py (cold verdicts one at a time, quiet machine)
@@ -20,10 +20,16 @@ mkdir -p "$OUT" "$WORK"
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export KERNELJUDGE_CACHE_DIR=/tmp/kj-cache KERNELJUDGE_TEST_CACHE=/tmp/kj-cache
 want() { [[ " $STEPS " == *" $1 "* ]]; }
+pack() { tar czf "$OUT/results.tmp.tgz" -C "$WORK" . 2>/dev/null \
+    && mv "$OUT/results.tmp.tgz" "$OUT/results.tgz"; }
 step() {
-    tar czf "$OUT/results.tgz" -C "$WORK" . 2>/dev/null
+    pack
     echo "== $1 ($(date -u +%T))"
 }
+# Packed every 20 s as well: a run killed in the middle of a step keeps that step's output.
+( while sleep 20; do pack; done ) &
+PACKER=$!
+trap 'kill $PACKER 2>/dev/null; pack' EXIT
 
 { date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu \
     --format=csv; python3 -c "import torch; print('torch', torch.__version__)"; nproc; } \
@@ -77,7 +83,7 @@ if want env_tier; then
 fi
 if want adversarial; then
     step adversarial
-    timeout 240 python3 tests/adversarial/run_suite.py --gpu --no-cpu --cache-dir /tmp/kj-cache \
+    timeout 450 python3 tests/adversarial/run_suite.py --gpu --no-cpu --cache-dir /tmp/kj-cache \
         --json "$WORK/adversarial.json" > "$WORK/adversarial.txt" 2>&1
     tail -22 "$WORK/adversarial.txt"
 fi
