@@ -105,7 +105,10 @@ def test_example_transcript_on_a_cpu_gets_a_tool_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.gpu
-def test_example_transcript_replays_on_the_gpu(tmp_path: Path) -> None:
-    summary = replay(EXAMPLE, out_dir=tmp_path)
+def test_example_transcript_replays_on_the_gpu(tmp_path: Path, shared_cache: Path) -> None:
+    # Eager only: torch.compile of this reference (a Python loop over 80 positions) takes
+    # minutes; the build cache is the one the other GPU tests fill.
+    overrides = {"baselines": ["eager"], "cache_dir": str(shared_cache)}
+    summary = replay(EXAMPLE, out_dir=tmp_path, overrides=overrides)
     assert summary.status == "correct", summary
     assert summary.submitted_by == "model" and summary.reward is not None and summary.reward > 0
