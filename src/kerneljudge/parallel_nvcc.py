@@ -178,7 +178,9 @@ def main(argv: list[str] | None = None) -> int:
         plan = plan_of(dry.stdout + dry.stderr, scratch) if dry.returncode == 0 else None
         if plan is None:
             return subprocess.call([nvcc, *args])
-        notes = [ln for ln in (dry.stdout + dry.stderr).splitlines() if not ln.startswith("#$")]
+        notes = [
+            ln for ln in (dry.stdout + dry.stderr).splitlines() if ln.strip() and ln[:2] != "#$"
+        ]
         if notes:  # nvcc's own warnings about the arguments
             print("\n".join(notes), file=sys.stderr, flush=True)
         target = compile_args[compile_args.index("-o") + 1] if "-o" in compile_args else ""
