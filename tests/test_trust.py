@@ -35,6 +35,7 @@ def judge(tmp_path_factory: pytest.TempPathFactory):
         ("init_escape.py", "outside the scratch folder"),
         ("network.py", "network"),
         ("lingering_thread.py", "thread(s) running after the call"),
+        ("hidden_thread.py", "started outside the threading module"),
     ],
 )
 def test_rejected(judge: Judge, name: str, words: str) -> None:

@@ -14,7 +14,6 @@ import errno
 import importlib.util
 import os
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -33,6 +32,7 @@ from kerneljudge.worker.sandbox import (
     lingering_threads,
     set_subreaper,
     set_undumpable,
+    thread_idents,
 )
 
 # Captured before any candidate code runs, so a candidate that patches these names in torch
@@ -339,7 +339,7 @@ class Worker:
         if self.device.type == "cuda" and flush_bytes:
             if self.flush is None or self.flush.numel() != flush_bytes:
                 self.flush = torch.empty(flush_bytes, dtype=torch.uint8, device=self.device)
-        before = {t.ident for t in threading.enumerate()}
+        before = thread_idents()
 
         def check(out: Any) -> None:  # per call; child processes are checked per batch
             self._check_output(out)
@@ -492,7 +492,7 @@ class _Confined:
 
     def __enter__(self) -> _Confined:
         sb = self.worker.sandbox
-        self.before = {t.ident for t in threading.enumerate()}
+        self.before = thread_idents()
         if sb is not None:
             sb.take_violations()
             sb.armed = True

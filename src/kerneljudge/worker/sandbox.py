@@ -23,6 +23,7 @@ import re
 import resource
 import sys
 import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -348,9 +349,31 @@ class Sandbox:
                 self._refuse(f"calling the C function {name} through ctypes")
 
 
+def thread_idents() -> set[int]:
+    """Idents of every Python thread: those of :mod:`threading` and those started with
+    ``_thread.start_new_thread``, which never register there (``sys._current_frames`` lists
+    every thread running Python code)."""
+    return {t.ident for t in threading.enumerate() if t.ident is not None} | set(
+        sys._current_frames()
+    )
+
+
 def lingering_threads(before: set[int], grace_s: float = 0.2) -> list[str]:
-    """Names of Python threads started since ``before`` (thread idents) that are still alive."""
+    """Names of Python threads started since ``before`` (see :func:`thread_idents`) that are
+    still alive after a grace period of ``grace_s`` seconds."""
     alive = [t for t in threading.enumerate() if t.ident not in before and t.is_alive()]
+    deadline = time.monotonic() + grace_s
     for t in alive:
         t.join(timeout=grace_s / max(1, len(alive)))
-    return [t.name for t in alive if t.is_alive()]
+    known = {t.ident for t in threading.enumerate()}
+
+    def raw() -> list[int]:
+        return [i for i in sys._current_frames() if i not in before and i not in known]
+
+    hidden = raw()
+    while hidden and time.monotonic() < deadline:
+        time.sleep(0.01)
+        hidden = raw()
+    return [t.name for t in alive if t.is_alive()] + [
+        f"thread {i}, started outside the threading module" for i in hidden
+    ]
