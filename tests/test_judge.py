@@ -9,7 +9,7 @@ import pytest
 
 from kerneljudge import Judge, JudgeConfig, Status, TimingConfig, Verdict
 from kerneljudge.candidate import Candidate
-from kerneljudge.errors import DeviceError
+from kerneljudge.errors import DeviceError, WorkerError
 
 CANDIDATES = Path(__file__).parent / "fixtures" / "candidates"
 
@@ -231,16 +231,18 @@ def test_next_reference_work_is_prepared_ahead_with_a_fresh_seed(judge: Judge) -
 
 
 def test_a_given_seed_is_never_reused_for_a_secret_one(judge: Judge) -> None:
-    """A build failure leaves its verdict's reference work unused; it is reused by the next
-    verdict only when its seed was drawn in secret."""
-    broken = Candidate.from_source("class ModelNew(\n", name="broken.py")
-    assert judge.evaluate(broken, seed=7).status is Status.COMPILE_ERROR
-    assert judge._prep is not None and not judge._prep.secret
-    judge.evaluate(CANDIDATES / "good.py")
-    assert judge._prep is not None and judge._prep.run_seed != 7 and judge._prep.secret
+    """Reference work left unused by a verdict (a failed build) is reused by the next one only
+    when its seed was drawn in secret; a build known to have failed starts none."""
+    judge._settle()
+    judge._begin_preparation("cpu", 7, secret=False)  # as a cold build failing with seed=7 leaves
     left = judge._prep
+    assert judge.evaluate(CANDIDATES / "good.py").status is Status.CORRECT
+    assert left is not None and left.dropped
+    ahead = judge._prep
+    assert ahead is not None and ahead.secret and ahead.run_seed != 7
+    broken = Candidate.from_source("class ModelNew(\n", name="broken.py")
     assert judge.evaluate(broken).status is Status.COMPILE_ERROR
-    assert judge._prep is left  # secret and unused: kept for the next verdict
+    assert judge._prep is ahead and not ahead.dropped  # kept for the next verdict
 
 
 def test_work_ahead_waits_for_the_device_lock(tmp_path: Path) -> None:
@@ -261,3 +263,11 @@ def test_work_ahead_waits_for_the_device_lock(tmp_path: Path) -> None:
             assert not ahead._future.done()
         ahead.join()
         assert ahead._future.done() and ahead._future.exception() is None
+
+
+def test_a_closed_judge_starts_no_workers(tmp_path: Path) -> None:
+    j = Judge(Path(__file__).parent / "fixtures" / "tiny_problem.py", JudgeConfig(device="cpu"))
+    j.close()
+    with pytest.raises(WorkerError, match="closed"):
+        j.evaluate(CANDIDATES / "good.py")
+    assert not j._pools and not j._refs

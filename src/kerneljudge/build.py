@@ -122,6 +122,16 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
+def known_build(candidate: Candidate, *, cache: BuildCache, arch: str) -> BuildResult | None:
+    """The build's result when it is known without compiling: a static failure (syntax error,
+    no ``ModelNew``) or a cached build; None when :func:`build` would have to compile."""
+    static = _static_failure(candidate)
+    if static is not None:
+        return static
+    cached = cache.load(cache.key(candidate, arch))
+    return None if cached is None else dataclasses.replace(cached, cached=True)
+
+
 def build(
     candidate: Candidate,
     *,

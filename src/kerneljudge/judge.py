@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from kerneljudge import toolchain
-from kerneljudge.build import IMPORT_ONLY_BACKENDS, BuildCache, build
+from kerneljudge.build import IMPORT_ONLY_BACKENDS, BuildCache, build, known_build
 from kerneljudge.buildlog import shape_log
 from kerneljudge.candidate import Candidate
 from kerneljudge.check import compare_outputs
@@ -283,6 +283,14 @@ class Judge:
             prep.drop()
             prep.join()
 
+    def _finish_alone(self) -> None:
+        """A verdict ends before the reference work it started: where the device is shared
+        (``device_lock``, held by the caller), that work must not go on after the caller lets
+        the lock go, so it is waited for here. It stays usable by the next verdict: no
+        candidate saw its inputs."""
+        if self.device_lock is not None and self._prep is not None:
+            self._prep.join()
+
     def _begin_preparation(
         self, device: str, run_seed: int, secret: bool, lock: Any = None
     ) -> None:
@@ -298,6 +306,8 @@ class Judge:
             self._begin_preparation(device, secrets.randbits(62), True, lock=self.device_lock)
 
     def _pool(self, device: str) -> WorkerPool:
+        if self._closed:
+            raise WorkerError("the judge was closed")
         if device not in self._pools:
             env = {"CUDA_HOME": toolchain.cuda_home()} if toolchain.cuda_home() else {}
             # Two ahead on a GPU: a worker needs seconds to import torch and create its context,
@@ -434,9 +444,20 @@ class Judge:
                     Status.REJECTED, f"this problem requires a custom kernel: {issues[0]}"
                 )
 
-        if not reuse:
+        # The reference's work starts beside the build, unless the build is known to have
+        # failed already (then the verdict is immediate and leaves nothing running).
+        result = known_build(cand, cache=self.cache, arch=self.arch_for(device))
+        started_here = not reuse and (result is None or result.ok)
+        if started_here:
             self._begin_preparation(device, run_seed, secret)
-        result = self.build(cand, device)
+        try:
+            result = result or self.build(cand, device)
+            if not result.ok and started_here:
+                self._finish_alone()
+        except BaseException:
+            if started_here:
+                self._finish_alone()
+            raise
         if not result.ok:
             status = (
                 Status.TIMEOUT
@@ -451,7 +472,12 @@ class Judge:
                 status, where + (first.message if first else "build failed"), build=result
             )
 
-        worker = pool.take()
+        try:
+            worker = pool.take()
+        except BaseException:
+            if started_here:
+                self._finish_alone()
+            raise
         trials: list[TrialResult] = []
         atol, rtol = self._tolerances()
         try:
