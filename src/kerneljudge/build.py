@@ -125,10 +125,11 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 def known_build(candidate: Candidate, *, cache: BuildCache, arch: str) -> BuildResult | None:
     """The build's result when it is known without compiling: a static failure (syntax error,
     no ``ModelNew``) or a cached build; None when :func:`build` would have to compile."""
-    static = _static_failure(candidate)
-    if static is not None:
-        return static
-    cached = cache.load(cache.key(candidate, arch))
+    return _static_failure(candidate) or _cached(cache, cache.key(candidate, arch))
+
+
+def _cached(cache: BuildCache, key: str) -> BuildResult | None:
+    cached = cache.load(key)
     return None if cached is None else dataclasses.replace(cached, cached=True)
 
 
@@ -161,9 +162,9 @@ def build(
         return static
     key = cache.key(candidate, arch)
     with cache.locked(key) as entry:
-        cached = cache.load(key)
+        cached = _cached(cache, key)
         if cached is not None:
-            return dataclasses.replace(cached, cached=True)
+            return cached
         source_path = entry / "candidate.py"
         source_path.write_text(candidate.source)
         if candidate.backend in IMPORT_ONLY_BACKENDS:

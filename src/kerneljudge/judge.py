@@ -452,13 +452,14 @@ class Judge:
             self._begin_preparation(device, run_seed, secret)
         try:
             result = result or self.build(cand, device)
-            if not result.ok and started_here:
-                self._finish_alone()
+            worker = pool.take() if result.ok else None
         except BaseException:
             if started_here:
                 self._finish_alone()
             raise
-        if not result.ok:
+        if worker is None:
+            if started_here:
+                self._finish_alone()
             status = (
                 Status.TIMEOUT
                 if result.timed_out
@@ -472,12 +473,6 @@ class Judge:
                 status, where + (first.message if first else "build failed"), build=result
             )
 
-        try:
-            worker = pool.take()
-        except BaseException:
-            if started_here:
-                self._finish_alone()
-            raise
         trials: list[TrialResult] = []
         atol, rtol = self._tolerances()
         try:

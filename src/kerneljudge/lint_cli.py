@@ -117,9 +117,11 @@ def lint_command(
     """
     console = console or Console()
 
+    errors = Console(stderr=True)
+
     def progress(r: LintReport) -> None:  # a long lint shows where it is (on stderr)
         mark = "pass" if r.passed else "FAIL"
-        Console(stderr=True).print(f"[dim]{r.problem}: {mark} ({r.duration_s:.1f} s)[/]")
+        errors.print(f"[dim]{r.problem}: {mark} ({r.duration_s:.1f} s)[/]")
 
     reports = lint_paths(list(specs), shape_set=shape_set, device=device, progress=progress)
     if json_out:
