@@ -12,10 +12,12 @@
 #   adversarial     tests/adversarial/run_suite.py --gpu --no-cpu
 #   lint_public     `kerneljudge problems lint -s public --device cuda`
 #   usage: STEPS="latency builds" bash benchmarks/gpu_validation.sh
+# PROBLEMS="a,b" limits reference_times and lint_public to those bundled problems.
 set -u
 OUT=${OUT:-/tmp/kj-out}
 WORK=${WORK:-/tmp/kj-work}
 STEPS=${STEPS:-"build_times latency reference_times builds gpu_tier env_tier adversarial lint_public"}
+PROBLEMS=${PROBLEMS:-}
 mkdir -p "$OUT" "$WORK"
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export KERNELJUDGE_CACHE_DIR=/tmp/kj-cache KERNELJUDGE_TEST_CACHE=/tmp/kj-cache
@@ -55,7 +57,8 @@ fi
 if want reference_times; then
     step reference_times
     timeout 400 python3 benchmarks/reference_times.py --jobs 8 --max-time 1 \
-        --json "$WORK/reference_times.json" > "$WORK/reference_times.txt" 2>&1
+        --problems "$PROBLEMS" --json "$WORK/reference_times.json" \
+        > "$WORK/reference_times.txt" 2>&1
     cat "$WORK/reference_times.txt"
 fi
 if want builds; then
@@ -89,8 +92,14 @@ if want adversarial; then
 fi
 if want lint_public; then
     step lint_public
-    timeout 300 python3 -m kerneljudge problems lint -s public --device cuda \
-        > "$WORK/lint_public.txt" 2>&1
+    if [ -z "$PROBLEMS" ]; then
+        timeout 300 python3 -m kerneljudge problems lint -s public --device cuda \
+            > "$WORK/lint_public.txt" 2>&1
+    else
+        for p in ${PROBLEMS//,/ }; do
+            timeout 120 python3 -m kerneljudge problems lint "$p" -s public --device cuda
+        done > "$WORK/lint_public.txt" 2>&1
+    fi
     tail -6 "$WORK/lint_public.txt"
 fi
 step done

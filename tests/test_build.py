@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from kerneljudge import toolchain
-from kerneljudge.build import BuildCache, build
+from kerneljudge.build import BuildCache, build, clear_stale_batons
 from kerneljudge.candidate import Candidate
 
 CANDIDATES = Path(__file__).parent / "fixtures" / "candidates"
@@ -38,6 +38,21 @@ def test_cache_key_covers_the_toolchain(tmp_path: Path, monkeypatch: pytest.Monk
     key = cache.key(cand, "9.0")
     monkeypatch.setattr(toolchain, "nvcc_version", lambda: "Build cuda_99.9")
     assert cache.key(cand, "9.0") != key
+    again = cache.key(cand, "9.0")
+    monkeypatch.setattr(toolchain, "ninja_version", lambda: "1.99 (/elsewhere/ninja)")
+    assert cache.key(cand, "9.0") != again
+
+
+def test_both_workers_find_the_same_ninja(tmp_path: Path) -> None:
+    """The build and run workers get one PATH, this interpreter's folder first, so the
+    ninja that builds is the ninja that checks the build on load."""
+    import shutil
+    import sys
+
+    env = toolchain.build_environment("9.0", tmp_path)
+    assert env["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)
+    found = shutil.which("ninja", path=env["PATH"])
+    assert found is not None and found in toolchain.ninja_version()
 
 
 def test_failed_builds_are_cached_and_loaded(tmp_path: Path) -> None:
@@ -57,6 +72,27 @@ def test_failed_builds_are_cached_and_loaded(tmp_path: Path) -> None:
     assert "configuration step failed" in first.log
     second = build(cand, cache=cache, arch="9.0")
     assert second.cached and not second.ok and second.messages == first.messages
+
+
+def test_stale_load_inline_locks_are_cleared(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torch.utils import cpp_extension
+
+    cache = BuildCache(tmp_path)
+    ext = cache.entry("k") / "ext"
+    (ext / "old").mkdir(parents=True)
+    (ext / "fresh").mkdir()
+    for name in ("old", "fresh"):
+        (ext / name / "lock").write_text("")
+    past = os.path.getmtime(ext / "old" / "lock") - 600
+    os.utime(ext / "old" / "lock", (past, past))
+    if hasattr(cpp_extension, "FileLock"):  # flock-based: a dead holder leaves no lock held
+        assert clear_stale_batons(cache, "k") == 0
+        monkeypatch.delattr(cpp_extension, "FileLock")
+    assert clear_stale_batons(cache, "k") == 1
+    assert not (ext / "old" / "lock").exists()
+    assert (ext / "fresh" / "lock").exists()  # a load may hold it right now
 
 
 def test_build_timeout_kills_the_build(tmp_path: Path) -> None:

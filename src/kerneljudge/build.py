@@ -97,6 +97,41 @@ class BuildCache:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+#: A ``load_inline`` baton older than this (seconds) is stale: no load or build of a cached
+#: candidate holds one for longer than the longest run or build timeout.
+STALE_BATON_S = 300.0
+
+
+def clear_stale_batons(cache: BuildCache, key: str, older_than_s: float = STALE_BATON_S) -> int:
+    """Remove ``load_inline`` batons left in a cache entry by a killed process (torch versions
+    whose extension loader takes an exclusive-create ``lock`` file, ``FileBaton``).
+
+    Such a loader takes the extension folder's ``lock`` file on every load, also of an
+    up-to-date build, and waits for ever while another process's file is there; a worker
+    killed while holding it would make every later load of the candidate a timeout. Builds
+    run while holding the entry's own lock, held here too. Loaders that lock the file with
+    ``flock`` instead (``FileLock``, newer torch) release it when their process dies and leave
+    the file behind, so nothing is removed for them.
+
+    Returns the number of files removed.
+    """
+    from torch.utils import cpp_extension
+
+    if hasattr(cpp_extension, "FileLock"):
+        return 0
+    removed = 0
+    with cache.locked(key) as entry:
+        now = time.time()
+        for lock in entry.glob("ext/*/lock"):
+            try:
+                if now - lock.stat().st_mtime > older_than_s:
+                    lock.unlink()
+                    removed += 1
+            except OSError:
+                pass
+    return removed
+
+
 def _static_failure(candidate: Candidate) -> BuildResult | None:
     issues = candidate.static_issues()
     if not issues:

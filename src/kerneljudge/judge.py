@@ -32,7 +32,13 @@ from typing import Any
 import torch
 
 from kerneljudge import toolchain
-from kerneljudge.build import IMPORT_ONLY_BACKENDS, BuildCache, build, known_build
+from kerneljudge.build import (
+    IMPORT_ONLY_BACKENDS,
+    BuildCache,
+    build,
+    clear_stale_batons,
+    known_build,
+)
 from kerneljudge.buildlog import shape_log
 from kerneljudge.candidate import Candidate
 from kerneljudge.check import compare_outputs
@@ -496,6 +502,7 @@ class Judge:
                     state_dict=ref.state_dict,
                 )
                 expectations = []
+                trial_inputs = []
                 for inputs, expected in runs:
                     got = worker.request(
                         "run",
@@ -525,6 +532,7 @@ class Judge:
                     )
                     trials.append(dataclasses.replace(trial, shape_set=shape_set))
                     expectations.append((expected["outputs"], expected.get("oracle")))
+                    trial_inputs.append(inputs)
             check = CheckResult(
                 passed=all(t.passed for t in trials),
                 trials=tuple(trials),
@@ -553,6 +561,7 @@ class Judge:
                     expectations,
                     atol,
                     rtol,
+                    trial_inputs,
                 )
             return finish(status, note, build=result, check=check, timing=timing)
         except CandidateFault as exc:
@@ -684,6 +693,7 @@ class Judge:
         returned. For compiled backends it is a runtime error (the fault propagates).
         """
         entry = self.cache.entry(result.cache_key)
+        clear_stale_batons(self.cache, result.cache_key)
         try:
             worker.request(
                 "load_candidate",

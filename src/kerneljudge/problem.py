@@ -187,6 +187,13 @@ class Problem:
         return dict(getattr(self.module, "POLICY", {}) or {})
 
     @property
+    def roll_timed_inputs(self) -> bool:
+        """Whether timed calls roll the inputs (``ROLL_TIMED_INPUTS``, default True): False for
+        a problem whose inputs have structure along their first dimension (triangular,
+        symmetric or sorted data), whose timed inputs are then nudged only."""
+        return bool(getattr(self.module, "ROLL_TIMED_INPUTS", True))
+
+    @property
     def shape_sets(self) -> dict[str, dict[str, Any]]:
         return dict(getattr(self.module, "SHAPE_SETS", {}) or {})
 

@@ -8,22 +8,122 @@ itself runs inside the workers (:mod:`kerneljudge.worker.measure`).
 
 from __future__ import annotations
 
+import secrets
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import torch
 
 from kerneljudge.check import compare_outputs
 from kerneljudge.reference import ReferenceSession
 from kerneljudge.timing import measure_alternating, speedups, summarise
 from kerneljudge.verdict import DeviceInfo, Roofline, Status, TimingResult
-from kerneljudge.worker import WorkerProcess
+from kerneljudge.worker import WorkerProcess, measure
 from kerneljudge.worker.process import timing_cpu
 
 if TYPE_CHECKING:
     from kerneljudge.judge import JudgeConfig
 
-__all__ = ["roofline_of", "time_candidate"]
+__all__ = ["AUDITED_CALLS", "roofline_of", "time_candidate", "timer_inconsistency"]
+
+#: Kept timed calls of the candidate checked again against the reference, at most (drawn at
+#: random from those the worker kept: the last call on each input set and a random sample).
+AUDITED_CALLS = 4
+#: Timer consistency (see :func:`timer_inconsistency`): how far the candidate's per-call wall
+#: time outside its reported windows may stray from the reference's.
+OVERHEAD_MAX_FACTOR = 2.0
+OVERHEAD_SLACK_MS = 0.5
+OVERHEAD_MIN_FACTOR = 0.2
+#: The lower bound counts only batches of at least this many calls.
+LOW_BOUND_MIN_CALLS = 8
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One ``time`` request: calls, untimed warm-up calls, the wall time of the whole request
+    on the supervisor's clock, the times the worker reported and the wall time it reported
+    for its timed calls' iterations (trusted for the reference's worker only), milliseconds."""
+
+    n: int
+    warmup: int
+    wall_ms: float
+    times_ms: tuple[float, ...]
+    loop_wall_ms: float = float("nan")
+
+
+def _per_call_ms(batches: list[Batch], wall: str) -> float | None:
+    """Wall time per call outside the reported windows, over all batches but the first (its
+    calls include first-use costs).
+
+    ``wall="supervisor"``: the request's wall time on the supervisor's clock, warm-up calls
+    counted at the batch's median. ``"supervisor_low"``: the same over batches of at least
+    :data:`LOW_BOUND_MIN_CALLS` calls, warm-up calls counted at the batch's fastest call (an
+    estimate that errs high, so that a warm-up call faster than the timed ones cannot make an
+    honest loop look empty). ``"loop"``: the loop's own wall time for its timed calls.
+    """
+    later = batches[1:]
+    if wall == "loop":
+        later = [b for b in later if np.isfinite(b.loop_wall_ms)]
+        calls = sum(b.n for b in later)
+        extra = sum(b.loop_wall_ms - sum(b.times_ms) for b in later)
+    else:
+        low = wall == "supervisor_low"
+        if low:
+            later = [b for b in later if b.n >= LOW_BOUND_MIN_CALLS]
+        calls = sum(b.n + b.warmup for b in later)
+        extra = sum(
+            b.wall_ms
+            - sum(b.times_ms)
+            - b.warmup * float(np.min(b.times_ms) if low else np.median(b.times_ms))
+            for b in later
+        )
+    return extra / calls if later and calls else None
+
+
+def timer_inconsistency(batches: dict[str, list[Batch]], candidate: str = "candidate") -> str:
+    """Why the candidate's reported times cannot be its calls' times ("" when they can be).
+
+    Reference and candidate run the same timed loop (:mod:`kerneljudge.worker.measure`), so
+    the wall time per call outside the reported windows (input preparation, poisoning, the
+    L2 flush, synchronisation) is about the same for both; the reference's worker is trusted.
+    The candidate's is taken from the supervisor's clock (which also holds the request's
+    round trip and warm-up calls, so it can only be larger). A candidate whose time outside
+    the windows is far larger than the reference's (on the supervisor's clock too) reported
+    less than it ran: a rescaled or replaced clock. One whose is far smaller than the
+    reference's loop alone did not run the loop: a replaced timing handler. Bounds: at most
+    ``OVERHEAD_MAX_FACTOR`` x the reference's + ``OVERHEAD_SLACK_MS`` + twice its own mean
+    reported time (so a rescaled clock gains at most about 3x); at least
+    ``OVERHEAD_MIN_FACTOR`` x the reference's loop's, over the candidate's batches of
+    :data:`LOW_BOUND_MIN_CALLS` calls or more.
+    """
+    ref_name = next((k for k in batches if k != candidate), None)
+    if ref_name is None or candidate not in batches:
+        return ""
+    ref = _per_call_ms(batches[ref_name], "supervisor")
+    ref_loop = _per_call_ms(batches[ref_name], "loop")
+    cand = _per_call_ms(batches[candidate], "supervisor")
+    cand_low = _per_call_ms(batches[candidate], "supervisor_low")
+    if ref is None or cand is None:
+        return ""
+    mean_c = float(np.mean([t for b in batches[candidate] for t in b.times_ms]))
+    if cand > OVERHEAD_MAX_FACTOR * max(ref, 0.0) + OVERHEAD_SLACK_MS + 2 * mean_c:
+        return (
+            f"the candidate's calls took {cand:.3g} ms each on the supervisor's clock beyond "
+            f"the {mean_c:.3g} ms they reported ({ref_name}: {ref:.3g} ms)"
+        )
+    if (
+        ref_loop is not None
+        and cand_low is not None
+        and ref_loop > 0
+        and cand_low < OVERHEAD_MIN_FACTOR * ref_loop
+    ):
+        return (
+            f"the candidate's timed loop took {cand_low:.3g} ms per call beyond its reported "
+            f"times, less than the loop's own work ({ref_name}: {ref_loop:.3g} ms)"
+        )
+    return ""
 
 
 def time_candidate(
@@ -35,13 +135,16 @@ def time_candidate(
     expectations: list[tuple[Any, Any]],
     atol: float,
     rtol: float,
+    trial_inputs: list[list[Any]] | None = None,
 ) -> tuple[TimingResult, Status, str]:
     """Time baselines and candidate alternately, then audit what was timed.
 
     The candidate's reported times must fit in the wall time the supervisor saw for each
-    batch (else its clock was tampered with); the outputs of its last timed call on each
-    input set are compared with the reference's (the oracle rule, since the timed inputs
-    were nudged by one ulp); its median must not be below the device's physical floor.
+    batch and agree with it as the reference's do (:func:`timer_inconsistency`; else its
+    clock was tampered with); up to :data:`AUDITED_CALLS` outputs of its timed calls, on
+    inputs perturbed per call, are compared with the reference run again on the same
+    inputs (rebuilt here from the trial inputs and the call's seed); its median must not be
+    below the device's physical floor.
 
     Args:
         config: the judge's configuration (baselines, timing knobs, request limit).
@@ -51,12 +154,16 @@ def time_candidate(
         inputs: the last trial's inputs (for the roofline's byte count).
         expectations: ``(reference outputs, oracle outputs)`` of each trial of the shape set.
         atol, rtol: the allclose tolerances.
+        trial_inputs: the inputs of each trial of the shape set, in order (the candidate's
+            timed input sets are the last of them); None: ``[inputs]``.
 
     Returns the timing, the status it implies and the reason (empty when ``correct``).
     """
     cfg = config
     flush = 2 * (info.l2_bytes or 128 << 20) if info.kind == "cuda" else 0
     tampered: list[str] = []
+    seen: dict[str, list[Batch]] = {}
+    roll = ref.problem.roll_timed_inputs
 
     def sampler(request, name: str):  # type: ignore[no-untyped-def]
         def sample(n: int, warmup: int) -> list[float]:
@@ -71,6 +178,7 @@ def time_candidate(
                     warmup=warmup,
                     flush_bytes=flush,
                     target=name,
+                    roll=roll,
                 )
             finally:
                 if name != "candidate":
@@ -83,6 +191,12 @@ def time_candidate(
                 tampered.append(
                     f"{name} reported {sum(times):.3f} ms of calls in {wall_ms:.3f} ms of wall time"
                 )
+            else:
+                try:
+                    loop_ms = float(reply.get("wall_s", float("nan"))) * 1e3
+                except (TypeError, ValueError):
+                    loop_ms = float("nan")
+                seen.setdefault(name, []).append(Batch(n, warmup, wall_ms, tuple(times), loop_ms))
 
             return times if times else [float("nan")]
 
@@ -108,22 +222,17 @@ def time_candidate(
         l2_flush_bytes=flush,
         roofline=roofline,
     )
+    if not tampered:
+        why = timer_inconsistency(seen)
+        if why:
+            tampered.append(why)
     if tampered:
         return timing, Status.REJECTED, "the timer was tampered with: " + tampered[0]
-    timed = worker.request("timed_outputs", cfg.run_timeout_s)
-    kept = expectations[-int(timed["n_sets"]) :] if int(timed["n_sets"]) else []
-    for k, calls in dict(timed["outputs"]).items():
-        if not 0 <= int(k) < len(kept):
-            return timing, Status.REJECTED, "the worker reported outputs of unknown calls"
-        expected, oracle = kept[int(k)]
-        for outputs in calls:
-            again = compare_outputs(expected, list(outputs), oracle=oracle, atol=atol, rtol=rtol)
-            if not again.passed:
-                return (
-                    timing,
-                    Status.INCORRECT,
-                    f"the output of a timed call differs from the reference: {again.reason}",
-                )
+    status, why = _audit_timed_calls(
+        cfg, worker, ref, trial_inputs if trial_inputs is not None else [inputs], atol, rtol, roll
+    )
+    if status is not Status.CORRECT:
+        return timing, status, why
     cand = timing.measurement("candidate")
     if roofline and roofline.below_floor and cand:
         return (
@@ -133,6 +242,59 @@ def time_candidate(
             f"{roofline.floor_ms:.4g} ms of this device",
         )
     return timing, Status.CORRECT, ""
+
+
+def _audit_timed_calls(
+    cfg: JudgeConfig,
+    worker: WorkerProcess,
+    ref: ReferenceSession,
+    bases: list[list[Any]],
+    atol: float,
+    rtol: float,
+    roll: bool = True,
+) -> tuple[Status, str]:
+    """Check kept outputs of the candidate's timed calls against the reference run on the
+    same perturbed inputs (:func:`kerneljudge.worker.measure.perturb`)."""
+    timed = worker.request("timed_outputs", cfg.run_timeout_s)
+    calls: list[tuple[int, int, list[Any]]] = []
+    try:
+        n_sets = timed["n_sets"]
+        for c in timed["calls"]:
+            k, seed, outs = c["set"], c["seed"], c["outputs"]
+            if type(k) is not int or type(seed) is not int or not 0 <= seed < 2**62:
+                raise ValueError(f"bad call record {k!r}, {seed!r}")
+            if not isinstance(outs, list) or not all(type(t) is torch.Tensor for t in outs):
+                raise ValueError("outputs are not a list of tensors")
+            calls.append((k, seed, list(outs)))
+        if type(n_sets) is not int:
+            raise ValueError(f"bad set count {n_sets!r}")
+    except (KeyError, TypeError, ValueError):
+        return Status.REJECTED, "the worker's record of its timed calls was tampered with"
+    sets = bases[-n_sets:] if 0 < n_sets <= len(bases) else []
+    if not calls or any(not (0 <= k < len(sets)) for k, _, _ in calls):
+        return Status.REJECTED, "the worker reported outputs of unknown timed calls"
+    count = min(AUDITED_CALLS, len(calls))
+    picked = [calls.pop(secrets.randbelow(len(calls))) for _ in range(count)]
+    for k, seed, outputs in picked:
+        base = sets[k]
+        args = measure.perturb(base, [measure.continuous(x) for x in base], seed, roll)
+        expected = ref.request(
+            "run", cfg.run_timeout_s, inputs=args, oracle=cfg.tolerance == "oracle", keep=False
+        )
+        again = compare_outputs(
+            expected["outputs"],
+            outputs,
+            oracle=expected.get("oracle"),
+            atol=atol,
+            rtol=rtol,
+            mode=cfg.tolerance,
+        )
+        if not again.passed:
+            return (
+                Status.INCORRECT,
+                f"the output of a timed call differs from the reference: {again.reason}",
+            )
+    return Status.CORRECT, ""
 
 
 def roofline_of(

@@ -17,7 +17,7 @@ from pathlib import Path
 __all__ = ["build_environment", "cuda_home", "fingerprint", "target_arch"]
 
 #: Bumped whenever the way kerneljudge builds a candidate changes, so old cache entries miss.
-BUILD_PROTOCOL = "3"
+BUILD_PROTOCOL = "4"
 #: The arch CUDA candidates are built for when no GPU is visible and none is configured
 #: (Hopper, compute capability 9.0: the H100/H200 the task prompts name).
 DEFAULT_ARCH = "9.0"
@@ -76,6 +76,32 @@ def cxx_version() -> str:
         return "unavailable"
 
 
+def tool_path() -> str:
+    """``PATH`` for the build and run workers: this interpreter's own ``bin`` folder first.
+
+    torch's extension loader runs ``ninja`` from ``PATH``, in the build worker and again, to
+    find nothing to do, in the run worker. Two ninjas (a virtual environment's and the
+    system's) hash commands differently, so a build made by one looks stale to the other and
+    would be rebuilt inside the run worker's time limit; both workers must find the same one.
+    """
+    here = str(Path(sys.executable).parent)
+    rest = [p for p in os.environ.get("PATH", os.defpath).split(os.pathsep) if p and p != here]
+    return os.pathsep.join([here, *rest])
+
+
+@functools.cache
+def ninja_version() -> str:
+    """``ninja --version`` of the ninja the workers find (see :func:`tool_path`)."""
+    exe = shutil.which("ninja", path=tool_path())
+    if exe is None:
+        return "unavailable"
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30)
+        return f"{out.stdout.strip()} ({exe})"
+    except (OSError, subprocess.TimeoutExpired):
+        return "unavailable"
+
+
 def target_arch(capability: str | None) -> str:
     """The ``TORCH_CUDA_ARCH_LIST`` value to build with: only the judging device's own arch.
 
@@ -100,6 +126,7 @@ def fingerprint(arch: str) -> dict[str, str]:
         "torch_cuda": str(torch.version.cuda),
         "nvcc": nvcc_version(),
         "cxx": cxx_version(),
+        "ninja": ninja_version(),
         "arch": arch,
         "parallel_nvcc": str(parallel_nvcc_enabled()),
     }
@@ -120,6 +147,7 @@ def build_environment(arch: str, extensions_dir: Path) -> dict[str, str]:
         "TORCH_EXTENSIONS_DIR": str(extensions_dir),
         "TORCH_CUDA_ARCH_LIST": arch,
         "MAX_JOBS": str(max(1, os.cpu_count() or 1)),
+        "PATH": tool_path(),
     }
     home = cuda_home()
     if home:

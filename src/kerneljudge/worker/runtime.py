@@ -168,7 +168,6 @@ class Worker:
         self.snapshots: dict[int, Any] = {}
         self.poison_bytes = 0
         self.flush: torch.Tensor | None = None
-        self.gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
         self.sandbox: Sandbox | None = None
         if role == "candidate":
             self.sandbox = Sandbox([os.getcwd(), os.environ.get("TMPDIR", os.getcwd())])
@@ -278,14 +277,19 @@ class Worker:
         Returns ``outputs`` (on the CPU), ``oracle`` (float64 reference, when asked), ``ops``
         (ATen operators the call ran, when ``record_ops``), ``aliases_input`` (an output shares
         storage with an input) and ``modified_inputs`` (indices of inputs changed in place).
+        With ``keep`` false (a timed call checked again), the inputs are not kept as a set.
         """
         if self.model is None:
             raise RuntimeError("run before setup")
-        self.inputs = _to_device(list(msg["inputs"]), self.device)
-        self.sets = (self.sets + [self.inputs])[-MAX_TIMING_SETS:]
-        self.nudgeable = (self.nudgeable + [[measure.continuous(x) for x in self.inputs]])[
-            -MAX_TIMING_SETS:
-        ]
+        received = list(msg["inputs"])
+        self.inputs = _to_device(received, self.device)
+        if msg.get("keep", True):
+            self.sets = (self.sets + [self.inputs])[-MAX_TIMING_SETS:]
+            # Decided on the inputs as sent (a copy to the device can change their layout),
+            # as the supervisor decides when it rebuilds a timed call's inputs.
+            self.nudgeable = (self.nudgeable + [[measure.continuous(x) for x in received]])[
+                -MAX_TIMING_SETS:
+            ]
         args = [x.clone() if isinstance(x, torch.Tensor) else x for x in self.inputs]
         measure.poison(self.poison_bytes or _nbytes(args), self.device)
         out = self._call(self.model, args, record_ops=bool(msg.get("record_ops")))
@@ -329,8 +333,10 @@ class Worker:
     def op_time(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Time ``n`` calls over the kept input sets (see :mod:`kerneljudge.worker.measure`).
 
-        Returns ``times_ms`` (one per call) and ``wall_s`` (the whole batch, host clock); the
-        output of the last call on each set is kept for :meth:`op_timed_outputs`.
+        Returns ``times_ms`` (one per call) and ``wall_s`` (the timed calls' iterations, host
+        clock); the
+        outputs of the last call on each set and of a random sample of the others are kept,
+        with their inputs' seeds, for :meth:`op_timed_outputs`.
         """
         fn = self.compiled if msg.get("target") == "compile" else self.model
         if fn is None or not self.sets:
@@ -361,8 +367,9 @@ class Worker:
                     device=self.device,
                     flush=self.flush,
                     poison_bytes=self.poison_bytes,
-                    gen=self.gen,
+                    nudgeable=self.nudgeable,
                     check_call=check,
+                    roll=bool(msg.get("roll", True)),
                 )
         except Fault:
             raise
@@ -386,12 +393,18 @@ class Worker:
         return {}
 
     def op_timed_outputs(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Outputs of timed calls kept for checking: ``{"outputs": {set: [[tensors], ...]}}``,
-        set 0 being the oldest kept trial's inputs."""
-        return {
-            "outputs": {int(k): _to_cpu(v) for k, v in self.snapshots.items()},
-            "n_sets": len(self.sets),
-        }
+        """Outputs of timed calls kept for checking: ``{"calls": [{"set", "seed", "outputs"}]}``
+        (set 0 being the oldest kept trial's inputs, ``seed`` the call's
+        :func:`~kerneljudge.worker.measure.perturb` seed) and ``n_sets``."""
+        try:
+            calls = [
+                {"set": int(k), "seed": int(seed), "outputs": _to_cpu(outs)}
+                for k, kept in self.snapshots.items()
+                for seed, outs in kept
+            ]
+        except (TypeError, ValueError):  # the record was replaced by code under test
+            return {"calls": None, "n_sets": len(self.sets)}
+        return {"calls": calls, "n_sets": len(self.sets)}
 
     def _check_aftermath(self, threads_before: set[int]) -> None:
         """Raise a rejecting Fault for threads or processes that outlived the call."""

@@ -1,0 +1,149 @@
+"""The timed loop's input perturbation and the supervisor's timer consistency rule."""
+
+from __future__ import annotations
+
+import torch
+
+from kerneljudge.stage_timing import Batch, timer_inconsistency
+from kerneljudge.worker.measure import continuous, perturb, time_calls
+
+
+def _inputs() -> list[object]:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 5, generator=g)
+    mask = (torch.rand(6, 5, generator=g) > 0.5).float()
+    ids = torch.randint(0, 9, (4,), generator=g)
+    row = torch.randn(1, 7, generator=g)
+    return [x, mask, ids, row, 3]
+
+
+def test_perturb_is_exact_given_the_seed_and_changes_every_continuous_input() -> None:
+    args = _inputs()
+    which = [continuous(a) for a in args]
+    assert which == [True, False, False, True, False]
+    a = perturb(args, which, 12345)
+    b = perturb(args, which, 12345)
+    for u, v in zip(a, b):
+        if isinstance(u, torch.Tensor):
+            assert torch.equal(u.view(torch.uint8), v.view(torch.uint8))
+    x, mask, ids, row, k = a
+    # rolled along dim 0 (6 rows) and nudged: same values but one, different content
+    assert not torch.equal(x, args[0])
+    assert torch.allclose(x.flatten().sort().values, args[0].flatten().sort().values, atol=1e-6)
+    # rows along later dims stay rows: every perturbed row is an original row (but one element)
+    originals = {tuple(r.tolist()) for r in args[0]}
+    assert sum(tuple(r.tolist()) in originals for r in x) >= 5
+    # a tensor with a single row is rolled along its first longer dimension
+    assert not torch.equal(row, args[3])
+    # masks, ids and non-tensors are copied unchanged, never aliased
+    assert torch.equal(mask, args[1]) and mask.data_ptr() != args[1].data_ptr()
+    assert torch.equal(ids, args[2]) and k == 3
+    # another seed gives other inputs
+    c = perturb(args, which, 54321)
+    assert not torch.equal(c[0], x)
+
+
+def test_perturb_leaves_the_set_untouched() -> None:
+    args = _inputs()
+    before = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    perturb(args, [continuous(a) for a in args], 7)
+    assert all(torch.equal(a, b) for a, b in zip(args, before) if isinstance(a, torch.Tensor))
+
+
+def test_timed_calls_see_new_content_and_keep_their_seeds() -> None:
+    # 255 shifts x 16384 elements: a repeat among 21 calls has odds of about 1 in 20,000
+    args = [torch.randn(256, 64, generator=torch.Generator().manual_seed(1))]
+    seen: list[torch.Tensor] = []
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        seen.append(x.clone())
+        return x * 2
+
+    times, kept, wall = time_calls(
+        fn, [args], n=20, warmup=1, device=torch.device("cpu"), flush=None, poison_bytes=0
+    )
+    assert len(times) == 20 and wall > 0
+    assert len({tuple(s.flatten().tolist()) for s in seen}) == len(seen)  # all distinct
+    assert kept and all(k == 0 for k in kept)
+    for seed, outs in kept[0]:  # each kept output is fn of the inputs its seed rebuilds
+        again = perturb(args, [True], seed)
+        assert torch.equal(outs[0], again[0] * 2)
+
+
+def _batches(n: int, per_call: float, overhead: float, reported: float, rounds: int = 6):
+    # the request's round trip costs 0.2 ms on top of the loop
+    return [
+        Batch(
+            n,
+            1,
+            (n + 1) * (per_call + overhead) + 0.2,
+            tuple([reported] * n),
+            n * (per_call + overhead),
+        )
+        for _ in range(rounds)
+    ]
+
+
+def test_honest_timers_are_consistent() -> None:
+    # reference 2 ms calls, candidate 0.1 ms calls, the same 0.05 ms of loop work around each
+    seen = {
+        "eager": _batches(10, 2.0, 0.05, 2.0),
+        "candidate": _batches(100, 0.1, 0.08, 0.1),
+    }
+    assert timer_inconsistency(seen) == ""
+
+
+def test_rescaled_clock_is_inconsistent() -> None:
+    seen = {
+        "eager": _batches(10, 2.0, 0.05, 2.0),
+        "candidate": _batches(10, 2.0, 0.05, 2.0 / 40),  # reports a 40th of its calls
+    }
+    assert "beyond" in timer_inconsistency(seen)
+
+
+def test_replaced_timing_handler_is_inconsistent() -> None:
+    # the handler ran no loop: each request took microseconds in all
+    seen = {
+        "eager": _batches(10, 2.0, 0.05, 2.0),
+        "candidate": [Batch(100, 1, 0.3, tuple([0.0003] * 100)) for _ in range(6)],
+    }
+    assert "less than the loop's own work" in timer_inconsistency(seen)
+
+
+def test_slow_warm_up_calls_of_the_reference_do_not_condemn_an_honest_candidate() -> None:
+    # each reference batch: 2 calls of 9 ms after a warm-up call of 30 ms; candidate 0.05 ms
+    eager = [Batch(2, 1, 30 + 2 * 9.1 + 0.2, (9.0, 9.0), 2 * 9.1) for _ in range(6)]
+    seen = {"eager": eager, "candidate": _batches(200, 0.05, 0.1, 0.05)}
+    assert timer_inconsistency(seen) == ""
+
+
+def test_no_reference_contestant_means_no_rule() -> None:
+    assert timer_inconsistency({"candidate": _batches(10, 1.0, 5.0, 0.01)}) == ""
+
+
+def test_the_nudge_never_makes_a_nan() -> None:
+    from kerneljudge.worker.measure import nudge
+
+    inf = torch.full((8,), float("inf"))
+    nudge([inf], [True], torch.Generator().manual_seed(0))
+    assert torch.isinf(inf).all()
+    fp8 = torch.full((64,), 448.0).to(torch.float8_e4m3fn)  # the largest finite e4m3 value
+    for seed in range(20):
+        nudge([fp8], [True], torch.Generator().manual_seed(seed))
+    assert torch.isfinite(fp8.float()).all()
+    x = torch.ones(16)
+    nudge([x], [True], torch.Generator().manual_seed(0))
+    assert (x != 1).sum() == 1 and torch.isfinite(x).all()
+
+
+def test_without_roll_only_the_nudge_changes_the_inputs() -> None:
+    x = torch.randn(6, 5, generator=torch.Generator().manual_seed(3))
+    (y,) = perturb([x], [True], 99, roll=False)
+    assert (y != x).sum() == 1
+
+
+def test_slow_calls_with_a_fast_warm_up_are_not_condemned() -> None:
+    # 100 ms calls, one per batch, after a warm-up call 5 ms faster than the timed one
+    eager = [Batch(1, 1, 95 + 100 + 2 + 0.2, (100.0,), 101.0) for _ in range(6)]
+    cand = [Batch(1, 1, 95 + 100 + 2 + 0.2, (100.0,), 101.0) for _ in range(6)]
+    assert timer_inconsistency({"eager": eager, "candidate": cand}) == ""
