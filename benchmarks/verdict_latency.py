@@ -21,6 +21,7 @@ import argparse
 import json
 import platform
 import shutil
+import statistics
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -130,6 +131,7 @@ def warm(
         "started_at": [v.started_at for v in verdicts],
         "cpu_steal_share": steal,
         "compile_baseline": [_speedup_of(v, "compile") for v in verdicts],
+        "stage_s": [v.stage_s for v in verdicts],
     }
 
 
@@ -180,6 +182,16 @@ def main() -> None:
         eager = ", ".join(f"{e['median_ms']:.4g}" for e in r["eager"] if e)  # type: ignore[union-attr]
         cand = ", ".join(f"{c['median_ms']:.4g}" for c in r["candidate_times"] if c)  # type: ignore[union-attr]
         print(f"{'':<20}eager ms: {eager}   candidate ms: {cand}")
+        stages = r["stage_s"]  # type: ignore[assignment]
+        names = list(dict.fromkeys(k for st in stages for k in st))  # type: ignore[union-attr]
+        medians = {
+            k: statistics.median(st.get(k, 0.0) for st in stages)  # type: ignore[union-attr]
+            for k in names
+        }
+        print(
+            f"{'':<20}warm same, median s per stage: "
+            + ", ".join(f"{k} {v:.2f}" for k, v in medians.items())
+        )
     if args.json:
         args.json.write_text(
             json.dumps(

@@ -131,6 +131,9 @@ def test_gpu_backend_without_gpu_is_a_one_line_error(judge: Judge) -> None:
 
 def test_verdict_json_round_trip(judge: Judge) -> None:
     v = evaluate(judge, "good.py")
+    assert list(v.stage_s) == ["build", "worker", "reference", "load", "trials", "timing"]
+    assert all(t >= 0 for t in v.stage_s.values())
+    assert sum(v.stage_s.values()) <= v.duration_s + 1e-6
     again = Verdict.from_json(v.to_json())
     assert again == v
     assert again.to_json() == v.to_json()

@@ -402,6 +402,14 @@ class Judge:
     def _judge(self, cand: Candidate, device: str, seed: int | None) -> Verdict:
         """:meth:`evaluate` of one candidate on one device."""
         started, t0 = _now(), time.monotonic()
+        stages: dict[str, float] = {}
+        mark = [t0]
+
+        def stage(name: str) -> None:
+            now = time.monotonic()
+            stages[name] = now - mark[0]
+            mark[0] = now
+
         pool = self._pool(device)
         pool.prestart()  # the worker starts while the build runs
         ahead = self._prep
@@ -438,6 +446,7 @@ class Judge:
                 reason=reason,
                 finished_at=_now(),
                 duration_s=time.monotonic() - t0,
+                stage_s=dict(stages),
                 **base,
                 **kw,
             )
@@ -458,7 +467,9 @@ class Judge:
             self._begin_preparation(device, run_seed, secret)
         try:
             result = result or self.build(cand, device)
+            stage("build")
             worker = pool.take() if result.ok else None
+            stage("worker")
         except BaseException:
             if started_here:
                 self._finish_alone()
@@ -484,7 +495,9 @@ class Judge:
         try:
             # Before any of this candidate's code runs: a reference failure so far is not its.
             prepared = self._await_prepared(device, run_seed)
+            stage("reference")
             failed_import = self._load(worker, cand, result, device)
+            stage("load")
             if failed_import is not None:
                 first = failed_import.messages[0]
                 return finish(
@@ -540,6 +553,7 @@ class Judge:
                 atol=atol,
                 rtol=rtol,
             )
+            stage("trials")
             if not check.passed:
                 bad = next(t for t in trials if not t.passed)
                 return finish(
@@ -563,6 +577,7 @@ class Judge:
                     rtol,
                     trial_inputs,
                 )
+            stage("timing")
             return finish(status, note, build=result, check=check, timing=timing)
         except CandidateFault as exc:
             check = (
