@@ -275,9 +275,9 @@ def _audit_timed_calls(
         return Status.REJECTED, "the worker reported outputs of unknown timed calls"
     count = min(AUDITED_CALLS, len(calls))
     picked = [calls.pop(secrets.randbelow(len(calls))) for _ in range(count)]
+    flags = {k: [measure.continuous(x) for x in sets[k]] for k in {k for k, _, _ in picked}}
     for k, seed, outputs in picked:
-        base = sets[k]
-        args = measure.perturb(base, [measure.continuous(x) for x in base], seed, roll)
+        args = measure.perturb(sets[k], flags[k], seed, roll)
         expected = ref.request(
             "run", cfg.run_timeout_s, inputs=args, oracle=cfg.tolerance == "oracle", keep=False
         )

@@ -76,15 +76,16 @@ def nudge(args: list[Any], which: list[bool], gen: torch.Generator) -> None:
     Flipping the lowest mantissa bit keeps a finite value of 2 bytes or more finite; an
     infinity (it would become NaN) and 1-byte (fp8) formats, where the flip can make a NaN,
     are left alone. The draw is made either way, so the generator's sequence does not depend
-    on the values.
+    on the values, and the test of the value runs on the tensor's device (no synchronisation).
     """
     for x, flagged in zip(args, which):
         if flagged:
             j = int(torch.randint(0, x.numel(), (1,), generator=gen))
-            if x.element_size() < 2 or not bool(torch.isfinite(x.view(-1)[j])):
+            if x.element_size() < 2:
                 continue
             view = x.view(_INT_VIEW[x.element_size()]).view(-1)
-            view[j] ^= 1  # flip the lowest mantissa bit: one ulp
+            # flip the lowest mantissa bit (one ulp) where the value is finite
+            view[j] ^= torch.isfinite(x.view(-1)[j]).to(view.dtype)
 
 
 def perturb(args: list[Any], which: list[bool], seed: int, roll: bool = True) -> list[Any]:
