@@ -57,7 +57,7 @@ fi
 if want reference_times; then
     step reference_times
     timeout 400 python3 benchmarks/reference_times.py --jobs 8 --max-time 1 \
-        --problems "$PROBLEMS" --json "$WORK/reference_times.json" \
+        --compile-timeout 120 --problems "$PROBLEMS" --json "$WORK/reference_times.json" \
         > "$WORK/reference_times.txt" 2>&1
     cat "$WORK/reference_times.txt"
 fi
@@ -70,7 +70,7 @@ if want builds; then
 fi
 if want gpu_tier; then
     step gpu_tier
-    timeout 300 python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider -rA \
+    timeout 450 python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider -rA --durations=8 \
         > "$WORK/pytest_gpu.txt" 2>&1
     grep -E "passed|failed|FAILED|candidate median" "$WORK/pytest_gpu.txt" | tail -25
 fi

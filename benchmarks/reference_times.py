@@ -7,7 +7,7 @@ nudged inputs, L2 flush, device-wide sync before the end mark), one problem at a
 row per problem: medians with their 95% CI, compile time, and the speedup of torch.compile.
 
 Run:  PYTHONPATH=src python3 benchmarks/reference_times.py [--problems a,b] [--shape-set public]
-      [--device cuda] [--max-time 2] [--jobs 8] [--json OUT]
+      [--device cuda] [--max-time 2] [--jobs 8] [--compile-timeout 300] [--json OUT]
 """
 
 from __future__ import annotations
@@ -30,14 +30,17 @@ from kerneljudge.timing import TimingConfig, measure_alternating, speedups, summ
 from kerneljudge.worker.process import timing_cpu
 
 
-def prepare(name: str, shape_set: str, device: str) -> tuple[ReferenceSession, float]:
-    """Start the reference worker, run one trial and compile the reference (seconds it took)."""
+def prepare(
+    name: str, shape_set: str, device: str, compile_timeout_s: float
+) -> tuple[ReferenceSession, float]:
+    """Start the reference worker, run one trial and compile the reference (seconds it took;
+    a compile past ``compile_timeout_s`` leaves the eager reference only)."""
     problem = Problem.load(name)
     ref = ReferenceSession(problem, shape_set, device, secrets.randbits(62), threads=0)
     try:
         ref.request("run", 600, inputs=ref.problem.make_inputs(secrets.randbits(62)))
         t0 = time.perf_counter()
-        ref.ensure_compiled(900)
+        ref.ensure_compiled(compile_timeout_s)
         return ref, time.perf_counter() - t0
     except BaseException:
         ref.close()
@@ -96,6 +99,9 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--max-time", type=float, default=2.0)
     parser.add_argument("--jobs", type=int, default=8, help="problems compiled at once")
+    parser.add_argument(
+        "--compile-timeout", type=float, default=300.0, help="seconds per torch.compile"
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     device = resolve_device(args.device, needs_gpu=False)
@@ -103,8 +109,23 @@ def main() -> None:
     rows = []
     print(f"{'problem':<28}{'eager ms':>12}{'compile ms':>12}{'compile x':>10}{'compile s':>10}")
 
+    started = datetime.now(UTC).isoformat(timespec="seconds")
+
     def report(row: dict[str, object]) -> None:
         rows.append(row)
+        if args.json:  # after every row: a run cut short keeps what it measured
+            args.json.write_text(
+                json.dumps(
+                    {
+                        "date": started,
+                        "device": describe_device(device).name,
+                        "torch": torch.__version__,
+                        "shape_set": args.shape_set,
+                        "rows": rows,
+                    },
+                    indent=2,
+                )
+            )
         if "error" in row:
             print(f"{row['problem']:<28} error: {row['error']}", flush=True)
             return
@@ -116,7 +137,7 @@ def main() -> None:
                 f"{comp['median_ms']:>12.4f}{row['compile_speedup']['median']:>10.2f}"  # type: ignore[index]
                 f"{row['compile_s']:>10.1f}"
                 if comp
-                else f"{'-':>12}{'-':>10}{'-':>10}"
+                else f"{'-':>12}{'-':>10}{'-':>10}  {row.get('compile_error') or ''}"
             ),
             flush=True,
         )
@@ -126,7 +147,9 @@ def main() -> None:
     for start in range(0, len(names), args.jobs):
         chunk = names[start : start + args.jobs]
         with ThreadPoolExecutor(max_workers=len(chunk)) as pool:
-            futures = [pool.submit(prepare, n, args.shape_set, device) for n in chunk]
+            futures = [
+                pool.submit(prepare, n, args.shape_set, device, args.compile_timeout) for n in chunk
+            ]
         for name, future in zip(chunk, futures):
             try:
                 ref, compile_s = future.result()
@@ -137,19 +160,6 @@ def main() -> None:
                 report(time_reference(name, ref, compile_s, device, args.max_time))
             except KernelJudgeError as exc:
                 report({"problem": name, "error": str(exc)})
-    if args.json:
-        args.json.write_text(
-            json.dumps(
-                {
-                    "date": datetime.now(UTC).isoformat(timespec="seconds"),
-                    "device": describe_device(device).name,
-                    "torch": torch.__version__,
-                    "shape_set": args.shape_set,
-                    "rows": rows,
-                },
-                indent=2,
-            )
-        )
 
 
 if __name__ == "__main__":

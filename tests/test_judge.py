@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from kerneljudge import Judge, JudgeConfig, Status, TimingConfig, Verdict
 from kerneljudge.candidate import Candidate
@@ -274,3 +275,28 @@ def test_a_closed_judge_starts_no_workers(tmp_path: Path) -> None:
     with pytest.raises(WorkerError, match="closed"):
         j.evaluate(CANDIDATES / "good.py")
     assert not j._pools and not j._refs
+
+
+def test_a_reference_compile_that_does_not_finish_loses_only_that_baseline(
+    tiny_problem: Path,
+) -> None:
+    """torch.compile past its time limit: the worker is replaced and eager timing goes on."""
+    from kerneljudge.problem import Problem
+    from kerneljudge.reference import ReferenceSession
+
+    ref = ReferenceSession(Problem.load(tiny_problem), "public", "cpu", weight_seed=1, threads=1)
+    try:
+        problem = ref.problem
+        first = ref.request("run", 60, inputs=problem.make_inputs(5))
+        ref.request("run", 60, inputs=problem.make_inputs(6))
+        old_pid = ref.worker.proc.pid
+        assert ref.ensure_compiled(0.05) is False  # dynamo alone needs longer than 50 ms
+        assert "did not finish" in (ref.compile_error or ""), ref.compile_error
+        assert ref.worker.proc.pid != old_pid and ref.worker.alive()
+        assert ref.ensure_compiled(600) is False  # decided once
+        reply = ref.request("time", 60, n=4, warmup=1, target="eager")
+        assert len(reply["times_ms"]) == 4 and all(t > 0 for t in reply["times_ms"])
+        again = ref.request("run", 60, inputs=problem.make_inputs(5))
+        assert torch.equal(again["outputs"], first["outputs"])  # same weights in the new worker
+    finally:
+        ref.close()

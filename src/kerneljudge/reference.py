@@ -8,6 +8,7 @@ from typing import Any
 from kerneljudge.errors import WorkerError
 from kerneljudge.problem import Problem
 from kerneljudge.worker import CandidateFault, WorkerDied, WorkerProcess, WorkerTimeout
+from kerneljudge.worker.runtime import MAX_TIMING_SETS
 
 __all__ = ["ReferenceFailed", "ReferenceSession", "first_line"]
 
@@ -42,44 +43,73 @@ class ReferenceSession:
         self.init_inputs = self.problem.make_init_inputs(weight_seed)
         model = self.problem.make_model(weight_seed, self.init_inputs)
         self.state_dict = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        self._device, self._threads = device, threads
         self.worker = WorkerProcess("reference", device, threads=threads)
         self._ready = False
         self.failed = False
         self.answered = False
         self.compile_error: str | None = None
         self._compiled = False
+        self._kept: list[list[Any]] = []
 
     def request(self, op: str, timeout_s: float, **fields: Any) -> dict[str, Any]:
-        """A request the reference must answer; any failure is a harness error."""
+        """A request the reference must answer; any failure is a harness error.
+
+        Raises:
+            ReferenceFailed: the worker raised, died or did not answer within ``timeout_s``
+                seconds; it has been killed.
+        """
         try:
-            if not self._ready:
-                self._ready = True
-                self.request(
-                    "load_problem", timeout_s, path=str(self.problem.path), shape_set=self.shape_set
-                )
-                self.request(
-                    "setup", timeout_s, init_inputs=self.init_inputs, state_dict=self.state_dict
-                )
+            self._set_up(timeout_s)
             reply = self.worker.request(op, timeout_s, **fields)
             self.answered = True
-            return reply
         except (CandidateFault, WorkerDied, WorkerTimeout) as exc:
             self.failed = True
             self.worker.kill()
             raise ReferenceFailed(
                 f"the reference of {self.problem.name} failed on {op}: {exc}", self.answered
             ) from None
+        if op == "run" and fields.get("keep", True):
+            # The worker keeps these as the timed loop's input sets; a replacement gets them again.
+            self._kept = (self._kept + [fields["inputs"]])[-MAX_TIMING_SETS:]
+        return reply
+
+    def _set_up(self, timeout_s: float) -> None:
+        """Load the problem and its weights into a worker that has not had them."""
+        if not self._ready:
+            self._ready = True
+            self.request(
+                "load_problem", timeout_s, path=str(self.problem.path), shape_set=self.shape_set
+            )
+            self.request(
+                "setup", timeout_s, init_inputs=self.init_inputs, state_dict=self.state_dict
+            )
 
     def ensure_compiled(self, timeout_s: float) -> bool:
-        """torch.compile the reference once; False (and ``compile_error``) if that fails."""
-        if not self._compiled and self.compile_error is None:
-            try:
-                self.worker.request("compile", timeout_s)
-                self._compiled = True
-            except (CandidateFault, WorkerTimeout, WorkerDied) as exc:
-                self.compile_error = first_line(str(exc))
-                if not self.worker.alive():
-                    raise WorkerError(f"the reference worker died compiling: {exc}") from None
+        """torch.compile the reference once; False (and ``compile_error``) if that fails.
+
+        A compile that raises leaves the worker as it was. One that does not finish within
+        ``timeout_s`` seconds (dynamo unrolling a long Python loop can take many minutes), or
+        that ends the worker, gets a fresh reference worker in its place, given the same input
+        sets, so that the eager reference goes on and only the ``compile`` baseline is lost.
+
+        Raises:
+            ReferenceFailed: the replacement worker failed too.
+        """
+        if self._compiled or self.compile_error is not None:
+            return self._compiled
+        try:
+            self._set_up(timeout_s)
+            self.worker.request("compile", timeout_s)
+            self._compiled = True
+        except (CandidateFault, WorkerTimeout, WorkerDied) as exc:
+            self.compile_error = first_line(str(exc))
+            if not self.worker.alive():
+                self.worker.kill()
+                self.worker = WorkerProcess("reference", self._device, threads=self._threads)
+                self._ready = False
+                for inputs in self._kept:
+                    self.request("run", timeout_s, inputs=inputs)
         return self._compiled
 
     def close(self) -> None:
