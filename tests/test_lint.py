@@ -124,6 +124,19 @@ def test_first_input_passed_through_is_caught(tmp_path: Path) -> None:
     assert nulls is not None and "first_input passes" in nulls.detail
 
 
+def test_a_reference_that_loops_over_many_steps_is_flagged_launch_bound(tmp_path: Path) -> None:
+    # A Python loop of 1,500 steps, two operators each, and a matmul: a warning, not a failure.
+    loop = "for _ in range(1500):\n            h = torch.tanh(h * self.w)"
+    body = f"h = x\n        {loop}\n        return h @ y"
+    report = lint_problem(_write(tmp_path, "loop", body))
+    check = report.check("not_launch_bound")
+    assert check is not None and not check.passed and not check.required, check
+    assert "3001 operators" in check.detail, check.detail
+    assert report.passed, _explain(report)
+    sound = lint_problem(_write(tmp_path, "plain")).check("not_launch_bound")
+    assert sound is not None and sound.passed and "3 operators per call" in sound.detail, sound
+
+
 @pytest.mark.parametrize(
     ("source", "needle"),
     [

@@ -30,7 +30,9 @@ checks, in order:
                      CUDA) its peak allocated memory stay within :class:`LintLimits`.
 ``not_launch_bound`` (a warning) at every shape set but ``tiny``, the H100 time floor is at
                      least ``LAUNCH_FLOOR_S``, unless the problem is tagged ``decode`` or
-                     ``small-shape``.
+                     ``small-shape``; and one reference call at the linted set runs at most
+                     ``MAX_REFERENCE_OPS`` operators (a Python loop over a sequence makes
+                     the reference's time launch overhead, and torch.compile unrolls it).
 
 A problem that fails to load is a failed report, never an exception. The lint runs the reference
 in this process: only lint code you would import.
@@ -49,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from kerneljudge import roofline
 from kerneljudge.check import compare_outputs, flatten_outputs
@@ -59,6 +62,7 @@ __all__ = [
     "CHECK_NAMES",
     "LAUNCH_FLOOR_S",
     "MAGNITUDE_FACTOR",
+    "MAX_REFERENCE_OPS",
     "NOISE_FACTOR",
     "LintCheck",
     "LintLimits",
@@ -89,6 +93,12 @@ MAGNITUDE_FACTOR = 10.0
 NOISE_FACTOR = 10.0
 #: Below this H100 time floor (seconds) a problem measures launch overhead, not its kernel.
 LAUNCH_FLOOR_S = 10e-6
+#: More (non-view) ATen operators than this in one reference call: its time on a GPU is launch
+#: overhead, and torch.compile has that many nodes to trace. Measured on the H200 (eager, public
+#: shapes; docs/benchmarks/2026-11-30-h200-validation.md): ``causal_gqa``'s naive per-position
+#: attention runs 801 operators in 8.85 ms, 11 us each; the former ``selective_scan`` loop over
+#: 2,048 time steps 16,394 in 231 ms, 14 us each, and did not compile in 290 s.
+MAX_REFERENCE_OPS = 2000
 #: Tags that exempt a problem from ``not_launch_bound``: small by design.
 SMALL_SHAPE_TAGS = ("decode", "small-shape")
 #: A byte count above this multiple of the inputs + outputs + parameters is implausible.
@@ -263,6 +273,31 @@ def _run(model: torch.nn.Module, inputs: list[Any], device: torch.device) -> tup
         out = model(*args)
     _sync(device)
     return out, time.perf_counter() - start
+
+
+class _OperatorCount(TorchDispatchMode):
+    """Counts the ATen operators dispatched inside it, views (which launch nothing) aside."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if not func.is_view:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _operator_count(model: torch.nn.Module, inputs: list[Any]) -> int | None:
+    """The number of non-view ATen operators one reference call on ``inputs`` runs (None: the
+    call does not run under a dispatch mode, e.g. a reference that already uses one)."""
+    args = _clone(inputs)
+    try:
+        with torch.no_grad(), _OperatorCount() as counter:
+            model(*args)
+    except Exception:  # a warning's measurement: never the reason a sound problem fails
+        return None
+    return counter.count
 
 
 def _oracle(model: torch.nn.Module, inputs: list[Any], device: torch.device) -> Any:
@@ -540,14 +575,29 @@ def _check_counts(
     return LintCheck("counts", not issues, "; ".join(issues) or detail)
 
 
-def _check_launch_bound(problem: Problem, linted: str | None) -> LintCheck:
+def _check_launch_bound(problem: Problem, linted: str | None, operators: int | None) -> LintCheck:
+    """The H100 floor at every non-``tiny`` set, and ``operators`` (one call at ``linted``)."""
+    many = (
+        f"{operators} operators in one reference call at {linted or 'module'} (more than "
+        f"{MAX_REFERENCE_OPS}: its time is launch overhead and torch.compile unrolls it)"
+        if operators is not None and operators > MAX_REFERENCE_OPS
+        else ""
+    )
+    counted = (
+        f"{operators} operators per call" if operators is not None else "operators not counted"
+    )
     has = [callable(getattr(problem.module, f, None)) for f in ("flop_count", "byte_count")]
-    if not any(has):
-        return LintCheck("not_launch_bound", True, "n/a: no counts", required=False, skipped=True)
     exempt = [t for t in problem.tags if t in SMALL_SHAPE_TAGS]
-    if exempt:
+    if not any(has) or exempt:
+        why = f"tagged {exempt[0]!r}" if exempt else "no counts"
+        if many:
+            return LintCheck("not_launch_bound", False, many, required=False)
         return LintCheck(
-            "not_launch_bound", True, f"n/a: tagged {exempt[0]!r}", required=False, skipped=True
+            "not_launch_bound",
+            True,
+            f"n/a for the floor: {why}; {counted}",
+            required=False,
+            skipped=True,
         )
     h100 = roofline.DEVICES["NVIDIA H100 SXM5 80GB"]
     dtype = roofline.compute_dtype(problem)
@@ -565,17 +615,14 @@ def _check_launch_bound(problem: Problem, linted: str | None) -> LintCheck:
     finally:
         if linted is not None:
             problem.use_shape_set(linted)
-    if small:
-        return LintCheck(
-            "not_launch_bound",
-            False,
-            f"H100 floor under {_fmt_s(LAUNCH_FLOOR_S)} at " + ", ".join(small),
-            required=False,
-        )
+    issues = [f"H100 floor under {_fmt_s(LAUNCH_FLOOR_S)} at " + ", ".join(small)] if small else []
+    issues += [many] if many else []
+    if issues:
+        return LintCheck("not_launch_bound", False, "; ".join(issues), required=False)
     return LintCheck(
         "not_launch_bound",
         True,
-        f"H100 floor >= {_fmt_s(LAUNCH_FLOOR_S)} at {len(sets)} shape sets",
+        f"H100 floor >= {_fmt_s(LAUNCH_FLOOR_S)} at {len(sets)} shape sets, {counted}",
         required=False,
     )
 
@@ -727,7 +774,7 @@ def lint_problem(
                 f"{_fmt_s(time_s)}, {_fmt_bytes(moved)} moved, {_fmt_bytes(peak)} peak",
             )
         )
-        checks.append(_check_launch_bound(problem, linted))
+        checks.append(_check_launch_bound(problem, linted, _operator_count(model, inputs)))
     except Exception as exc:  # user code again: report which check it broke
         done = {c.name for c in checks}
         broken = next(n for n in CHECK_NAMES if n not in done)
