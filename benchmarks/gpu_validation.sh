@@ -72,7 +72,7 @@ if want gpu_tier; then
     step gpu_tier
     timeout 450 python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider -rA --durations=8 \
         > "$WORK/pytest_gpu.txt" 2>&1
-    grep -E "passed|failed|FAILED|candidate median" "$WORK/pytest_gpu.txt" | tail -25
+    grep -E "passed|failed|FAILED|candidate median|s call " "$WORK/pytest_gpu.txt" | tail -25
 fi
 if want env_tier; then
     step env_tier

@@ -289,14 +289,25 @@ def test_a_reference_compile_that_does_not_finish_loses_only_that_baseline(
         problem = ref.problem
         first = ref.request("run", 60, inputs=problem.make_inputs(5))
         ref.request("run", 60, inputs=problem.make_inputs(6))
-        old_pid = ref.worker.proc.pid
-        assert ref.ensure_compiled(0.05) is False  # dynamo alone needs longer than 50 ms
+        ref.request("run", 60, inputs=problem.make_inputs(7), keep=False)  # an audit: not a set
+        old_pid, old_scratch = ref.worker.proc.pid, ref.worker.scratch
+        assert ref.ensure_compiled(0.05, replay_timeout_s=60) is False  # dynamo needs > 50 ms
         assert "did not finish" in (ref.compile_error or ""), ref.compile_error
         assert ref.worker.proc.pid != old_pid and ref.worker.alive()
+        assert not old_scratch.exists()  # the old worker's folder went with it
         assert ref.ensure_compiled(600) is False  # decided once
         reply = ref.request("time", 60, n=4, warmup=1, target="eager")
         assert len(reply["times_ms"]) == 4 and all(t > 0 for t in reply["times_ms"])
+        assert ref.request("timed_outputs", 60)["n_sets"] == 2  # the two kept sets, once each
         again = ref.request("run", 60, inputs=problem.make_inputs(5))
         assert torch.equal(again["outputs"], first["outputs"])  # same weights in the new worker
     finally:
         ref.close()
+
+    killed = ReferenceSession(Problem.load(tiny_problem), "public", "cpu", 1, threads=1)
+    try:
+        killed.request("run", 60, inputs=killed.problem.make_inputs(5))
+        killed.kill()  # as a closing judge does: the compile fails and nothing is started
+        assert killed.ensure_compiled(60) is False and not killed.worker.alive()
+    finally:
+        killed.close()

@@ -275,7 +275,7 @@ class Judge:
         with self._refs_lock:  # no reference is started after this
             running = list(self._refs.values())
         for ref in running:
-            ref.worker.kill()  # a running preparation fails at once
+            ref.kill()  # a running preparation fails at once
         self._settle()
         for ref in list(self._refs.values()):
             ref.close()
@@ -681,7 +681,7 @@ class Judge:
             prepared[shape_set] = runs
         if config.timing and "compile" in config.baselines:
             self._reference(device, self._shape_sets(config)[-1]).ensure_compiled(
-                max(config.run_timeout_s, 600.0)
+                max(config.run_timeout_s, 600.0), config.run_timeout_s
             )
         return prepared
 

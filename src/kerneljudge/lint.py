@@ -32,7 +32,8 @@ checks, in order:
                      least ``LAUNCH_FLOOR_S``, unless the problem is tagged ``decode`` or
                      ``small-shape``; and one reference call at the linted set runs at most
                      ``MAX_REFERENCE_OPS`` operators (a Python loop over a sequence makes
-                     the reference's time launch overhead, and torch.compile unrolls it).
+                     the reference's time launch overhead, and torch.compile unrolls it; this
+                     half applies to ``decode`` problems too).
 
 A problem that fails to load is a failed report, never an exception. The lint runs the reference
 in this process: only lint code you would import.
@@ -579,7 +580,8 @@ def _check_launch_bound(problem: Problem, linted: str | None, operators: int | N
     """The H100 floor at every non-``tiny`` set, and ``operators`` (one call at ``linted``)."""
     many = (
         f"{operators} operators in one reference call at {linted or 'module'} (more than "
-        f"{MAX_REFERENCE_OPS}: its time is launch overhead and torch.compile unrolls it)"
+        f"{MAX_REFERENCE_OPS}: its GPU time is launch overhead, and torch.compile traces "
+        "every one; a Python loop over a long dimension?)"
         if operators is not None and operators > MAX_REFERENCE_OPS
         else ""
     )
@@ -595,7 +597,7 @@ def _check_launch_bound(problem: Problem, linted: str | None, operators: int | N
         return LintCheck(
             "not_launch_bound",
             True,
-            f"n/a for the floor: {why}; {counted}",
+            f"n/a: {why} (floor not checked); {counted}",
             required=False,
             skipped=True,
         )

@@ -51,6 +51,7 @@ class ReferenceSession:
         self.compile_error: str | None = None
         self._compiled = False
         self._kept: list[list[Any]] = []
+        self.killed = False
 
     def request(self, op: str, timeout_s: float, **fields: Any) -> dict[str, Any]:
         """A request the reference must answer; any failure is a harness error.
@@ -85,16 +86,17 @@ class ReferenceSession:
                 "setup", timeout_s, init_inputs=self.init_inputs, state_dict=self.state_dict
             )
 
-    def ensure_compiled(self, timeout_s: float) -> bool:
+    def ensure_compiled(self, timeout_s: float, replay_timeout_s: float = 120.0) -> bool:
         """torch.compile the reference once; False (and ``compile_error``) if that fails.
 
         A compile that raises leaves the worker as it was. One that does not finish within
-        ``timeout_s`` seconds (dynamo unrolling a long Python loop can take many minutes), or
+        ``timeout_s`` seconds (dynamo tracing a long Python loop can take many minutes), or
         that ends the worker, gets a fresh reference worker in its place, given the same input
-        sets, so that the eager reference goes on and only the ``compile`` baseline is lost.
+        sets (each within ``replay_timeout_s``), so that the eager reference goes on and only the
+        ``compile`` baseline is lost. After :meth:`kill` nothing is replaced.
 
         Raises:
-            ReferenceFailed: the replacement worker failed too.
+            ReferenceFailed: the replacement worker failed too (``had_answered`` false).
         """
         if self._compiled or self.compile_error is not None:
             return self._compiled
@@ -104,13 +106,19 @@ class ReferenceSession:
             self._compiled = True
         except (CandidateFault, WorkerTimeout, WorkerDied) as exc:
             self.compile_error = first_line(str(exc))
-            if not self.worker.alive():
-                self.worker.kill()
+            if not self.worker.alive() and not self.killed:
+                self.worker.close()
                 self.worker = WorkerProcess("reference", self._device, threads=self._threads)
-                self._ready = False
-                for inputs in self._kept:
-                    self.request("run", timeout_s, inputs=inputs)
+                self._ready, self.answered = False, False
+                kept, self._kept = self._kept, []
+                for inputs in kept:
+                    self.request("run", replay_timeout_s, inputs=inputs)
         return self._compiled
+
+    def kill(self) -> None:
+        """Kill the worker at once (a request waiting on it fails); it is not replaced."""
+        self.killed = True
+        self.worker.kill()
 
     def close(self) -> None:
         self.worker.close()

@@ -209,7 +209,9 @@ def time_candidate(
     if "eager" in cfg.baselines:
         contestants["eager"] = sampler(ref.request, "eager")
     contestants["candidate"] = sampler(worker.request, "candidate")
-    if "compile" in cfg.baselines and ref.ensure_compiled(max(cfg.run_timeout_s, 600.0)):
+    if "compile" in cfg.baselines and ref.ensure_compiled(
+        max(cfg.run_timeout_s, 600.0), cfg.run_timeout_s
+    ):
         contestants["compile"] = sampler(ref.request, "compile")
     samples, rounds, stop = measure_alternating(contestants, cfg.timing_config)
     roofline = roofline_of(ref, samples["candidate"], info, inputs, expectations[-1][0])

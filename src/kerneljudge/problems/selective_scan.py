@@ -72,24 +72,30 @@ class Model(nn.Module):
         a = torch.exp(dt_l[..., None] * A)  # (L, B, D, N)
         dtu_l = (dt * u).permute(2, 0, 1).contiguous()  # (L, B, D)
         b = dtu_l[..., None] * Bm.permute(2, 0, 1).contiguous()[:, :, None, :]  # (L, B, D, N)
-        # Ping-pong buffers: each step writes the new (a, b) into the other pair from the old
-        # values (the first k rows are copied), so no op reads what it writes and the loop allocates
-        # nothing (fresh 0.4-1.6 GB tensors per step cost more than the math on CPU). Peak:
-        # four (L, B, D, N) tensors, 6.4 GB in float64 at the public shape. Forward only: the
-        # buffers are overwritten, so autograd cannot differentiate through it.
-        a_next, b_next = torch.empty_like(a), torch.empty_like(b)
         L, k = u.shape[2], 1
-        while k < L:
-            # b_t <- a_t b_(t-k) + b_t and a_t <- a_t a_(t-k); the first k steps are final.
-            b_next[:k].copy_(b[:k])
-            torch.addcmul(b[k:], a[k:], b[:-k], out=b_next[k:])
-            b, b_next = b_next, b
-            if 2 * k < L:  # the last step needs no a
-                a_next[:k].copy_(a[:k])
-                torch.mul(a[k:], a[:-k], out=a_next[k:])
-                a, a_next = a_next, a
-            k *= 2
-        del a, a_next, b_next
+        if torch.is_grad_enabled():  # autograd needs every step's tensors: new ones per step
+            while k < L:
+                # b_t <- a_t b_(t-k) + b_t and a_t <- a_t a_(t-k); the first k steps are final.
+                b = torch.cat([b[:k], torch.addcmul(b[k:], a[k:], b[:-k])])
+                a = torch.cat([a[:k], a[k:] * a[:-k]]) if 2 * k < L else a
+                k *= 2
+        else:
+            # The same steps in ping-pong buffers: each writes the new (a, b) into the other
+            # pair from the old values (the first k rows copied), so no op reads what it
+            # writes and nothing is allocated per step (fresh 0.4-1.6 GB tensors per step cost
+            # more than the math on a CPU). Peak: four (L, B, D, N) tensors.
+            a_next, b_next = torch.empty_like(a), torch.empty_like(b)
+            while k < L:
+                b_next[:k].copy_(b[:k])
+                torch.addcmul(b[k:], a[k:], b[:-k], out=b_next[k:])
+                b, b_next = b_next, b
+                if 2 * k < L:  # the last step needs no a
+                    a_next[:k].copy_(a[:k])
+                    torch.mul(a[k:], a[:-k], out=a_next[k:])
+                    a, a_next = a_next, a
+                k *= 2
+            del a_next, b_next
+        del a
         # h = b; y_t = sum_n C_t h_t, back to a contiguous (B, D, L).
         y = (b * Cm.permute(2, 0, 1)[:, :, None, :]).sum(dim=-1)  # (L, B, D)
         y = y.permute(1, 2, 0).contiguous() + self.D[:, None] * u

@@ -53,6 +53,8 @@ class Channel:
         Raises:
             ChannelClosed: the reader is gone.
         """
+        if self.write_fd < 0:
+            raise ChannelClosed("the channel was closed")
         buf = io.BytesIO()
         torch.save(message, buf)
         payload = buf.getvalue()
@@ -66,6 +68,8 @@ class Channel:
 
     def _fill(self, n: int, deadline: float | None) -> None:
         """Read until the buffer holds ``n`` bytes; what was read survives a timeout."""
+        if self.read_fd < 0 and len(self._buf) < n:
+            raise ChannelClosed("the channel was closed")
         while len(self._buf) < n:
             if deadline is not None:
                 remaining = deadline - time.monotonic()
@@ -103,7 +107,11 @@ class Channel:
         return message
 
     def close(self) -> None:
-        for fd in (self.read_fd, self.write_fd):
+        """Close both ends; a second call does nothing (the numbers may belong to new files)."""
+        fds, self.read_fd, self.write_fd = (self.read_fd, self.write_fd), -1, -1
+        for fd in fds:
+            if fd < 0:
+                continue
             try:
                 os.close(fd)
             except OSError:
