@@ -28,6 +28,7 @@ from kerneljudge.verdict import Measurement, Speedup
 
 __all__ = [
     "TimingConfig",
+    "bootstrap_medians",
     "bootstrap_speedup",
     "measure_alternating",
     "median_ci",
@@ -105,20 +106,45 @@ def summarise(name: str, samples: list[float]) -> Measurement:
     )
 
 
+def bootstrap_medians(
+    samples: list[float] | np.ndarray, resamples: int, rng: np.random.Generator
+) -> np.ndarray:
+    """Medians (as :func:`numpy.median` takes them) of ``resamples`` bootstrap resamples of
+    ``samples``, drawn exactly in O(resamples) after one sort instead of O(resamples * n).
+
+    A resample of ``x`` (sorted, size n) is ``x[I_1..I_n]`` with iid uniform indices, so its
+    k-th smallest value is ``x[I_(k)]``, and ``I_(k) = floor(n U_(k))`` for the k-th smallest
+    of n iid uniforms on (0, 1), which is Beta(k, n + 1 - k); the next order statistic is
+    ``U_(k) + (1 - U_(k)) Beta(1, n - k)`` (David & Nagaraja, *Order Statistics*, 3rd ed.,
+    2003, sections 2.2 and 2.5). Odd n: the median is ``x[I_((n+1)/2)]``; even n: the mean of
+    ``x[I_(n/2)]`` and ``x[I_(n/2+1)]``.
+    """
+    x = np.sort(np.asarray(samples, dtype=float))
+    n = len(x)
+    k = (n + 1) // 2
+    u = rng.beta(k, n + 1 - k, resamples)
+    lower = x[np.minimum((n * u).astype(np.int64), n - 1)]
+    if n % 2:
+        return lower
+    u_next = u + (1.0 - u) * rng.beta(1, n - k, resamples)
+    return 0.5 * (lower + x[np.minimum((n * u_next).astype(np.int64), n - 1)])
+
+
 def bootstrap_speedup(
     baseline: list[float], candidate: list[float], *, resamples: int = 2000, seed: int = 0
 ) -> tuple[float, tuple[float, float]]:
     """``median(baseline) / median(candidate)`` and its 95% percentile-bootstrap interval.
 
-    Both sample sets are resampled independently with replacement ``resamples`` times; the
+    Both sample sets are resampled independently with replacement ``resamples`` times (their
+    medians drawn by :func:`bootstrap_medians`, so 10,000 samples cost no more than 100); the
     generator is seeded so that a verdict is reproducible from its samples.
     """
     b = np.asarray(baseline, dtype=float)
     c = np.asarray(candidate, dtype=float)
     point = float(np.median(b) / np.median(c))
     rng = np.random.default_rng(seed)
-    mb = np.median(b[rng.integers(0, len(b), size=(resamples, len(b)))], axis=1)
-    mc = np.median(c[rng.integers(0, len(c), size=(resamples, len(c)))], axis=1)
+    mb = bootstrap_medians(b, resamples, rng)
+    mc = bootstrap_medians(c, resamples, rng)
     lo, hi = np.percentile(mb / mc, [2.5, 97.5])
     return point, (float(lo), float(hi))
 
@@ -164,11 +190,12 @@ def measure_alternating(
         settled = elapsed >= config.min_time_s and rounds >= config.min_rounds
         enough = all(len(s) >= config.min_samples for s in samples.values())
         full = [len(s) >= config.max_samples for s in samples.values()]
-        precise = [_precise(s, config.rel_precision) for s in samples.values()]
-        if enough and settled and all(precise):
-            return samples, rounds, "precision"
-        if enough and (settled or all(full)) and all(f or p for f, p in zip(full, precise)):
-            return samples, rounds, "max_samples"
+        if enough and (settled or all(full)):  # the intervals only matter from here on
+            precise = [_precise(s, config.rel_precision) for s in samples.values()]
+            if settled and all(precise):
+                return samples, rounds, "precision"
+            if all(f or p for f, p in zip(full, precise)):
+                return samples, rounds, "max_samples"
         if elapsed >= config.max_time_s and (enough or elapsed >= 5 * config.max_time_s):
             return samples, rounds, "max_time"
 
