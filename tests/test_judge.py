@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -138,6 +139,34 @@ def test_verdict_json_round_trip(judge: Judge) -> None:
     again = Verdict.from_json(v.to_json())
     assert again == v
     assert again.to_json() == v.to_json()
+    assert v.timing is not None and v.timing.baseline_errors == {}  # eager only: none missing
+
+
+def test_a_missing_baseline_is_explained_in_the_verdict(judge: Judge) -> None:
+    """A baseline that was asked for but not timed says why, in the JSON and in the table."""
+    import dataclasses
+    import io
+
+    from rich.console import Console
+
+    from kerneljudge.render import render_verdict
+
+    v = evaluate(judge, "good.py")
+    assert v.timing is not None
+    why = "not timed: compile did not finish within 600 s"
+    v = dataclasses.replace(
+        v, timing=dataclasses.replace(v.timing, baseline_errors={"compile": why})
+    )
+    again = Verdict.from_json(v.to_json())
+    assert again == v and again.timing is not None
+    assert again.timing.baseline_errors == {"compile": why}
+    out = io.StringIO()
+    render_verdict(v, Console(file=out, width=200))
+    assert why in out.getvalue()
+    old = json.loads(v.to_json())
+    del old["timing"]["baseline_errors"]
+    old["schema_version"] = "1.1"  # a verdict written before the field existed still reads
+    assert Verdict.from_dict(old).timing.baseline_errors == {}  # type: ignore[union-attr]
 
 
 def test_mask_inputs_are_not_nudged_during_timing(tmp_path: Path) -> None:

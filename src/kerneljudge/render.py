@@ -120,6 +120,8 @@ def render_verdict(v: Verdict, console: Console | None = None) -> None:
             s.add_column(col, justify="right")
         for sp in tm.speedups:
             s.add_row(sp.baseline, f"{sp.median:.3f}x", f"{sp.ci95[0]:.3f}-{sp.ci95[1]:.3f}")
+        for baseline, why in tm.baseline_errors.items():
+            s.add_row(baseline, "-", why)
         parts.append(s)
         r = tm.roofline
         if r:

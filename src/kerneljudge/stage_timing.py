@@ -223,6 +223,11 @@ def time_candidate(
         stop_reason=stop,
         l2_flush_bytes=flush,
         roofline=roofline,
+        baseline_errors=(
+            {"compile": f"not timed: {ref.compile_error or 'torch.compile did not run'}"}
+            if "compile" in cfg.baselines and "compile" not in samples
+            else {}
+        ),
     )
     if not tampered:
         why = timer_inconsistency(seen)

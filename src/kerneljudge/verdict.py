@@ -32,7 +32,7 @@ __all__ = [
     "decode",
 ]
 
-SCHEMA_VERSION = "1.1"
+SCHEMA_VERSION = "1.2"
 
 
 class Status(str, Enum):
@@ -216,6 +216,9 @@ class TimingResult:
         stop_reason: ``"precision"`` (CI of every median within the target), ``"max_time"`` or
             ``"max_samples"``.
         l2_flush_bytes: size of the buffer written between timed calls (0 on CPU).
+        roofline: achieved throughput against the device's peaks, when the problem has counts.
+        baseline_errors: baseline -> why a baseline that was asked for is not timed (e.g.
+            ``{"compile": "compile did not finish within 600 s"}``). Added in schema 1.2.
     """
 
     clock: str
@@ -225,6 +228,7 @@ class TimingResult:
     stop_reason: str
     l2_flush_bytes: int = 0
     roofline: Roofline | None = None
+    baseline_errors: dict[str, str] = field(default_factory=dict)
 
     def measurement(self, name: str) -> Measurement | None:
         return next((m for m in self.measurements if m.name == name), None)

@@ -387,6 +387,25 @@ def test_compiler_log_is_shortened_for_the_model() -> None:
     assert "main.cpp:15:30: error" in text and "/tmp/x" not in text and "[1/2]" not in text
 
 
+def test_benchmark_observation_says_why_a_baseline_is_missing() -> None:
+    m = Measurement("eager", 50, 2.0, 1.8, 2.2, 1.6, 2.0, (1.9, 2.0))
+    c = Measurement("candidate", 50, 0.5, 0.45, 0.55, 0.4, 0.5, (0.48, 0.5))
+    why = "not timed: compile did not finish within 600 s"
+    timing = TimingResult(
+        "cuda_event",
+        (m, c),
+        (Speedup("eager", 4.0, (3.8, 4.2)),),
+        10,
+        "precision",
+        baseline_errors={"compile": why},
+    )
+    check = CheckResult(True, (_trial(0, True, 1e-6),), "oracle", 1e-4, 1e-4)
+    text = obs.benchmark_text(
+        "run_benchmark", _verdict(Status.CORRECT, check=check, timing=timing), ""
+    )
+    assert f"Speedup over torch.compile: {why}" in text
+
+
 def test_benchmark_observation_has_times_interval_and_profile() -> None:
     def m(name: str, med: float) -> Measurement:
         return Measurement(name, 50, med, med * 0.9, med * 1.1, med * 0.8, med, (med * 0.95, med))

@@ -197,6 +197,8 @@ def _timing_lines(verdict: Verdict) -> list[str]:
             f"Speedup over {_BASELINE_NAMES.get(s.baseline, s.baseline)}: {s.median:.3g}x "
             f"(95% CI {s.ci95[0]:.3g}x-{s.ci95[1]:.3g}x)"
         )
+    for baseline, why in timing.baseline_errors.items():
+        out.append(f"Speedup over {_BASELINE_NAMES.get(baseline, baseline)}: {why}")
     r = timing.roofline
     if r is not None and (r.achieved_gbps or r.achieved_tflops):
         text = f"Throughput: {r.achieved_gbps or 0:.1f} GB/s, {r.achieved_tflops or 0:.3g} TFLOP/s"
