@@ -147,3 +147,19 @@ def test_slow_calls_with_a_fast_warm_up_are_not_condemned() -> None:
     eager = [Batch(1, 1, 95 + 100 + 2 + 0.2, (100.0,), 101.0) for _ in range(6)]
     cand = [Batch(1, 1, 95 + 100 + 2 + 0.2, (100.0,), 101.0) for _ in range(6)]
     assert timer_inconsistency({"eager": eager, "candidate": cand}) == ""
+
+
+def test_continuous_reads_past_an_integral_first_block() -> None:
+    from kerneljudge.worker.measure import CONTINUOUS_BLOCK
+
+    mask = torch.zeros(3 * CONTINUOUS_BLOCK)
+    mask[::7] = 1.0
+    assert not continuous(mask)  # a 0/1 mask, in floats
+    late = mask.clone()
+    late[-1] = 0.5  # the only fraction, in the last block
+    assert continuous(late)
+    late[-1] = float("nan")  # non-finite values decide nothing
+    assert not continuous(late)
+    assert continuous(torch.randn(5, 7, dtype=torch.bfloat16))
+    assert not continuous(torch.arange(10))  # integer dtype
+    assert not continuous(torch.randn(8, 8).t())  # not contiguous: left alone
