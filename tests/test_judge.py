@@ -316,11 +316,11 @@ def test_a_reference_compile_that_does_not_finish_loses_only_that_baseline(
     ref = ReferenceSession(Problem.load(tiny_problem), "public", "cpu", weight_seed=1, threads=1)
     try:
         problem = ref.problem
-        first = ref.request("run", 60, inputs=problem.make_inputs(5))
-        ref.request("run", 60, inputs=problem.make_inputs(6))
-        ref.request("run", 60, inputs=problem.make_inputs(7), keep=False)  # an audit: not a set
+        trials = [problem.make_inputs(5), problem.make_inputs(6)]
+        first = ref.request("run", 60, inputs=trials[0])
+        ref.request("run", 60, inputs=trials[1])
         old_pid, old_scratch = ref.worker.proc.pid, ref.worker.scratch
-        assert ref.ensure_compiled(0.05, replay_timeout_s=60) is False  # dynamo needs > 50 ms
+        assert ref.ensure_compiled(0.05, trials, replay_timeout_s=60) is False  # dynamo > 50 ms
         assert "did not finish" in (ref.compile_error or ""), ref.compile_error
         assert ref.worker.proc.pid != old_pid and ref.worker.alive()
         assert not old_scratch.exists()  # the old worker's folder went with it

@@ -680,8 +680,11 @@ class Judge:
                 runs.append((inputs, expected))
             prepared[shape_set] = runs
         if config.timing and "compile" in config.baselines:
-            self._reference(device, self._shape_sets(config)[-1]).ensure_compiled(
-                max(config.run_timeout_s, 600.0), config.run_timeout_s
+            timed_set = self._shape_sets(config)[-1]
+            self._reference(device, timed_set).ensure_compiled(
+                max(config.run_timeout_s, 600.0),
+                [inputs for inputs, _ in prepared[timed_set]],
+                config.run_timeout_s,
             )
         return prepared
 

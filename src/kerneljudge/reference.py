@@ -3,12 +3,12 @@ the float64 oracle, and the eager and ``torch.compile`` baselines."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from kerneljudge.errors import WorkerError
 from kerneljudge.problem import Problem
 from kerneljudge.worker import CandidateFault, WorkerDied, WorkerProcess, WorkerTimeout
-from kerneljudge.worker.runtime import MAX_TIMING_SETS
 
 __all__ = ["ReferenceFailed", "ReferenceSession", "first_line"]
 
@@ -50,7 +50,6 @@ class ReferenceSession:
         self.answered = False
         self.compile_error: str | None = None
         self._compiled = False
-        self._kept: list[list[Any]] = []
         self.killed = False
 
     def request(self, op: str, timeout_s: float, **fields: Any) -> dict[str, Any]:
@@ -70,9 +69,6 @@ class ReferenceSession:
             raise ReferenceFailed(
                 f"the reference of {self.problem.name} failed on {op}: {exc}", self.answered
             ) from None
-        if op == "run" and fields.get("keep", True):
-            # The worker keeps these as the timed loop's input sets; a replacement gets them again.
-            self._kept = (self._kept + [fields["inputs"]])[-MAX_TIMING_SETS:]
         return reply
 
     def _set_up(self, timeout_s: float) -> None:
@@ -86,14 +82,20 @@ class ReferenceSession:
                 "setup", timeout_s, init_inputs=self.init_inputs, state_dict=self.state_dict
             )
 
-    def ensure_compiled(self, timeout_s: float, replay_timeout_s: float = 120.0) -> bool:
+    def ensure_compiled(
+        self,
+        timeout_s: float,
+        replay: Sequence[list[Any]] = (),
+        replay_timeout_s: float = 120.0,
+    ) -> bool:
         """torch.compile the reference once; False (and ``compile_error``) if that fails.
 
         A compile that raises leaves the worker as it was. One that does not finish within
         ``timeout_s`` seconds (dynamo tracing a long Python loop can take many minutes), or
-        that ends the worker, gets a fresh reference worker in its place, given the same input
-        sets (each within ``replay_timeout_s``), so that the eager reference goes on and only the
-        ``compile`` baseline is lost. After :meth:`kill` nothing is replaced.
+        that ends the worker, gets a fresh reference worker in its place, which runs the input
+        sets ``replay`` (the trials run so far, each within ``replay_timeout_s``) to keep them
+        for the timed loop, so that the eager reference goes on and only the ``compile``
+        baseline is lost. After :meth:`kill` nothing is replaced.
 
         Raises:
             ReferenceFailed: the replacement worker failed too (``had_answered`` false).
@@ -110,8 +112,7 @@ class ReferenceSession:
                 self.worker.close()
                 self.worker = WorkerProcess("reference", self._device, threads=self._threads)
                 self._ready, self.answered = False, False
-                kept, self._kept = self._kept, []
-                for inputs in kept:
+                for inputs in replay:
                     self.request("run", replay_timeout_s, inputs=inputs)
         return self._compiled
 

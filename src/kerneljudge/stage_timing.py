@@ -210,7 +210,9 @@ def time_candidate(
         contestants["eager"] = sampler(ref.request, "eager")
     contestants["candidate"] = sampler(worker.request, "candidate")
     if "compile" in cfg.baselines and ref.ensure_compiled(
-        max(cfg.run_timeout_s, 600.0), cfg.run_timeout_s
+        max(cfg.run_timeout_s, 600.0),
+        trial_inputs if trial_inputs is not None else [inputs],
+        cfg.run_timeout_s,
     ):
         contestants["compile"] = sampler(ref.request, "compile")
     samples, rounds, stop = measure_alternating(contestants, cfg.timing_config)

@@ -36,8 +36,9 @@ from kerneljudge.worker.sandbox import (
 )
 
 # Captured before any candidate code runs, so a candidate that patches these names in torch
-# cannot change how the worker synchronises.
+# cannot change how the worker synchronises or how many threads it runs once pinned.
 _synchronize = torch.cuda.synchronize
+_set_num_threads = torch.set_num_threads
 # The timed loop and the request handlers are bound here, before candidate code runs, so that
 # patching ``measure.time_calls`` or the ``Worker`` class afterwards does not reach them.
 _time_calls = measure.time_calls
@@ -386,7 +387,7 @@ class Worker:
         """Move every thread of this process onto the CPU core ``cpu`` (for timing), with one
         torch intra-op thread: a pool of one thread per core, all on one core, turns every
         parallel CPU op into a wait for each thread's turn (seconds for a few small ops)."""
-        torch.set_num_threads(1)
+        _set_num_threads(1)
         cpu = {int(msg["cpu"])}
         for task in os.listdir("/proc/self/task"):
             try:
