@@ -59,8 +59,9 @@ def test_bootstrap_medians_match_resampling(n: int) -> None:
     n values with replacement and taking numpy's median gives (even n: the two middle values'
     mean), within the Monte Carlo error of 20,000 draws each."""
     rng = np.random.default_rng(n)
-    x = rng.lognormal(0.0, 0.3, n)
-    x[: n // 4] = x[0]  # ties, as a timer's resolution makes them
+    x = np.sort(rng.lognormal(0.0, 0.3, n))
+    x[: n // 4] = x[0]  # ties among the fastest, as a timer's resolution makes them
+    rng.shuffle(x)
     draws = 20_000
     fast = bootstrap_medians(x, draws, np.random.default_rng(1))
     slow = np.median(x[np.random.default_rng(2).integers(0, n, (draws, n))], axis=1)
@@ -68,6 +69,22 @@ def test_bootstrap_medians_match_resampling(n: int) -> None:
     for q in (2.5, 25, 50, 75, 97.5):
         assert abs(np.percentile(fast, q) - np.percentile(slow, q)) < 0.05 * spread, q
     assert np.isin(fast, np.concatenate([x, (x[:, None] + x[None, :]).ravel() / 2])).all()
+
+
+@pytest.mark.parametrize("n", [4, 5])
+def test_bootstrap_medians_have_the_exact_resampling_distribution(n: int) -> None:
+    """Against every one of the n**n equally likely resamples: each possible median's share."""
+    import itertools
+    from collections import Counter
+
+    x = np.array([1.0, 2.0, 4.0, 8.0, 16.0][:n])
+    exact = Counter(float(np.median(x[list(i)])) for i in itertools.product(range(n), repeat=n))
+    draws = 200_000
+    got = Counter(bootstrap_medians(x, draws, np.random.default_rng(3)).tolist())
+    assert set(got) <= set(exact)
+    for value, count in exact.items():
+        p = count / n**n
+        assert abs(got[value] / draws - p) < 5 * (p * (1 - p) / draws) ** 0.5 + 1e-9, value
 
 
 def test_alternation_rotates_order_and_stops_on_precision() -> None:

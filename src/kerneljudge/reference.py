@@ -113,6 +113,8 @@ class ReferenceSession:
                 self.worker = WorkerProcess("reference", self._device, threads=self._threads)
                 self._ready, self.answered = False, False
                 for inputs in replay:
+                    if self.killed:  # killed meanwhile: the next request fails at once
+                        self.worker.kill()
                     self.request("run", replay_timeout_s, inputs=inputs)
         return self._compiled
 

@@ -202,6 +202,13 @@ def time_candidate(
 
         return sample
 
+    # Compiled (or replaced, when the compile fails) before pinning: the worker pinned is the
+    # one that is timed.
+    compiled = "compile" in cfg.baselines and ref.ensure_compiled(
+        max(cfg.run_timeout_s, 600.0),
+        trial_inputs if trial_inputs is not None else [inputs],
+        cfg.run_timeout_s,
+    )
     if info.kind == "cuda":
         for request in (ref.request, worker.request):
             request("pin", cfg.run_timeout_s, cpu=timing_cpu())
@@ -209,11 +216,7 @@ def time_candidate(
     if "eager" in cfg.baselines:
         contestants["eager"] = sampler(ref.request, "eager")
     contestants["candidate"] = sampler(worker.request, "candidate")
-    if "compile" in cfg.baselines and ref.ensure_compiled(
-        max(cfg.run_timeout_s, 600.0),
-        trial_inputs if trial_inputs is not None else [inputs],
-        cfg.run_timeout_s,
-    ):
+    if compiled:
         contestants["compile"] = sampler(ref.request, "compile")
     samples, rounds, stop = measure_alternating(contestants, cfg.timing_config)
     roofline = roofline_of(ref, samples["candidate"], info, inputs, expectations[-1][0])

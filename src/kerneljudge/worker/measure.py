@@ -76,10 +76,12 @@ def continuous(x: Any) -> bool:
     flat = x.reshape(-1)
     try:
         for start in range(0, flat.numel(), CONTINUOUS_BLOCK):
-            v = flat[start : start + CONTINUOUS_BLOCK].float()
-            if bool((torch.isfinite(v) & (v != v.trunc())).any()):
+            block = flat[start : start + CONTINUOUS_BLOCK]
+            finite = torch.isfinite(block)  # in x's own dtype: raises for most fp8 formats
+            v = block.float()
+            if bool((finite & (v != v.trunc())).any()):
                 return True
-    except (RuntimeError, TypeError):  # a dtype without these ops (some fp8 builds)
+    except (RuntimeError, TypeError):  # a dtype without these ops (most fp8 formats)
         return False
     return False
 
@@ -125,7 +127,9 @@ def perturb(args: list[Any], which: list[bool], seed: int, roll: bool = True) ->
         dims = [d for d in range(x.dim()) if x.shape[d] > 1] if roll else []
         if dims:
             shift = int(torch.randint(1, x.shape[dims[0]], (1,), generator=gen))
-            y = _roll(x, shift, dims[0]).contiguous()
+            # Rolled as same-width integers: the same bits, and CUDA has no fp8 roll.
+            bits = x.contiguous().view(_INT_VIEW[x.element_size()])
+            y = _roll(bits, shift, dims[0]).contiguous().view(x.dtype)
         else:
             y = x.clone()
         nudge([y], [True], gen)

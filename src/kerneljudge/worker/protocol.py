@@ -53,7 +53,8 @@ class Channel:
         Raises:
             ChannelClosed: the reader is gone.
         """
-        if self.write_fd < 0:
+        fd = self.write_fd  # once: another thread may close the channel meanwhile
+        if fd < 0:
             raise ChannelClosed("the channel was closed")
         buf = io.BytesIO()
         torch.save(message, buf)
@@ -61,22 +62,26 @@ class Channel:
         data = memoryview(_HEADER.pack(len(payload)) + payload)
         try:
             while data:
-                written = os.write(self.write_fd, data)
+                written = os.write(fd, data)
                 data = data[written:]
-        except (BrokenPipeError, OSError) as exc:
+        except OSError as exc:
             raise ChannelClosed(str(exc)) from None
 
     def _fill(self, n: int, deadline: float | None) -> None:
         """Read until the buffer holds ``n`` bytes; what was read survives a timeout."""
-        if self.read_fd < 0 and len(self._buf) < n:
-            raise ChannelClosed("the channel was closed")
         while len(self._buf) < n:
-            if deadline is not None:
-                remaining = deadline - time.monotonic()
-                ready = remaining > 0 and select.select([self.read_fd], [], [], remaining)[0]
-                if not ready:
-                    raise ChannelTimeout()
-            chunk = os.read(self.read_fd, min(n - len(self._buf), 1 << 24))
+            fd = self.read_fd  # once: another thread may close the channel meanwhile
+            if fd < 0:
+                raise ChannelClosed("the channel was closed")
+            try:
+                if deadline is not None:
+                    remaining = deadline - time.monotonic()
+                    ready = remaining > 0 and select.select([fd], [], [], remaining)[0]
+                    if not ready:
+                        raise ChannelTimeout()
+                chunk = os.read(fd, min(n - len(self._buf), 1 << 24))
+            except (OSError, ValueError) as exc:  # closed under us
+                raise ChannelClosed(str(exc)) from None
             if not chunk:
                 raise ChannelClosed("end of stream")
             self._buf += chunk

@@ -386,7 +386,8 @@ class Worker:
     def op_pin(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Move every thread of this process onto the CPU core ``cpu`` (for timing), with one
         torch intra-op thread: a pool of one thread per core, all on one core, turns every
-        parallel CPU op into a wait for each thread's turn (seconds for a few small ops)."""
+        parallel CPU op into a wait for each thread's turn (seconds for a few small ops). The
+        worker keeps one thread from then on, whatever ``threads`` it was started with."""
         _set_num_threads(1)
         cpu = {int(msg["cpu"])}
         for task in os.listdir("/proc/self/task"):
