@@ -164,6 +164,7 @@ def time_candidate(
     tampered: list[str] = []
     seen: dict[str, list[Batch]] = {}
     roll = ref.problem.roll_timed_inputs
+    bases = trial_inputs if trial_inputs is not None else [inputs]
 
     def sampler(request, name: str):  # type: ignore[no-untyped-def]
         def sample(n: int, warmup: int) -> list[float]:
@@ -205,9 +206,7 @@ def time_candidate(
     # Compiled (or replaced, when the compile fails) before pinning: the worker pinned is the
     # one that is timed.
     compiled = "compile" in cfg.baselines and ref.ensure_compiled(
-        max(cfg.run_timeout_s, 600.0),
-        trial_inputs if trial_inputs is not None else [inputs],
-        cfg.run_timeout_s,
+        max(cfg.run_timeout_s, 600.0), bases, cfg.run_timeout_s
     )
     if info.kind == "cuda":
         for request in (ref.request, worker.request):
@@ -240,9 +239,7 @@ def time_candidate(
             tampered.append(why)
     if tampered:
         return timing, Status.REJECTED, "the timer was tampered with: " + tampered[0]
-    status, why = _audit_timed_calls(
-        cfg, worker, ref, trial_inputs if trial_inputs is not None else [inputs], atol, rtol, roll
-    )
+    status, why = _audit_timed_calls(cfg, worker, ref, bases, atol, rtol, roll)
     if status is not Status.CORRECT:
         return timing, status, why
     cand = timing.measurement("candidate")

@@ -273,9 +273,9 @@ class Verdict:
     worker_log: str = ""
     #: Wall seconds of each stage the verdict went through, in order: ``build`` (a cache
     #: lookup when cached), ``worker`` (taking a started worker), ``reference`` (waiting for
-    #: the reference's trial outputs),
-    #: ``load`` (importing the candidate in its worker), ``trials``, ``timing`` (the
-    #: alternating measurement and the audits of timed calls). Added in schema 1.1.
+    #: the reference's trial outputs), ``load`` (importing the candidate in its worker),
+    #: ``trials``, ``timing`` (the alternating measurement and the audits of timed calls).
+    #: Added in schema 1.1.
     stage_s: dict[str, float] = field(default_factory=dict)
     schema_version: str = SCHEMA_VERSION
 

@@ -335,9 +335,8 @@ class Worker:
         """Time ``n`` calls over the kept input sets (see :mod:`kerneljudge.worker.measure`).
 
         Returns ``times_ms`` (one per call) and ``wall_s`` (the timed calls' iterations, host
-        clock); the
-        outputs of the last call on each set and of a random sample of the others are kept,
-        with their inputs' seeds, for :meth:`op_timed_outputs`.
+        clock); the outputs of the last call on each set and of a random sample of the others
+        are kept, with their inputs' seeds, for :meth:`op_timed_outputs`.
         """
         fn = self.compiled if msg.get("target") == "compile" else self.model
         if fn is None or not self.sets:
