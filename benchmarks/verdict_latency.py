@@ -11,8 +11,12 @@ For each problem (its fused CUDA example on a GPU, its C++ example on a CPU):
   as ``(max - min) / mean``; each verdict's eager and candidate medians are kept, to tell which
   side moved.
 
+``--max-time 2,1.5`` compares timing budgets (``TimingConfig.max_time_s``) side by side: the
+repeated verdicts take each budget in turn, one row per budget.
+
 Run:  PYTHONPATH=src python3 benchmarks/verdict_latency.py [--problems a,b] [--json OUT]
       [--baselines eager,compile] [--repeats 5] [--pause 3] [--parallel-cold]
+      [--max-time 2,1.5]
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from pathlib import Path
 import torch
 
 from kerneljudge import Judge, JudgeConfig, Status
+from kerneljudge.timing import TimingConfig
 from kerneljudge.verdict import Verdict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,45 +99,54 @@ def warm(
     cold: Verdict,
     repeats: int,
     pause_s: float,
-) -> dict[str, object]:
-    """Verdicts with the build cached: from a new judge, then ``repeats`` from one live judge."""
+    max_times: list[float | None],
+) -> list[dict[str, object]]:
+    """Verdicts with the build cached: from a new judge, then ``repeats`` from one live judge
+    for each timing budget in ``max_times`` (None: the default), the budgets taken in turn."""
     candidate = _candidate(problem)
     if cold.status is not Status.CORRECT:
         raise SystemExit(f"{problem}: {candidate.name} is {cold.status.value}: {cold.reason}")
     config = JudgeConfig(cache_dir=cache_root / problem, baselines=baselines)
+    runs: dict[int, list[tuple[float, Verdict, float]]] = {i: [] for i in range(len(max_times))}
     with Judge(problem, config) as judge:
         warm_new_s, _ = _timed(judge, candidate)
-        runs, steal = [], []
         for _ in range(repeats):
-            time.sleep(pause_s)
-            elapsed, verdict, stolen = _timed_with_steal(judge, candidate)
-            runs.append((elapsed, verdict))
-            steal.append(stolen)
-    verdicts = [v for _, v in runs]
-    for v in verdicts:
-        if v.status is not Status.CORRECT:
-            raise SystemExit(f"{problem}: a repeated verdict is {v.status.value}: {v.reason}")
-    speedups = [s for s in map(_speedup, verdicts) if s is not None]
-    mean = sum(speedups) / len(speedups)
-    return {
-        "problem": problem,
-        "candidate": candidate.name,
-        "cold_s": cold_s,
-        "build_s": cold.build.duration_s if cold.build else None,
-        "warm_new_judge_s": warm_new_s,
-        "warm_same_judge_s": runs[0][0],
-        "warm_same_judge_all_s": [t for t, _ in runs],
-        "speedups_vs_eager": speedups,
-        "speedup_max_deviation": max(abs(s / mean - 1) for s in speedups),
-        "speedup_spread": (max(speedups) - min(speedups)) / mean,
-        "eager": [_median_of(v, "eager") for v in verdicts],
-        "candidate_times": [_median_of(v, "candidate") for v in verdicts],
-        "rounds": [v.timing.rounds if v.timing else None for v in verdicts],
-        "started_at": [v.started_at for v in verdicts],
-        "cpu_steal_share": steal,
-        "compile_baseline": [_speedup_of(v, "compile") for v in verdicts],
-        "stage_s": [v.stage_s for v in verdicts],
-    }
+            for i, max_time in enumerate(max_times):
+                timing = TimingConfig() if max_time is None else TimingConfig(max_time_s=max_time)
+                time.sleep(pause_s)
+                with judge.configured(timing_config=timing):
+                    runs[i].append(_timed_with_steal(judge, candidate))
+    rows = []
+    for i, max_time in enumerate(max_times):
+        verdicts = [v for _, v, _ in runs[i]]
+        for v in verdicts:
+            if v.status is not Status.CORRECT:
+                raise SystemExit(f"{problem}: a repeated verdict is {v.status.value}: {v.reason}")
+        speedups = [s for s in map(_speedup, verdicts) if s is not None]
+        mean = sum(speedups) / len(speedups)
+        rows.append(
+            {
+                "problem": problem,
+                "candidate": candidate.name,
+                "max_time_s": max_time if max_time is not None else TimingConfig().max_time_s,
+                "cold_s": cold_s,
+                "build_s": cold.build.duration_s if cold.build else None,
+                "warm_new_judge_s": warm_new_s,
+                "warm_same_judge_s": runs[i][0][0],
+                "warm_same_judge_all_s": [t for t, _, _ in runs[i]],
+                "speedups_vs_eager": speedups,
+                "speedup_max_deviation": max(abs(s / mean - 1) for s in speedups),
+                "speedup_spread": (max(speedups) - min(speedups)) / mean,
+                "eager": [_median_of(v, "eager") for v in verdicts],
+                "candidate_times": [_median_of(v, "candidate") for v in verdicts],
+                "rounds": [v.timing.rounds if v.timing else None for v in verdicts],
+                "started_at": [v.started_at for v in verdicts],
+                "cpu_steal_share": [stolen for _, _, stolen in runs[i]],
+                "compile_baseline": [_speedup_of(v, "compile") for v in verdicts],
+                "stage_s": [v.stage_s for v in verdicts],
+            }
+        )
+    return rows
 
 
 def _speedup_of(v: Verdict, baseline: str) -> float | None:
@@ -150,7 +164,13 @@ def main() -> None:
     parser.add_argument(
         "--parallel-cold", action="store_true", help="run the cold verdicts of all problems at once"
     )
+    parser.add_argument(
+        "--max-time",
+        default="",
+        help="timing budgets (s) to compare, comma-separated (default: TimingConfig's)",
+    )
     args = parser.parse_args()
+    max_times: list[float | None] = [float(x) for x in args.max_time.split(",") if x] or [None]
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor()
     cache_root = Path(tempfile.mkdtemp(prefix="kj-latency-"))
     problems = args.problems.split(",")
@@ -160,8 +180,9 @@ def main() -> None:
     with ThreadPoolExecutor(max_workers=len(problems) if args.parallel_cold else 1) as pool:
         colds = list(pool.map(lambda p: cold(p, baselines, cache_root), problems))
     rows = [
-        warm(p, baselines, cache_root, *c, args.repeats, args.pause)
+        row
         for p, c in zip(problems, colds)
+        for row in warm(p, baselines, cache_root, *c, args.repeats, args.pause, max_times)
     ]
     shutil.rmtree(cache_root, ignore_errors=True)
     print(
@@ -169,13 +190,13 @@ def main() -> None:
         f"cold verdicts {'in parallel' if args.parallel_cold else 'one at a time'}"
     )
     print(
-        f"{'problem':<20}{'cold s':>8}{'build s':>9}{'warm new s':>12}{'warm same s':>13}"
-        f"{'max dev':>9}{'range':>8}   speedups vs eager"
+        f"{'problem':<20}{'max s':>6}{'cold s':>8}{'build s':>9}{'warm new s':>12}"
+        f"{'warm same s':>13}{'max dev':>9}{'range':>8}   speedups vs eager"
     )
     for r in rows:
         sp = ", ".join(f"{s:.3g}" for s in r["speedups_vs_eager"])  # type: ignore[union-attr]
         print(
-            f"{r['problem']:<20}{r['cold_s']:>8.1f}{r['build_s']:>9.1f}"
+            f"{r['problem']:<20}{r['max_time_s']:>6.2g}{r['cold_s']:>8.1f}{r['build_s']:>9.1f}"
             f"{r['warm_new_judge_s']:>12.2f}{r['warm_same_judge_s']:>13.2f}"
             f"{r['speedup_max_deviation'] * 100:>8.2f}%{r['speedup_spread'] * 100:>7.1f}%   {sp}"
         )

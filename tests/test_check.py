@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kerneljudge.check import compare_outputs
+from kerneljudge.check import CHUNK, compare_outputs
 
 
 def _matmul_case(k: int = 4096, scale: float = 10.0):
@@ -100,3 +100,44 @@ def test_reported_errors_measure_against_the_reference() -> None:
     assert res.mean_abs_err == pytest.approx((0.002 + 0.0001) / 3, rel=1e-3)
     assert res.max_rel_err == pytest.approx(1.0, rel=1e-3)  # 1e-4 / max(0, atol)
     assert not res.allclose and not res.passed
+
+
+def test_statistics_span_every_chunk_and_point_at_the_right_element() -> None:
+    """The comparison reads the output a chunk at a time: maxima, sums and the first bad
+    element must be those of the whole tensor, wherever in it they are."""
+    g = torch.Generator().manual_seed(3)
+    shape = (3, CHUNK + 7)  # three chunks and a bit
+    oracle = torch.randn(shape, generator=g, dtype=torch.float64)
+    ref = oracle.float()
+    cand = (oracle + 1e-9 * torch.randn(shape, generator=g, dtype=torch.float64)).float()
+    res = compare_outputs(ref, cand, oracle=oracle, atol=1e-4, rtol=1e-4)
+    diff = (cand.double() - ref.double()).abs()
+    assert res.passed, res.reason
+    assert res.max_abs_err == pytest.approx(float(diff.max()), rel=1e-12)
+    assert res.mean_abs_err == pytest.approx(float(diff.mean()), rel=1e-9)
+    assert res.reference_err == pytest.approx(float((ref.double() - oracle).abs().max()), rel=1e-12)
+
+    wrong = cand.clone()
+    wrong[2, CHUNK] += 1.0  # in the last chunk
+    res = compare_outputs(ref, wrong, oracle=oracle, atol=1e-4, rtol=1e-4)
+    assert not res.passed
+    assert [m.index for m in res.mismatches] == [(2, CHUNK)]
+    assert res.max_abs_err == pytest.approx(1.0, rel=1e-3)
+
+    nan_late = cand.clone()
+    nan_late[1, 5] = float("nan")  # the second chunk
+    res = compare_outputs(ref, nan_late, oracle=oracle, atol=1e-4, rtol=1e-4)
+    assert not res.passed and "first at (1, 5)" in res.reason
+
+    inf_ref, inf_cand = ref.clone(), cand.clone()
+    inf_ref[2, 3], inf_cand[2, 3] = float("inf"), float("-inf")  # same place, other sign
+    res = compare_outputs(inf_ref, inf_cand, oracle=oracle, atol=1e-4, rtol=1e-4)
+    assert not res.passed and "first at (2, 3)" in res.reason
+
+
+def test_no_error_where_the_reference_is_not_finite_even_with_zero_atol() -> None:
+    ref = torch.tensor([0.0, float("inf"), 2.0])
+    cand = torch.tensor([1.0, float("inf"), 2.0])
+    res = compare_outputs(ref, cand, atol=0.0, rtol=1e-4, mode="allclose")
+    assert res.max_rel_err == float("inf")  # 1/0 at the first element, nothing from the inf
+    assert res.max_abs_err == 1.0 and not res.passed

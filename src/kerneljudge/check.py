@@ -22,26 +22,31 @@ Two rules decide a trial (``mode``):
     ``torch.allclose(cand, ref, atol, rtol)`` against the reference itself, with the per-dtype
     defaults fp32 1e-4 and fp16/bf16 1e-2, as the task prompts state the rule.
 
-Both numbers are always reported. Comparisons run on CPU in float64.
+Both numbers are always reported. Comparisons run on the CPU in float64, a chunk at a time on
+the calling thread (:func:`_scan`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from kerneljudge.verdict import Mismatch, TrialResult
 
-__all__ = ["K_MAX", "K_NORM", "compare_outputs", "flatten_outputs"]
+__all__ = ["CHUNK", "K_MAX", "K_NORM", "compare_outputs", "flatten_outputs"]
 
 #: Slack of the oracle rule over the reference's own largest elementwise error.
 K_MAX = 16.0
 #: Slack of the oracle rule over the reference's own normwise error.
 K_NORM = 16.0
 _MAX_MISMATCHES = 5
+#: Elements compared per step (see :func:`_scan`): below torch's intra-op grain size (32,768).
+CHUNK = 16_384
 
 
 def flatten_outputs(outputs: Any) -> list[Any]:
@@ -125,69 +130,55 @@ def compare_outputs(
             if not same and not reason:
                 reason = f"{label} differs from the reference (exact comparison)"
             continue
-        e64, a64 = e.cpu().double(), a.cpu().double()
-        o64 = _as_tensor(o_raw).cpu().double() if use_oracle and o_raw is not None else None
-
-        e_fin, a_fin = torch.isfinite(e64), torch.isfinite(a64)
-        if not torch.equal(e_fin, a_fin) or not torch.equal(
-            torch.where(e_fin, 0.0, e64).nan_to_num(3.0),
-            torch.where(a_fin, 0.0, a64).nan_to_num(3.0),
-        ):
-            bad = (e_fin != a_fin).nonzero()
-            where = tuple(bad[0].tolist()) if len(bad) else ()
+        o = _as_tensor(o_raw) if use_oracle and o_raw is not None else None
+        st = _scan(e, a, o, atol, rtol)
+        if st.nonfinite_at is not None:
             return fail(
-                f"{label} has non-finite values where the reference has none, first at {where}"
+                f"{label} has non-finite values where the reference has none, "
+                f"first at {_unravel(st.nonfinite_at, tuple(e.shape)) if e.dim() else ()}"
             )
-        diff = torch.where(e_fin, (a64 - e64).abs(), 0.0)
-        n = diff.numel()
+        n = e.numel()
         if n:
-            max_abs = max(max_abs, float(diff.max()))
-            mean_acc += float(diff.sum())
+            max_abs = max(max_abs, st.max_abs)
+            mean_acc += st.sum_abs
             n_total += n
-            denom = e64.abs().clamp_min(atol)
-            max_rel = max(max_rel, float(torch.where(e_fin, diff / denom, 0.0).max()))
-        close = bool(torch.allclose(a64, e64, atol=atol, rtol=rtol, equal_nan=True))
-        all_close &= close
+            max_rel = max(max_rel, st.max_rel)
+        all_close &= st.close
 
         failed_here = False
-        if o64 is not None and n:
-            fin = e_fin & torch.isfinite(o64)
-            cand = torch.where(fin, (a64 - o64).abs(), 0.0)
-            refe = torch.where(fin, (e64 - o64).abs(), 0.0)
+        bad_mask: Callable[[], torch.Tensor] | None = None
+        if o is not None and n:
             eps = torch.finfo(e.dtype).eps
-            scale = float(torch.where(fin, o64.abs(), 0.0).max())
-            floor = eps * scale
-            b_max = max(K_MAX * float(refe.max()), floor)
-            b_norm = max(K_NORM * float(refe.norm()), floor * math.sqrt(n))
-            ora_err = max(ora_err, float(cand.max()))
-            ref_err = max(ref_err, float(refe.max()))
+            floor = eps * st.scale
+            b_max = max(K_MAX * st.ref_max, floor)
+            b_norm = max(K_NORM * math.sqrt(st.ref_sq), floor * math.sqrt(n))
+            ora_err = max(ora_err, st.cand_max)
+            ref_err = max(ref_err, st.ref_max)
             bound = max(bound, b_max)
-            if float(cand.max()) > b_max:
+            if st.cand_max > b_max:
                 failed_here = True
                 reason = reason or (
-                    f"{label}: max error vs float64 {float(cand.max()):.3g} exceeds "
+                    f"{label}: max error vs float64 {st.cand_max:.3g} exceeds "
                     f"{b_max:.3g} ({K_MAX:g} x the reference's own error or its rounding floor)"
                 )
-                bad_mask = cand > b_max
-            elif float(cand.norm()) > b_norm:
+                bad_mask = functools.partial(_oracle_error_above, e, a, o, b_max)
+            elif math.sqrt(st.cand_sq) > b_norm:
                 failed_here = True
                 reason = reason or (
-                    f"{label}: error norm vs float64 {float(cand.norm()):.3g} exceeds {b_norm:.3g}"
+                    f"{label}: error norm vs float64 {math.sqrt(st.cand_sq):.3g} exceeds "
+                    f"{b_norm:.3g}"
                 )
-                bad_mask = cand > float(refe.max())
-        elif not use_oracle and not close:
+                bad_mask = functools.partial(_oracle_error_above, e, a, o, st.ref_max)
+        elif not use_oracle and not st.close:
             failed_here = True
             reason = reason or f"{label} not allclose(atol={atol:g}, rtol={rtol:g})"
-            bad_mask = ~torch.isclose(a64, e64, atol=atol, rtol=rtol, equal_nan=True)
-        if failed_here and not mismatches:
-            flat = bad_mask.flatten().nonzero().flatten()[:_MAX_MISMATCHES].tolist()
+            bad_mask = functools.partial(_not_close, e, a, atol, rtol)
+        if failed_here and not mismatches and bad_mask is not None:
+            flat = bad_mask().nonzero().flatten()[:_MAX_MISMATCHES].tolist()
             shape = tuple(e.shape)
+            ef, af = e.reshape(-1), a.reshape(-1)
             mismatches = tuple(
-                Mismatch(
-                    index=_unravel(j, shape),
-                    expected=float(e64.flatten()[j]),
-                    got=float(a64.flatten()[j]),
-                )
+                Mismatch(index=_unravel(j, shape), expected=float(ef[j]), got=float(af[j]))
                 for j in flat
             )
     return TrialResult(
@@ -203,6 +194,85 @@ def compare_outputs(
         oracle_bound=bound if use_oracle else None,
         mismatches=mismatches,
     )
+
+
+@dataclass
+class _Scan:
+    """What one pass over an output tensor found (float64 sums and maxima)."""
+
+    nonfinite_at: int | None = None  # flat index of the first non-finite mismatch
+    max_abs: float = 0.0
+    sum_abs: float = 0.0
+    max_rel: float = 0.0
+    close: bool = True
+    cand_max: float = 0.0  # |candidate - oracle|
+    cand_sq: float = 0.0
+    ref_max: float = 0.0  # |reference - oracle|
+    ref_sq: float = 0.0
+    scale: float = 0.0  # max |oracle|
+
+
+def _scan(
+    e: torch.Tensor, a: torch.Tensor, o: torch.Tensor | None, atol: float, rtol: float
+) -> _Scan:
+    """Every statistic :func:`compare_outputs` needs of one floating output, in one pass.
+
+    The tensors are read :data:`CHUNK` elements at a time and converted to float64 chunk by
+    chunk: the intermediates of a chunk stay in the CPU's cache, and an operation on fewer than
+    torch's grain size (32,768) elements runs on the calling thread, so a comparison neither
+    waits for an intra-op thread whose core a worker holds nor allocates float64 copies of the
+    whole output. Non-finite values must sit where the reference's do, with the same value
+    (NaN, +inf or -inf); positions where the reference is not finite count as no error.
+    """
+    st = _Scan()
+    ef, af = e.reshape(-1).cpu(), a.reshape(-1).cpu()
+    of = o.reshape(-1).cpu() if o is not None else None
+    for lo in range(0, ef.numel(), CHUNK):
+        e64 = ef[lo : lo + CHUNK].double()
+        a64 = af[lo : lo + CHUNK].double()
+        e_fin, a_fin = torch.isfinite(e64), torch.isfinite(a64)
+        if not (bool(e_fin.all()) and bool(a_fin.all())):
+            # NaN as 3, infinities as the largest finite values: equal where both agree.
+            e_nf = torch.where(e_fin, 0.0, e64).nan_to_num(3.0)
+            a_nf = torch.where(a_fin, 0.0, a64).nan_to_num(3.0)
+            bad = ((e_fin != a_fin) | (e_nf != a_nf)).nonzero()
+            if len(bad):
+                st.nonfinite_at = lo + int(bad[0])
+                return st
+        diff = torch.where(e_fin, (a64 - e64).abs(), 0.0)
+        e_abs = torch.where(e_fin, e64.abs(), 0.0)
+        st.max_abs = max(st.max_abs, float(diff.max()))
+        st.sum_abs += float(diff.sum())
+        rel = torch.where(e_fin, diff / e_abs.clamp_min(atol), 0.0)  # 0/0 with atol = 0
+        st.max_rel = max(st.max_rel, float(rel.max()))
+        # allclose's rule |a - e| <= atol + rtol |e|; non-finite positions are equal here.
+        st.close = st.close and bool((diff <= atol + rtol * e_abs).all())
+        if of is not None:
+            o64 = of[lo : lo + CHUNK].double()
+            fin = e_fin & torch.isfinite(o64)
+            cand = torch.where(fin, (a64 - o64).abs(), 0.0)
+            refe = torch.where(fin, (e64 - o64).abs(), 0.0)
+            st.cand_max = max(st.cand_max, float(cand.max()))
+            st.cand_sq += float(cand.square().sum())
+            st.ref_max = max(st.ref_max, float(refe.max()))
+            st.ref_sq += float(refe.square().sum())
+            st.scale = max(st.scale, float(torch.where(fin, o64.abs(), 0.0).max()))
+    return st
+
+
+def _oracle_error_above(
+    e: torch.Tensor, a: torch.Tensor, o: torch.Tensor, bound: float
+) -> torch.Tensor:
+    """Flat mask of the elements whose error against the oracle exceeds ``bound``."""
+    e64, a64, o64 = e.reshape(-1).double(), a.reshape(-1).double(), o.reshape(-1).double()
+    fin = torch.isfinite(e64) & torch.isfinite(o64)
+    return torch.where(fin, (a64 - o64).abs(), 0.0) > bound
+
+
+def _not_close(e: torch.Tensor, a: torch.Tensor, atol: float, rtol: float) -> torch.Tensor:
+    """Flat mask of the elements that fail allclose's rule."""
+    e64, a64 = e.reshape(-1).double(), a.reshape(-1).double()
+    return ~torch.isclose(a64, e64, atol=atol, rtol=rtol, equal_nan=True)
 
 
 def _unravel(flat: int, shape: Sequence[int]) -> tuple[int, ...]:
