@@ -340,3 +340,64 @@ def test_a_reference_compile_that_does_not_finish_loses_only_that_baseline(
         assert killed.ensure_compiled(60) is False and not killed.worker.alive()
     finally:
         killed.close()
+
+
+def _stopped(pid: int) -> bool:
+    """Whether ``pid`` is stopped (state ``T``), waiting up to 1 s for a signal to land."""
+    deadline = time.monotonic() + 1.0
+    while True:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return False
+        if state == "T" or time.monotonic() > deadline:
+            return state == "T"
+        time.sleep(0.01)
+
+
+def test_workers_started_ahead_are_stopped_while_a_candidate_is_judged(
+    judge: Judge, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The replacement worker that starts when a candidate takes its worker must not compete
+    with that candidate's trials (nor its timing): it waits, stopped, until the verdict ends."""
+    from kerneljudge.worker import process
+
+    seen: list[tuple[str, list[bool]]] = []
+    request = process.WorkerProcess.request
+
+    def watched(self, op, timeout_s, **fields):  # type: ignore[no-untyped-def]
+        if self.role == "candidate" and op in ("run", "time"):
+            idle = judge._pools["cpu"]._idle
+            seen.append((op, [_stopped(w.proc.pid) for w in idle]))
+        return request(self, op, timeout_s, **fields)
+
+    monkeypatch.setattr(process.WorkerProcess, "request", watched)
+    v = evaluate(judge, "good.py")
+    monkeypatch.setattr(process.WorkerProcess, "request", request)
+    assert v.status is Status.CORRECT, v.reason
+    assert {op for op, _ in seen} == {"run", "time"}
+    assert all(states and all(states) for _, states in seen), seen
+    idle = judge._pools["cpu"]._idle
+    assert idle and not any(_stopped(w.proc.pid) for w in idle)
+
+
+def test_a_judge_of_a_policy_problem_starts_workers_ready_to_record_operators(
+    tmp_path: Path,
+) -> None:
+    """Where the trials record operators, the worker enters the recording mode at start-up
+    (its first entry imports torch._dynamo, seconds that would fall in the first trial)."""
+    problem = Path(__file__).parent / "adversarial" / "problem_cpu_policy.py"
+    with Judge(problem, JudgeConfig(device="cpu", cache_dir=tmp_path)) as j:
+        worker = j._pool("cpu").take()
+        try:
+            assert "--record-ops" in worker.proc.args
+            worker.wait_ready()  # it started with the flag and answers
+        finally:
+            worker.close()
+    tiny = Path(__file__).parent / "fixtures" / "tiny_problem.py"
+    with Judge(tiny, JudgeConfig(device="cpu", cache_dir=tmp_path)) as j:
+        worker = j._pool("cpu").take()
+        try:
+            assert "--record-ops" not in worker.proc.args
+        finally:
+            worker.close()

@@ -319,7 +319,13 @@ class Judge:
             # Two ahead on a GPU: a worker needs seconds to import torch and create its context,
             # is stopped while a verdict is timed, and an agent's calls can come back to back.
             size = 2 if device.startswith("cuda") else 1
-            self._pools[device] = WorkerPool(device, env, size=size, threads=self.config.threads)
+            self._pools[device] = WorkerPool(
+                device,
+                env,
+                size=size,
+                threads=self.config.threads,
+                record_ops=requires_custom_kernel(self.problem.policy),
+            )
         return self._pools[device]
 
     def _reference(self, device: str, shape_set: str) -> ReferenceSession:
@@ -492,10 +498,15 @@ class Judge:
 
         trials: list[TrialResult] = []
         atol, rtol = self._tolerances()
+        idle_stopped = contextlib.ExitStack()
         try:
             # Before any of this candidate's code runs: a reference failure so far is not its.
             prepared = self._await_prepared(device, run_seed)
             stage("reference")
+            # The pool's workers (this one's replacement is starting up) wait, stopped, until
+            # the verdict ends: beside a starting worker, a trial of a 0.01 s candidate took
+            # 0.12 s on a 2-core machine (docs/benchmarks/2026-11-30-cpu-verdict-stages.md).
+            idle_stopped.enter_context(pool.paused())
             failed_import = self._load(worker, cand, result, device)
             stage("load")
             if failed_import is not None:
@@ -565,18 +576,17 @@ class Judge:
                 )
             if not self.config.timing:
                 return finish(Status.CORRECT, "", build=result, check=check)
-            with pool.paused():
-                timing, status, note = time_candidate(
-                    self.config,
-                    self.device_info(device),
-                    worker,
-                    ref,
-                    inputs,
-                    expectations,
-                    atol,
-                    rtol,
-                    trial_inputs,
-                )
+            timing, status, note = time_candidate(
+                self.config,
+                self.device_info(device),
+                worker,
+                ref,
+                inputs,
+                expectations,
+                atol,
+                rtol,
+                trial_inputs,
+            )
             stage("timing")
             return finish(status, note, build=result, check=check, timing=timing)
         except CandidateFault as exc:
@@ -615,6 +625,7 @@ class Judge:
                 worker_log=worker.log_tail(),
             )
         finally:
+            idle_stopped.close()
             worker.close()
 
     def profile(

@@ -103,6 +103,10 @@ class WorkerProcess:
         device: a torch device string (``"cpu"``, ``"cuda:0"``).
         env: extra environment variables.
         threads: torch intra-op threads (0: torch's default).
+        memory_limit_bytes: resident memory (bytes) past which a waited-on worker is killed
+            (0: no limit).
+        record_ops: its ``run`` requests will record the operators a call runs; the recording
+            machinery is loaded at start-up, before the worker reports ready.
     """
 
     def __init__(
@@ -112,6 +116,7 @@ class WorkerProcess:
         env: dict[str, str] | None = None,
         threads: int = 0,
         memory_limit_bytes: int = 0,
+        record_ops: bool = False,
     ) -> None:
         self.role = role
         self._candidate_ran = False
@@ -148,6 +153,7 @@ class WorkerProcess:
             str(from_worker_w),
             "--threads",
             str(threads),
+            *(["--record-ops"] if record_ops else []),
         ]
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
@@ -347,6 +353,8 @@ class WorkerPool:
 
     :meth:`take` hands out a worker that has already imported torch and created its device
     context, and starts its replacement at once, so the next candidate does not wait for start-up.
+    A replacement that starts while a candidate is judged competes with it for cores (and, on a
+    GPU, for the driver); :meth:`paused` stops it meanwhile.
     """
 
     def __init__(
@@ -356,8 +364,10 @@ class WorkerPool:
         size: int = 1,
         threads: int = 0,
         memory_limit_bytes: int | None = None,
+        record_ops: bool = False,
     ) -> None:
         self.device = device
+        self.record_ops = record_ops
         self.env = dict(env or {})
         self.size = size
         self.threads = threads
@@ -368,7 +378,12 @@ class WorkerPool:
 
     def _spawn(self) -> WorkerProcess:
         return WorkerProcess(
-            "candidate", self.device, self.env, self.threads, self.memory_limit_bytes
+            "candidate",
+            self.device,
+            self.env,
+            self.threads,
+            self.memory_limit_bytes,
+            record_ops=self.record_ops,
         )
 
     def prestart(self) -> None:
@@ -390,8 +405,8 @@ class WorkerPool:
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
         """Inside the block the workers started ahead of need are stopped (``SIGSTOP``): a
-        starting worker imports torch for seconds on every core it may use, and the timed
-        stage should have the machine to itself."""
+        starting worker imports torch for seconds on every core it may use, and a candidate's
+        trials and timing should have the machine to itself."""
         idle = list(self._idle)
         for worker in idle:
             worker.pause(True)

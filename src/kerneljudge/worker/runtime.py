@@ -579,6 +579,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--read-fd", type=int, required=True)
     parser.add_argument("--write-fd", type=int, required=True)
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--record-ops", action="store_true", help="its trials record operators")
     args = parser.parse_args(argv)
     sys.dont_write_bytecode = True  # candidate modules leave no __pycache__ in the build cache
     chan = Channel(args.read_fd, args.write_fd)
@@ -588,6 +589,12 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda":
         torch.cuda.set_device(device)
         torch.empty(1, device=device)  # create the context now, not in the first timed call
+    if args.record_ops:
+        # The first call under a TorchDispatchMode (``_OpRecorder``, in every trial of a
+        # problem that requires a custom kernel) imports torch._dynamo, 1-3 s: here, while the
+        # worker waits in the pool, not in the candidate's first correctness trial.
+        with _OpRecorder():
+            torch.ones(1, device=device).add_(1)
     if args.role == "candidate":
         set_subreaper()
         limit_output()
