@@ -408,9 +408,9 @@ class WorkerPool:
         starting worker imports torch for seconds on every core it may use, and a candidate's
         trials and timing should have the machine to itself."""
         idle = list(self._idle)
-        for worker in idle:
-            worker.pause(True)
-        try:
+        try:  # also an interrupt among the pauses resumes them all
+            for worker in idle:
+                worker.pause(True)
             yield
         finally:
             for worker in idle:
@@ -418,5 +418,6 @@ class WorkerPool:
 
     def close(self) -> None:
         for worker in self._idle:
+            worker.pause(False)  # a stopped worker cannot take the exit request
             worker.close()
         self._idle.clear()
