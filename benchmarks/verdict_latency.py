@@ -99,22 +99,21 @@ def warm(
     cold: Verdict,
     repeats: int,
     pause_s: float,
-    max_times: list[float | None],
+    max_times: list[float],
 ) -> list[dict[str, object]]:
     """Verdicts with the build cached: from a new judge, then ``repeats`` from one live judge
-    for each timing budget in ``max_times`` (None: the default), the budgets taken in turn."""
+    for each timing budget in ``max_times`` (seconds), the budgets taken in turn."""
     candidate = _candidate(problem)
     if cold.status is not Status.CORRECT:
         raise SystemExit(f"{problem}: {candidate.name} is {cold.status.value}: {cold.reason}")
     config = JudgeConfig(cache_dir=cache_root / problem, baselines=baselines)
-    runs: dict[int, list[tuple[float, Verdict, float]]] = {i: [] for i in range(len(max_times))}
+    runs: list[list[tuple[float, Verdict, float]]] = [[] for _ in max_times]
     with Judge(problem, config) as judge:
         warm_new_s, _ = _timed(judge, candidate)
         for _ in range(repeats):
             for i, max_time in enumerate(max_times):
-                timing = TimingConfig() if max_time is None else TimingConfig(max_time_s=max_time)
                 time.sleep(pause_s)
-                with judge.configured(timing_config=timing):
+                with judge.configured(timing_config=TimingConfig(max_time_s=max_time)):
                     runs[i].append(_timed_with_steal(judge, candidate))
     rows = []
     for i, max_time in enumerate(max_times):
@@ -128,7 +127,7 @@ def warm(
             {
                 "problem": problem,
                 "candidate": candidate.name,
-                "max_time_s": max_time if max_time is not None else TimingConfig().max_time_s,
+                "max_time_s": max_time,
                 "cold_s": cold_s,
                 "build_s": cold.build.duration_s if cold.build else None,
                 "warm_new_judge_s": warm_new_s,
@@ -170,7 +169,7 @@ def main() -> None:
         help="timing budgets (s) to compare, comma-separated (default: TimingConfig's)",
     )
     args = parser.parse_args()
-    max_times: list[float | None] = [float(x) for x in args.max_time.split(",") if x] or [None]
+    max_times = [float(x) for x in args.max_time.split(",") if x] or [TimingConfig().max_time_s]
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor()
     cache_root = Path(tempfile.mkdtemp(prefix="kj-latency-"))
     problems = args.problems.split(",")

@@ -21,12 +21,11 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-import torch
+from verdict_latency import _candidate  # this script's folder is on sys.path
 
 from kerneljudge import Judge, JudgeConfig
 from kerneljudge.worker import process
 
-ROOT = Path(__file__).resolve().parents[1]
 _log: list[tuple[str, str, float]] = []
 _lock = threading.Lock()
 
@@ -73,10 +72,9 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     _instrument()
-    gpu = torch.cuda.is_available()
     report = {}
     for name in args.problems.split(","):
-        cand = ROOT / "examples" / name / ("cuda_fused.py" if gpu else "cpp_reference.py")
+        cand = _candidate(name)
         config = JudgeConfig(baselines=tuple(args.baselines.split(",")))
         per_verdict: list[dict[str, float]] = []
         stages: list[dict[str, float]] = []
