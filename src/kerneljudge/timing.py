@@ -58,12 +58,17 @@ class TimingConfig:
             2x between repetitions (docs/benchmarks/2026-11-30-h200.md).
         max_time_s: stop after this much wall time in the sampling loop. On the H200 machine
             the spread of repeated verdicts was the same with 1, 1.5 and 2 s (it follows the
-            host's speed from one second to the next, not the sample count), and 1 s keeps a
-            warm verdict near 3 s (docs/benchmarks/2026-11-30-h200-validation.md, runs 22-23).
+            host's speed from one second to the next, not the sample count), and with 1 s a warm
+            verdict took 1.6-2.6 s (docs/benchmarks/2026-11-30-h200-validation.md, runs 24-25).
             ``min_rounds`` does not hold this stop back: where a batch's wall time is far above
             ``batch_target_ms`` (a fast GPU candidate: the loop's own work per call, outside
             the timed window, is about 1 ms there), 1 s holds as few as 3-5 rounds.
-        batch_target_ms: wall time one contestant's batch should take in one round.
+        batch_target_ms: the timed time one contestant's batch should hold in one round
+            (sized from the calibration batch's median call). Sizing on wall time per call
+            was tried: fast GPU candidates got 19-47 rounds in 1 s, but all three seed
+            problems' speedups came out 8-12% below the pooled medians of this sizing,
+            probably because shorter batches time more calls just after the other contestant
+            ran (docs/benchmarks/2026-11-30-h200-validation.md, run 29). It is not done.
     """
 
     warmup_calls: int = 3
