@@ -8,6 +8,8 @@ candidate is compiled once across test runs on the same machine.
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -38,3 +40,34 @@ def shared_cache() -> Path:
 def tiny_problem() -> Path:
     """A small CPU problem with a Linear layer (fixtures/tiny_problem.py)."""
     return FIXTURES / "tiny_problem.py"
+
+
+@pytest.fixture
+def fresh_worker_report(tmp_path: Path) -> Callable[[str | Path, str], str]:
+    """``report(problem, device)``: what a judge's freshly started candidate worker had loaded
+    before any candidate ran, as ``"dynamo: <bool> cuda: <bool>"`` (torch._dynamo imported, a
+    CUDA context initialised). A probe candidate raises that text at import."""
+    from kerneljudge import Judge, JudgeConfig
+    from kerneljudge.device import resolve_device
+    from kerneljudge.worker.process import CandidateFault
+
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import sys, torch\n"
+        "raise RuntimeError(f\"dynamo: {'torch._dynamo' in sys.modules} "
+        'cuda: {torch.cuda.is_initialized()}")\n'
+    )
+
+    def report(problem: str | Path, device: str) -> str:
+        with Judge(problem, JudgeConfig(device=device, cache_dir=tmp_path)) as judge:
+            worker = judge._pool(resolve_device(device, device != "cpu")).take()
+            try:
+                with pytest.raises(CandidateFault) as fault:
+                    worker.request("load_candidate", 30.0, path=str(probe))
+            finally:
+                worker.close()
+        found = re.search(r"dynamo: \w+ cuda: \w+", str(fault.value))
+        assert found, str(fault.value)
+        return found.group(0)
+
+    return report
