@@ -45,10 +45,13 @@ class Channel:
     def __init__(self, read_fd: int, write_fd: int) -> None:
         self.read_fd = read_fd
         self.write_fd = write_fd
-        self._buf = bytearray()
+        #: A message read in part (its buffer, bytes filled) and its payload length once known.
+        self._partial: tuple[bytearray, int] | None = None
+        self._length: int | None = None
 
     def send(self, message: dict[str, Any]) -> None:
-        """Write one message.
+        """Write one message (the payload is written from the serialisation buffer itself, so
+        sending costs one copy of the message's tensors).
 
         Raises:
             ChannelClosed: the reader is gone.
@@ -58,18 +61,23 @@ class Channel:
             raise ChannelClosed("the channel was closed")
         buf = io.BytesIO()
         torch.save(message, buf)
-        payload = buf.getvalue()
-        data = memoryview(_HEADER.pack(len(payload)) + payload)
-        try:
-            while data:
-                written = os.write(fd, data)
-                data = data[written:]
-        except OSError as exc:
-            raise ChannelClosed(str(exc)) from None
+        with buf.getbuffer() as payload:
+            try:
+                _write_all(fd, _HEADER.pack(len(payload)))
+                _write_all(fd, payload)
+            except OSError as exc:
+                raise ChannelClosed(str(exc)) from None
 
-    def _fill(self, n: int, deadline: float | None) -> None:
-        """Read until the buffer holds ``n`` bytes; what was read survives a timeout."""
-        while len(self._buf) < n:
+    def _fill(self, buf: bytearray, filled: int, deadline: float | None) -> int:
+        """Read into ``buf`` from offset ``filled`` until it is full; returns the new offset.
+
+        Raises:
+            ChannelTimeout: the deadline passed first (the caller keeps ``buf`` and the offset
+                it last got, so what was read survives).
+            ChannelClosed: the writer is gone.
+        """
+        view = memoryview(buf)
+        while filled < len(buf):
             fd = self.read_fd  # once: another thread may close the channel meanwhile
             if fd < 0:
                 raise ChannelClosed("the channel was closed")
@@ -79,34 +87,44 @@ class Channel:
                     ready = remaining > 0 and select.select([fd], [], [], remaining)[0]
                     if not ready:
                         raise ChannelTimeout()
-                chunk = os.read(fd, min(n - len(self._buf), 1 << 24))
+                got = os.readv(fd, [view[filled : filled + (1 << 24)]])
             except (OSError, ValueError) as exc:  # closed under us
                 raise ChannelClosed(str(exc)) from None
-            if not chunk:
+            if not got:
                 raise ChannelClosed("end of stream")
-            self._buf += chunk
+            filled += got
+            self._partial = (buf, filled)
+        return filled
 
     def recv(self, timeout_s: float | None = None) -> dict[str, Any]:
         """Read one message, waiting at most ``timeout_s`` seconds (None: forever).
 
         A timeout keeps the part of a message read so far; the next call goes on from there.
+        The payload is read into one buffer of its exact size and the message's tensors are
+        made from it, so a message costs at most twice its size while it is decoded.
 
         Raises:
             ChannelTimeout: nothing complete arrived in time.
             ChannelClosed: the writer is gone, or the stream is corrupt.
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        self._fill(_HEADER.size, deadline)
-        (length,) = _HEADER.unpack(bytes(self._buf[: _HEADER.size]))
-        if length > MAX_MESSAGE_BYTES:
-            raise ChannelClosed(f"message of {length} bytes exceeds the limit")
-        self._fill(_HEADER.size + length, deadline)
-        payload = bytes(self._buf[_HEADER.size : _HEADER.size + length])
-        del self._buf[: _HEADER.size + length]
+        buf, filled = self._partial or (bytearray(_HEADER.size), 0)
+        if self._length is None:
+            self._fill(buf, filled, deadline)
+            (length,) = _HEADER.unpack(bytes(buf))
+            if length > MAX_MESSAGE_BYTES:
+                raise ChannelClosed(f"message of {length} bytes exceeds the limit")
+            self._length = length
+            buf, filled = bytearray(length), 0
+            self._partial = (buf, filled)
+        self._fill(buf, filled, deadline)
+        self._partial, self._length = None, None
         try:
-            message = torch.load(io.BytesIO(payload), weights_only=True, map_location="cpu")
+            message = torch.load(_Reader(buf), weights_only=True, map_location="cpu")
         except Exception as exc:  # any unpickling failure means a corrupt or forged stream
             raise ChannelClosed(f"unreadable message: {type(exc).__name__}: {exc}") from None
+        finally:
+            del buf
         if not isinstance(message, dict):
             raise ChannelClosed("message is not a dict")
         return message
@@ -121,3 +139,39 @@ class Channel:
                 os.close(fd)
             except OSError:
                 pass
+
+
+def _write_all(fd: int, data: bytes | memoryview) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view[: 1 << 24]) :]
+
+
+class _Reader(io.RawIOBase):
+    """A read-only, seekable file over a buffer, without copying it (``io.BytesIO`` copies a
+    ``bytearray``), for ``torch.load``."""
+
+    def __init__(self, buf: bytearray) -> None:
+        super().__init__()
+        self._view = memoryview(buf)
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, b: Any) -> int:
+        n = max(0, min(len(b), len(self._view) - self._pos))
+        memoryview(b).cast("B")[:n] = self._view[self._pos : self._pos + n]
+        self._pos += n
+        return n
