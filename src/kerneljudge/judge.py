@@ -325,6 +325,7 @@ class Judge:
                 size=size,
                 threads=self.config.threads,
                 record_ops=requires_custom_kernel(self.problem.policy),
+                writable=(str(self.cache.root / "builds"),),
             )
         return self._pools[device]
 
