@@ -59,6 +59,7 @@ from kerneljudge.verdict import (
     Verdict,
 )
 from kerneljudge.worker import CandidateFault, WorkerDied, WorkerPool, WorkerProcess, WorkerTimeout
+from kerneljudge.worker.confine import layers as confinement_layers
 
 __all__ = ["Judge", "JudgeConfig", "judge"]
 
@@ -445,6 +446,7 @@ class Judge:
             device=self.device_info(device),
             versions=_versions(),
             started_at=started,
+            confinement=confinement_layers("candidate"),
         )
 
         def finish(status: Status, reason: str, **kw: Any) -> Verdict:
