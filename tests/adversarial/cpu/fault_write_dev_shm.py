@@ -2,14 +2,16 @@
 # kind: writing /dev/shm (state shared with later workers and the host)
 # problem: problem_cpu.py
 # breach_fails: yes
-"""Writes /dev/shm/kj_adv_shm_<hex> in ModelNew.__init__ (no audit hook armed: only the kernel
-can refuse, or hand it a private /dev/shm) and again in its first forward. A file that is
-visible on the host after the verdict is a breach (the suite checks); a judge gives each worker
-its own /dev/shm or refuses, and the audit hook refuses the write in forward."""
+"""Writes /dev/shm/kj_adv_shm_<hex> in ModelNew.__init__ through a shell that `ninja` starts
+(out of the audit hook's sight: only the kernel can refuse, or hand the worker a private
+/dev/shm), then again from Python in its first forward (the audit hook refuses it). A file that
+the host still sees after the verdict is a breach (the suite checks)."""
 
 import json
 import os
 import secrets
+import shutil
+import subprocess
 
 import torch.nn as nn
 import torch.nn.functional as F
@@ -27,6 +29,21 @@ def _mark(**facts):
         pass
 
 
+def _ninja(command):
+    """Run a shell ``command`` the way a build would: as the rule of a ``build.ninja`` written
+    in the scratch folder, through ``ninja``, a compiler tool the worker lets candidates start.
+    What it does is out of the audit hook's sight: only the kernel's confinement applies."""
+    ninja = shutil.which("ninja")
+    if ninja is None:
+        return
+    here = os.path.join(os.getcwd(), f"kj_ninja_{secrets.token_hex(3)}")
+    os.makedirs(here)
+    with open(os.path.join(here, "build.ninja"), "w") as f:
+        f.write("rule run\n  command = " + command.replace("$", "$$") + "\n")
+        f.write("build never: run\n")
+    subprocess.run([ninja, "-C", here], capture_output=True, timeout=60)
+
+
 def _write_shm(where):
     path = f"/dev/shm/kj_adv_shm_{secrets.token_hex(4)}"
     with open(path, "w") as f:
@@ -39,10 +56,9 @@ class ModelNew(nn.Module):
         super().__init__()
         self.linear = nn.Linear(in_features, out_features)
         self.done = False
-        try:
-            _write_shm("__init__")
-        except OSError as exc:
-            _mark(note=f"__init__ refused: {exc}")
+        path = f"/dev/shm/kj_adv_shm_{secrets.token_hex(4)}"
+        _mark(host_files=[path], note=f"asked ninja to write {path}")
+        _ninja(f"echo state > {path}")
 
     def forward(self, x):
         if not self.done:

@@ -2,14 +2,16 @@
 # kind: writing outside the scratch folder through a directory fd (os.open(name, dir_fd=fd))
 # problem: problem_cpu.py
 # breach_fails: yes
-"""Opens /tmp as a directory fd and creates a file relative to it, once in ModelNew.__init__ (no
-audit hook is armed there: only the kernel, Landlock, can refuse) and once in its first forward
-(where the audit hook sees only the relative name). Either write that lands on the host is a
-breach; a judge refuses both (PermissionError: runtime_error, or rejected)."""
+"""Creates a file in /tmp relative to a directory fd (the audit hook sees only the relative name
+of an `os.open(name, dir_fd=fd)`), in its first forward; and in ModelNew.__init__ has a shell
+that `ninja` starts write to /tmp, out of the audit hook's sight (only the kernel, Landlock, can
+refuse it there). Either file on the host after the verdict is a breach."""
 
 import json
 import os
 import secrets
+import shutil
+import subprocess
 
 import torch.nn as nn
 import torch.nn.functional as F
@@ -25,6 +27,21 @@ def _mark(**facts):
             f.write(json.dumps(facts) + "\n")
     except OSError:
         pass
+
+
+def _ninja(command):
+    """Run a shell ``command`` the way a build would: as the rule of a ``build.ninja`` written
+    in the scratch folder, through ``ninja``, a compiler tool the worker lets candidates start.
+    What it does is out of the audit hook's sight: only the kernel's confinement applies."""
+    ninja = shutil.which("ninja")
+    if ninja is None:
+        return
+    here = os.path.join(os.getcwd(), f"kj_ninja_{secrets.token_hex(3)}")
+    os.makedirs(here)
+    with open(os.path.join(here, "build.ninja"), "w") as f:
+        f.write("rule run\n  command = " + command.replace("$", "$$") + "\n")
+        f.write("build never: run\n")
+    subprocess.run([ninja, "-C", here], capture_output=True, timeout=60)
 
 
 def _write_via_dir_fd(where):
@@ -45,10 +62,9 @@ class ModelNew(nn.Module):
         super().__init__()
         self.linear = nn.Linear(in_features, out_features)
         self.done = False
-        try:
-            _write_via_dir_fd("__init__")
-        except OSError as exc:
-            _mark(note=f"__init__ refused: {exc}")
+        path = f"/tmp/kj_adv_native_{secrets.token_hex(4)}"
+        _mark(host_files=[path], note=f"asked ninja to write {path}")
+        _ninja(f"echo escaped > {path}")
 
     def forward(self, x):
         if not self.done:
