@@ -115,8 +115,9 @@ def restrict(abi: int, writable: Sequence[str], devices: Sequence[str]) -> None:
     """Apply Landlock to the calling thread and every process and thread it starts later.
 
     Read and execute stay allowed everywhere; writing, creating, removing and renaming only
-    beneath ``writable`` (folders that do not exist are created first), and writing into the
-    ``devices`` files. From ABI 4 every TCP bind and connect is denied; from ABI 6 signals to
+    beneath ``writable`` (folders that do not exist are created first; one that cannot be is
+    left out), and writing into the ``devices`` files and the calling process's own ``/proc``
+    files. From ABI 4 every TCP bind and connect is denied; from ABI 6 signals to
     processes outside this domain and abstract unix sockets of other domains are too.
 
     Raises:
@@ -138,9 +139,12 @@ def restrict(abi: int, writable: Sequence[str], devices: Sequence[str]) -> None:
         raise OSError(ctypes.get_errno(), "landlock_create_ruleset failed")
     file_rights = _FS_WRITE_FILE | _FS_READ_FILE | (_FS_TRUNCATE if abi >= 3 else 0)
     try:
-        rules = [("/", _READ)]
+        rules = [("/", _READ), (f"/proc/{os.getpid()}", file_rights)]  # its own /proc files
         for folder in writable:
-            os.makedirs(folder, exist_ok=True)
+            try:
+                os.makedirs(folder, exist_ok=True)
+            except OSError:
+                continue  # a folder it cannot create it could not write either
             rules.append((folder, write))
         rules += [(dev, file_rights) for dev in devices if os.path.exists(dev)]
         for path, rights in rules:

@@ -6,7 +6,8 @@
 """At import time, which is the build (the build worker imports a `load_inline` candidate to
 compile it), writes a `build.ninja` in its cache entry whose only rule starts, in a new session
 and double-forked, a Python loop that for two minutes looks for the trusted reference worker in
-/proc (`--role reference` on its command line) and sends it SIGSTOP then SIGCONT; `ninja` is a
+/proc (`--role reference` on its command line, a child of the process that started the build)
+and sends it SIGSTOP then SIGCONT; `ninja` is a
 compiler tool the build may start, and it runs whatever `build.ninja` says. Then it defines an
 honest ModelNew (the `load_inline` call below is never made).
 
@@ -26,7 +27,7 @@ import torch.nn.functional as F
 TAG = "fault_build_ninja_escape"
 LOOP = r"""
 import json, os, signal, sys, time
-mark = sys.argv[1]
+mark, judge = sys.argv[1], int(sys.argv[2])
 end = time.time() + 120
 while time.time() < end:
     for d in os.listdir("/proc"):
@@ -36,6 +37,10 @@ while time.time() < end:
             with open(f"/proc/{d}/cmdline", "rb") as f:
                 argv = f.read().split(b"\0")
             if b"reference" not in argv:
+                continue
+            with open(f"/proc/{d}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid != judge:  # only the reference of the judge that started this build
                 continue
             os.kill(int(d), signal.SIGSTOP)
             os.kill(int(d), signal.SIGCONT)
