@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -378,3 +380,72 @@ def test_workers_start_in_their_own_namespaces_and_keep_the_protocol(tmp_path: P
     finally:
         w.close()
     assert _gone(pids, 10.0) == []
+
+
+_UNPRIVILEGED = """
+import importlib.util, json, os, subprocess, sys
+spec = importlib.util.spec_from_file_location("confine", sys.argv[1])
+confine = importlib.util.module_from_spec(spec)
+sys.modules["confine"] = confine
+spec.loader.exec_module(confine)
+base = sys.argv[2]
+scratch = os.path.join(base, "scratch")
+with open(os.path.join(base, "kjprobe.py"), "w") as f:
+    f.write('''
+import json, os, sys
+out = {"uid": os.getuid(), "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit())}
+def attempt(name, fn):
+    try:
+        fn()
+        out[name] = "done"
+    except OSError as exc:
+        out[name] = type(exc).__name__
+def write(path):
+    with open(path, "w") as f:
+        f.write("x")
+attempt("write_scratch", lambda: write(os.path.join(sys.argv[1], "ok")))
+attempt("write_outside", lambda: write(os.path.join(sys.argv[1], "..", "outside")))
+attempt("kill_supervisor", lambda: os.kill(int(sys.argv[2]), 0))
+print(json.dumps(out))
+''')
+env = {"PATH": os.environ["PATH"], "PYTHONPATH": base, "HOME": base}
+cmd = confine.command(["kjprobe", scratch, str(os.getpid())], [scratch])
+p = confine.spawn(cmd, env=env, cwd=scratch, stdout=subprocess.PIPE)
+probe = json.loads(p.communicate(timeout=60)[0].decode().strip().splitlines()[-1])
+print(json.dumps({"layers": confine.layers("candidate"), "probe": probe, "uid": os.getuid()}))
+"""
+
+
+def test_confinement_works_for_an_unprivileged_user() -> None:
+    """The same confinement, started by an unprivileged supervisor (user ``nobody``, through
+    ``setpriv``): a user namespace makes the other namespaces possible. The supervisor here is
+    the system's Python with ``confine.py`` loaded by path (standard library only)."""
+    python = "/usr/bin/python3"
+    if os.geteuid() != 0 or not os.path.exists(python) or not confine.features().setpriv:
+        pytest.skip("needs root (to become nobody), setpriv and a system python3")
+    base = Path(tempfile.mkdtemp(prefix="kj-unpriv-"))
+    try:
+        base.chmod(0o777)
+        (base / "scratch").mkdir(mode=0o777)
+        (base / "scratch").chmod(0o777)
+        script = base / "supervisor.py"
+        script.write_text(_UNPRIVILEGED)
+        script.chmod(0o644)
+        out = subprocess.run(
+            [confine.features().setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
+            + [python, "-I", str(script), confine.__file__, str(base)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if "Permission denied" in out.stderr and "confine.py" in out.stderr:
+            pytest.skip("the source tree is not readable by nobody")
+        got = json.loads(out.stdout.strip().splitlines()[-1])
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    assert got["uid"] == 65534
+    probe = got["probe"]
+    assert probe["write_scratch"] == "done" and probe["write_outside"] != "done", got
+    assert probe["kill_supervisor"] != "done", got
+    if "pid_namespace" in got["layers"]:
+        assert "user_namespace" in got["layers"] and len(probe["pids"]) <= 3, got
