@@ -182,6 +182,7 @@ class Features:
         user_namespace: the prefix maps the caller to root of a new user namespace.
         private_shm: the worker could mount its own ``/dev/shm``.
         landlock_abi: the kernel's Landlock ABI (0: none).
+        enabled: False when ``KERNELJUDGE_CONFINE=off`` turned every OS layer off.
     """
 
     setpriv: str
@@ -189,6 +190,7 @@ class Features:
     user_namespace: bool
     private_shm: bool
     landlock_abi: int
+    enabled: bool = True
 
 
 _features: Features | None = None
@@ -220,7 +222,7 @@ def features() -> Features:
         if _features is not None:
             return _features
         if os.environ.get("KERNELJUDGE_CONFINE", "").lower() in ("off", "0", "no"):
-            _features = Features("", (), False, False, 0)
+            _features = Features("", (), False, False, 0, enabled=False)
             return _features
         setpriv = shutil.which("setpriv") or ""
         unshare_bin = shutil.which("unshare")
@@ -245,7 +247,7 @@ def layers(role: str = "candidate") -> tuple[str, ...]:
     under on this host: ``pid_namespace``, ``net_namespace``, ``mount_namespace``,
     ``user_namespace``, ``private_dev_shm``, ``landlock_abi_N``, ``pdeathsig``, ``audit_hook``."""
     f = features()
-    out = ["pdeathsig"]
+    out = ["pdeathsig"] if f.enabled else []
     if f.unshare:
         out += ["pid_namespace", "net_namespace", "mount_namespace"]
         if f.user_namespace:
@@ -274,7 +276,7 @@ def command(
     """
     f = features()
     policy: dict[str, Any] = {
-        "pdeathsig": True,
+        "pdeathsig": f.enabled,
         "shm": False,
         "landlock": 0,
         "init": bool(f.unshare),
@@ -327,7 +329,7 @@ def spawn(
     (inherited from the forking thread, which takes them for the duration of the fork).
     """
     global _spawn_queue, _spawn_thread
-    if not features().setpriv:
+    if features().enabled and not features().setpriv:
         popen_kwargs["preexec_fn"] = _pdeathsig_preexec
 
     def start() -> subprocess.Popen[bytes]:
