@@ -1,14 +1,17 @@
 """Confinement of candidate code inside its worker process (the second line of defence).
 
 The first line is the process boundary itself: the candidate never shares a process with the
-judge, the reference, the seed or the comparison. Inside its worker, while candidate code runs:
+judge, the reference, the seed or the comparison, and the kernel confines that process and all
+it starts (PID, network and mount namespaces, Landlock: :mod:`kerneljudge.worker.confine`).
+Inside its worker, while candidate code runs:
 
 * a PEP 578 audit hook refuses network sockets, process creation (other than the compiler tools
-  that ``load_inline`` and Triton call), writes outside the worker's scratch and cache folders,
-  and reads of other processes' ``/proc`` entries. A refusal raises ``PermissionError`` in the
-  candidate and is recorded, so the verdict says what was attempted. Audit hooks cannot be
-  removed from Python once added; native code (a C++ extension calling ``connect`` directly)
-  is not seen by them, see ``docs/security.md``;
+  that ``load_inline`` and Triton call), writes outside the worker's scratch and cache folders
+  (names relative to a directory fd judged where they lead; under ``/dev`` only
+  :data:`WRITABLE_DEVICES`), and reads of other processes' ``/proc`` entries. A refusal
+  raises ``PermissionError`` in the candidate and is recorded, so the verdict says what was
+  attempted. Audit hooks cannot be removed from Python once added; native code (a C++
+  extension calling ``connect`` directly) is not seen by them, see ``docs/security.md``;
 * resource limits: output files (the log that receives stdout/stderr) are capped by
   ``RLIMIT_FSIZE``; orphaned grandchildren are re-parented to the worker
   (``PR_SET_CHILD_SUBREAPER``) so the supervisor can find and kill them;
