@@ -227,24 +227,36 @@ class WorkerProcess:
 
     def kill(self) -> None:
         """Kill the worker, every descendant it has (also those that left its process group;
-        the worker is their subreaper) and its process group, then reap it. Once it is reaped,
-        its pid may belong to another process: a second call does nothing."""
+        the worker is their subreaper, or the init of its PID namespace) and its process group,
+        then reap it; in a PID namespace, only once every process of the namespace has ended.
+        Once it is reaped, its pid may belong to another process: a second call does nothing."""
         if self._reaped:
             return
-        for pid in child_pids(self.proc.pid):
+        descendants = child_pids(self.proc.pid)
+        for pid in descendants:
             try:
                 os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            self.proc.wait(timeout=10)
-            self._reaped = True
-        except subprocess.TimeoutExpired:  # pragma: no cover - unkillable (D state)
-            pass
+        if descendants and confine.features().unshare:
+            # The launcher exits once the namespace's init is gone, which is only after every
+            # process of the namespace is: waiting for it makes the kill complete.
+            try:
+                os.kill(self.proc.pid, signal.SIGCONT)  # a stopped launcher cannot reap
+                self.proc.wait(timeout=5)
+                self._reaped = True
+            except (ProcessLookupError, PermissionError, subprocess.TimeoutExpired):
+                pass
+        if not self._reaped:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                self.proc.wait(timeout=10)
+                self._reaped = True
+            except subprocess.TimeoutExpired:  # pragma: no cover - unkillable (D state)
+                pass
         self.chan.close()
 
     def close(self) -> None:
