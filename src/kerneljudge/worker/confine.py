@@ -305,6 +305,7 @@ def _pdeathsig_preexec() -> None:
 _spawn_queue: queue.SimpleQueue[tuple[Callable[[], Any], list[Any], threading.Event]] | None
 _spawn_queue = None
 _spawn_thread: threading.Thread | None = None
+_spawn_pid = 0
 
 
 def _spawner() -> None:
@@ -328,7 +329,7 @@ def spawn(
     fire only when the supervisor process dies. ``cpus``: the CPU cores the child starts on
     (inherited from the forking thread, which takes them for the duration of the fork).
     """
-    global _spawn_queue, _spawn_thread
+    global _spawn_queue, _spawn_thread, _spawn_pid
     if features().enabled and not features().setpriv:
         popen_kwargs["preexec_fn"] = _pdeathsig_preexec
 
@@ -346,7 +347,8 @@ def spawn(
                 os.sched_setaffinity(0, saved)
 
     with _features_lock:
-        if _spawn_thread is None:
+        if _spawn_thread is None or _spawn_pid != os.getpid():  # none yet, or a forked copy
+            _spawn_pid = os.getpid()
             _spawn_queue = queue.SimpleQueue()
             _spawn_thread = threading.Thread(
                 target=_spawner, name="kerneljudge-spawner", daemon=True
