@@ -16,7 +16,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,7 +25,8 @@ from kerneljudge import toolchain
 from kerneljudge.buildlog import parse_diagnostics, shape_log, trace_to_candidate
 from kerneljudge.candidate import Candidate
 from kerneljudge.verdict import BuildResult, CompilerMessage, decode
-from kerneljudge.worker.sandbox import candidate_environment
+from kerneljudge.worker import confine
+from kerneljudge.worker.sandbox import candidate_environment, child_pids
 
 __all__ = ["BuildCache", "build", "default_cache_dir"]
 
@@ -150,11 +150,32 @@ def _static_failure(candidate: Candidate) -> BuildResult | None:
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """Kill the build worker, every descendant of it and its process group, and reap it."""
+    for pid in [*child_pids(proc.pid), proc.pid]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
     proc.wait()
+
+
+def _exited(proc: subprocess.Popen[bytes], timeout_s: float) -> bool:
+    """Wait up to ``timeout_s`` seconds for ``proc`` to exit, without reaping it: while it is
+    a zombie its pid, and so its process group id, cannot name another process."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
+                return True
+        except ChildProcessError:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(min(0.02, max(deadline - time.monotonic(), 0.0)))
 
 
 def known_build(candidate: Candidate, *, cache: BuildCache, arch: str) -> BuildResult | None:
@@ -188,6 +209,10 @@ def build(
         arch: the target compute capability, e.g. ``"9.0"`` (see :func:`toolchain.target_arch`).
         timeout_s: wall-clock limit of the build (seconds); the build's process group is killed.
 
+    The build worker runs confined (:mod:`kerneljudge.worker.confine`): no process it or a tool
+    it starts (``ninja`` runs what a ``build.ninja`` says) outlives the build, and none of them
+    writes outside the cache entry.
+
     Returns:
         A :class:`BuildResult`; ``ok`` False with shaped ``log`` and ``messages`` on failure,
         ``timed_out`` True when the limit was hit.
@@ -218,14 +243,13 @@ def build(
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_SRC_DIR, env.get("PYTHONPATH")]))
         started = time.monotonic()
         with open(log_path, "wb") as log:
-            proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "kerneljudge.worker.build",
-                    str(source_path),
-                    str(result_path),
-                ],
+            # Confined (see kerneljudge.worker.confine): the build worker and every tool it
+            # starts live in their own PID namespace, which ends with the build worker, and
+            # may write only inside this cache entry.
+            proc = confine.spawn(
+                confine.command(
+                    ["kerneljudge.worker.build", str(source_path), str(result_path)], [str(entry)]
+                ),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -233,9 +257,7 @@ def build(
                 env=env,
                 cwd=entry,
             )
-            try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
+            if not _exited(proc, timeout_s):
                 _kill_group(proc)
                 msg = f"the build did not finish within {timeout_s:g} s"
                 return BuildResult(
@@ -247,6 +269,7 @@ def build(
                     messages=(CompilerMessage("", None, None, "error", msg),),
                     log=msg,
                 )
+            _kill_group(proc)  # the rest of its process group ends with it (namespace or not)
         duration = time.monotonic() - started
         raw = log_path.read_text(errors="replace")
         try:
@@ -254,7 +277,8 @@ def build(
         except (OSError, ValueError):
             outcome = {
                 "ok": False,
-                "error": f"the build process died (exit status {proc.returncode})",
+                "error": "the build process died (exit status "
+                f"{confine.exit_status(proc.returncode)})",
                 "lineno": None,
             }
         if outcome.get("ok"):

@@ -59,6 +59,7 @@ from kerneljudge.verdict import (
     Verdict,
 )
 from kerneljudge.worker import CandidateFault, WorkerDied, WorkerPool, WorkerProcess, WorkerTimeout
+from kerneljudge.worker.confine import layers as confinement_layers
 
 __all__ = ["Judge", "JudgeConfig", "judge"]
 
@@ -325,6 +326,7 @@ class Judge:
                 size=size,
                 threads=self.config.threads,
                 record_ops=requires_custom_kernel(self.problem.policy),
+                writable=(str(self.cache.root / "builds"),),
             )
         return self._pools[device]
 
@@ -444,6 +446,7 @@ class Judge:
             device=self.device_info(device),
             versions=_versions(),
             started_at=started,
+            confinement=confinement_layers("candidate"),
         )
 
         def finish(status: Status, reason: str, **kw: Any) -> Verdict:

@@ -32,7 +32,7 @@ __all__ = [
     "decode",
 ]
 
-SCHEMA_VERSION = "1.2"
+SCHEMA_VERSION = "1.3"
 
 
 class Status(str, Enum):
@@ -277,6 +277,11 @@ class Verdict:
     #: ``trials``, ``timing`` (the alternating measurement and the audits of timed calls).
     #: Added in schema 1.1.
     stage_s: dict[str, float] = field(default_factory=dict)
+    #: The confinement layers the candidate's processes ran under, outermost first (see
+    #: :func:`kerneljudge.worker.confine.layers`): ``pdeathsig``, ``pid_namespace``,
+    #: ``net_namespace``, ``mount_namespace``, ``user_namespace``, ``private_dev_shm``,
+    #: ``landlock_abi_N``, ``audit_hook``. Added in schema 1.3.
+    confinement: tuple[str, ...] = ()
     schema_version: str = SCHEMA_VERSION
 
     @property

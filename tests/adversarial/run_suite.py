@@ -44,6 +44,7 @@ Exit status: 0 when every row is OK, 1 otherwise, 2 on a usage error.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -74,6 +75,7 @@ else:
 from kerneljudge.candidate import Candidate  # noqa: E402
 from kerneljudge.judge import Judge, JudgeConfig  # noqa: E402
 from kerneljudge.timing import TimingConfig  # noqa: E402
+from kerneljudge.worker.sandbox import child_pids  # noqa: E402
 
 _HEADER = re.compile(r"^#\s*([a-z_]+)\s*:\s*(.*?)\s*$")
 
@@ -200,7 +202,8 @@ def judge_worker_pids(judge: Judge | None) -> set[int]:
     for pool in getattr(judge, "_pools", {}).values():
         for w in getattr(pool, "_idle", []):
             pids.add(w.proc.pid)
-    return pids
+    # A worker runs below the process the judge started (its PID namespace's launcher).
+    return pids | {c for p in pids for c in child_pids(p)}
 
 
 def stray_processes(adv_dir: Path, judges: list[Judge | None]) -> list[tuple[int, str]]:
@@ -344,6 +347,7 @@ class Suite:
     ) -> tuple[Row, Any]:
         marks_at = mark_files(self.adv_dir, judge, case)
         clear_marks(marks_at)
+        since_ticks = boot_ticks()
         t0 = time.monotonic()
         verdict, error = self.evaluate(judge, case)
         seconds = time.monotonic() - t0
@@ -379,12 +383,21 @@ class Suite:
                 notes.append("breach: " + str(m["breach"]))
                 if case.breach_fails and row.outcome == "OK":
                     row.outcome = "FOOLED"
+            for f in m.get("host_files", []):
+                # A file the candidate wrote that the host sees after its verdict (and not
+                # only a private copy of that folder in the worker's mount namespace).
+                if os.path.lexists(f):
+                    notes.append(f"breach: {f} is on the host after judging")
+                    if case.breach_fails and row.outcome == "OK":
+                        row.outcome = "FOOLED"
+                    with contextlib.suppress(OSError):
+                        os.unlink(f)
             for k, v in m.items():
-                if k not in ("breach", "pids", "files"):
+                if k not in ("breach", "pids", "files", "host_files"):
                     notes.append(f"{k}: {v}")
         stray = stray_processes(self.adv_dir, judges)
         marked = [p for m in marks for p in m.get("pids", [])]
-        alive_marked = [p for p in marked if _alive(p)]
+        alive_marked = marked_alive(marked, since_ticks, judges)
         leftovers = sorted({p for p, _ in stray} | set(alive_marked))
         if leftovers:
             desc = {p: c for p, c in stray}
@@ -451,6 +464,38 @@ class Suite:
             print(f"           reason: {row.reason[:200]}", flush=True)
         for n in row.notes:
             print(f"           note: {n[:220]}", flush=True)
+
+
+def boot_ticks() -> int:
+    """Now, in the clock ticks since boot that ``/proc/PID/stat`` gives start times in."""
+    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))
+
+
+def marked_alive(marked: list[int], since_ticks: int, judges: list[Judge | None]) -> list[int]:
+    """Host pids of live processes a candidate reported (pids as the candidate saw them: in its
+    worker's PID namespace, where there is one), started while it was judged and not a worker
+    a live judge holds. A pid the candidate saw matches a host process whose innermost
+    namespace pid (``NSpid`` in ``/proc/PID/status``) is that number."""
+    if not marked:
+        return []
+    keep = {os.getpid()}
+    for j in judges:
+        keep |= judge_worker_pids(j)
+    wanted = set(marked)
+    found = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) in keep or not _alive(int(d)):
+            continue
+        try:
+            with open(f"/proc/{d}/status") as f:
+                nspid = next(ln for ln in f if ln.startswith("NSpid:")).split()[1:]
+            with open(f"/proc/{d}/stat") as f:
+                started = int(f.read().rsplit(")", 1)[1].split()[19])
+        except (OSError, StopIteration, ValueError, IndexError):
+            continue
+        if int(nspid[-1]) in wanted and started >= since_ticks:
+            found.append(int(d))
+    return found
 
 
 def _alive(pid: int) -> bool:

@@ -15,13 +15,25 @@ import signal
 import sys
 import traceback
 
-from kerneljudge.worker.sandbox import Sandbox
+from kerneljudge.worker.sandbox import Sandbox, child_pids, set_subreaper
+
+
+def end_descendants() -> None:
+    """SIGKILL every live descendant of this process (the tools the build started and what
+    they started; orphans come back here, the subreaper). In a PID namespace the kernel does
+    this anyway when the build worker's namespace ends; without one it is what ends them."""
+    for pid in child_pids(os.getpid()):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def main(argv: list[str]) -> int:
     candidate, result_path = argv[0], argv[1]
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in the terminal is the supervisor's
     sys.dont_write_bytecode = True
+    set_subreaper()
     # Candidate code may write only inside its own cache entry (the working directory).
     sandbox = Sandbox([os.getcwd()])
     sandbox.install()
@@ -45,6 +57,7 @@ def main(argv: list[str]) -> int:
         lineno = frames[-1].lineno if frames else getattr(exc, "lineno", None)
         result = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "lineno": lineno}
     sandbox.armed = False
+    end_descendants()
     violations = sandbox.take_violations()
     if violations:
         result = {

@@ -14,7 +14,6 @@ import secrets
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -23,12 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from kerneljudge.errors import WorkerError
+from kerneljudge.worker import confine
 from kerneljudge.worker.protocol import Channel, ChannelClosed, ChannelTimeout
 from kerneljudge.worker.sandbox import LOG_LIMIT_BYTES, candidate_environment, child_pids
 
 __all__ = ["CandidateFault", "WorkerDied", "WorkerPool", "WorkerProcess", "WorkerTimeout"]
 
 _SRC_DIR = str(Path(__file__).resolve().parents[2])
+#: Device files a candidate worker may open for writing besides ``confine.DEVICE_FILES``.
+_GPU_DEVICES = ("/dev/nvidia*", "/dev/nvidia-caps/*", "/dev/dri/*")
 #: Bytes of a worker's log kept for a verdict.
 LOG_TAIL_BYTES = 4000
 
@@ -107,6 +109,11 @@ class WorkerProcess:
             (0: no limit).
         record_ops: its ``run`` requests will record the operators a call runs; the recording
             machinery is loaded at start-up, before the worker reports ready.
+        writable: folders besides its own a candidate worker may write beneath (Landlock; the
+            build cache holding its ``TORCH_EXTENSIONS_DIR``).
+
+    The worker runs confined (:mod:`kerneljudge.worker.confine`): in its own PID, network and
+    mount namespaces where the host allows them, under Landlock, and killed with the supervisor.
     """
 
     def __init__(
@@ -117,6 +124,7 @@ class WorkerProcess:
         threads: int = 0,
         memory_limit_bytes: int = 0,
         record_ops: bool = False,
+        writable: tuple[str, ...] = (),
     ) -> None:
         self.role = role
         self._candidate_ran = False
@@ -139,9 +147,7 @@ class WorkerProcess:
         full_env["TMPDIR"] = str(self.scratch)
         if not device.startswith("cuda"):
             full_env["CUDA_VISIBLE_DEVICES"] = ""
-        cmd = [
-            sys.executable,
-            "-m",
+        args = [
             "kerneljudge.worker",
             "--role",
             role,
@@ -155,9 +161,15 @@ class WorkerProcess:
             str(threads),
             *(["--record-ops"] if record_ops else []),
         ]
+        cpus = None
+        if device.startswith("cuda"):
+            # Until it is pinned for timing, keep the worker (its start-up especially) off the
+            # core where timed calls run.
+            cpus = set(os.sched_getaffinity(0)) - {timing_cpu()} or None
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                cmd,
+            self.proc = confine.spawn(
+                confine.command(args, self._writable(full_env, writable), _GPU_DEVICES),
+                cpus=cpus,
                 pass_fds=(to_worker_r, from_worker_w),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -171,15 +183,19 @@ class WorkerProcess:
         self.chan = Channel(from_worker_r, to_worker_w)
         self.ready = False
         self.id = uuid.uuid4().hex[:8]
-        if device.startswith("cuda"):
-            # Until it is pinned for timing, keep the worker (its start-up especially) off the
-            # core where timed calls run.
-            others = set(os.sched_getaffinity(0)) - {timing_cpu()}
-            if others:
-                try:
-                    os.sched_setaffinity(self.proc.pid, others)
-                except OSError:
-                    pass
+
+    def _writable(self, env: dict[str, str], extra: tuple[str, ...]) -> list[str] | None:
+        """Folders a candidate worker may write beneath (None: the trusted reference, no
+        Landlock): its scratch folder, the Triton, inductor and CUDA JIT caches it uses, and
+        ``extra`` (the build cache, where its ``TORCH_EXTENSIONS_DIR`` will be)."""
+        if self.role != "candidate":
+            return None
+        home = env.get("HOME") or os.path.expanduser("~")
+        out = [str(self.scratch), os.path.join(home, ".triton"), *extra]
+        if self.device.startswith("cuda"):
+            out.append(env.get("CUDA_CACHE_PATH") or os.path.join(home, ".nv"))
+        out += [env[v] for v in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR") if env.get(v)]
+        return out
 
     # ------------------------------------------------------------------ life cycle
     def wait_ready(self, timeout_s: float = 120.0) -> None:
@@ -211,24 +227,36 @@ class WorkerProcess:
 
     def kill(self) -> None:
         """Kill the worker, every descendant it has (also those that left its process group;
-        the worker is their subreaper) and its process group, then reap it. Once it is reaped,
-        its pid may belong to another process: a second call does nothing."""
+        the worker is their subreaper, or the init of its PID namespace) and its process group,
+        then reap it; in a PID namespace, only once every process of the namespace has ended.
+        Once it is reaped, its pid may belong to another process: a second call does nothing."""
         if self._reaped:
             return
-        for pid in child_pids(self.proc.pid):
+        descendants = child_pids(self.proc.pid)
+        for pid in descendants:
             try:
                 os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            self.proc.wait(timeout=10)
-            self._reaped = True
-        except subprocess.TimeoutExpired:  # pragma: no cover - unkillable (D state)
-            pass
+        if descendants and confine.features().unshare:
+            # The launcher exits once the namespace's init is gone, which is only after every
+            # process of the namespace is: waiting for it makes the kill complete.
+            try:
+                os.kill(self.proc.pid, signal.SIGCONT)  # a stopped launcher cannot reap
+                self.proc.wait(timeout=5)
+                self._reaped = True
+            except (ProcessLookupError, PermissionError, subprocess.TimeoutExpired):
+                pass
+        if not self._reaped:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                self.proc.wait(timeout=10)
+                self._reaped = True
+            except subprocess.TimeoutExpired:  # pragma: no cover - unkillable (D state)
+                pass
         self.chan.close()
 
     def close(self) -> None:
@@ -284,7 +312,7 @@ class WorkerProcess:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
-        code = self.proc.poll()
+        code = confine.exit_status(self.proc.poll())
         self.kill()
         raise WorkerDied(code, self.log_tail()) from None
 
@@ -365,9 +393,11 @@ class WorkerPool:
         threads: int = 0,
         memory_limit_bytes: int | None = None,
         record_ops: bool = False,
+        writable: tuple[str, ...] = (),
     ) -> None:
         self.device = device
         self.record_ops = record_ops
+        self.writable = tuple(writable)
         self.env = dict(env or {})
         self.size = size
         self.threads = threads
@@ -384,6 +414,7 @@ class WorkerPool:
             self.threads,
             self.memory_limit_bytes,
             record_ops=self.record_ops,
+            writable=self.writable,
         )
 
     def prestart(self) -> None:

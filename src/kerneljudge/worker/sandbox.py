@@ -1,14 +1,17 @@
 """Confinement of candidate code inside its worker process (the second line of defence).
 
 The first line is the process boundary itself: the candidate never shares a process with the
-judge, the reference, the seed or the comparison. Inside its worker, while candidate code runs:
+judge, the reference, the seed or the comparison, and the kernel confines that process and all
+it starts (PID, network and mount namespaces, Landlock: :mod:`kerneljudge.worker.confine`).
+Inside its worker, while candidate code runs:
 
 * a PEP 578 audit hook refuses network sockets, process creation (other than the compiler tools
-  that ``load_inline`` and Triton call), writes outside the worker's scratch and cache folders,
-  and reads of other processes' ``/proc`` entries. A refusal raises ``PermissionError`` in the
-  candidate and is recorded, so the verdict says what was attempted. Audit hooks cannot be
-  removed from Python once added; native code (a C++ extension calling ``connect`` directly)
-  is not seen by them, see ``docs/security.md``;
+  that ``load_inline`` and Triton call), writes outside the worker's scratch and cache folders
+  (names relative to a directory fd judged where they lead; under ``/dev`` only
+  :data:`WRITABLE_DEVICES`), and reads of other processes' ``/proc`` entries. A refusal
+  raises ``PermissionError`` in the candidate and is recorded, so the verdict says what was
+  attempted. Audit hooks cannot be removed from Python once added; native code (a C++
+  extension calling ``connect`` directly) is not seen by them, see ``docs/security.md``;
 * resource limits: output files (the log that receives stdout/stderr) are capped by
   ``RLIMIT_FSIZE``; orphaned grandchildren are re-parented to the worker
   (``PR_SET_CHILD_SUBREAPER``) so the supervisor can find and kill them;
@@ -18,6 +21,7 @@ judge, the reference, the seed or the comparison. Inside its worker, while candi
 from __future__ import annotations
 
 import ctypes
+import fnmatch
 import os
 import re
 import resource
@@ -68,20 +72,34 @@ COMPILER_TOOLS = frozenset(
 )
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_SET_DUMPABLE = 4
-#: Audit events that change the file system, with how many leading arguments are paths.
-_PATH_EVENTS = {
-    "os.rename": 2,
-    "os.remove": 1,
-    "os.rmdir": 1,
-    "os.mkdir": 1,
-    "os.symlink": 2,
-    "os.link": 2,
-    "os.truncate": 1,
-    "os.chmod": 1,
-    "os.chown": 1,
-    "os.utime": 1,
-    "shutil.rmtree": 1,
+#: Audit events that change the file system: (index of a path argument, index of the argument
+#: giving the directory fd it is relative to, or None), per path argument.
+_PATH_EVENTS: dict[str, tuple[tuple[int, int | None], ...]] = {
+    "os.rename": ((0, 2), (1, 3)),
+    "os.remove": ((0, 1),),
+    "os.rmdir": ((0, 1),),
+    "os.mkdir": ((0, 2),),
+    "os.symlink": ((0, 2), (1, 2)),
+    "os.link": ((0, 2), (1, 3)),
+    "os.truncate": ((0, None),),
+    "os.chmod": ((0, 2),),
+    "os.chown": ((0, 3),),
+    "os.utime": ((0, 3),),
+    "shutil.rmtree": ((0, 1),),
 }
+#: Device files candidate code may open for writing (``fnmatch`` patterns of real paths).
+WRITABLE_DEVICES = (
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+    "/dev/nvidia*",
+    "/dev/nvidia-caps/*",
+    "/dev/dri/*",
+)
+#: ``/proc`` files of the system, not of a process, that candidate code may read.
+_PROC_SYSTEM = ("/proc/cpuinfo", "/proc/meminfo", "/proc/sys/", "/proc/driver/")
 #: C functions a candidate may not look up through ctypes while it runs: the powers the audit
 #: hook refuses to Python code (signals, tracing, processes, sockets, limits). File functions
 #: are not on the list: CUDA and profiling libraries look them up through ctypes themselves.
@@ -277,9 +295,22 @@ class Sandbox:
 
     def _may_write(self, path: str) -> bool:
         real = os.path.realpath(path)
-        if real.startswith("/dev/") or real.startswith("/proc/self/"):
+        if real.startswith("/dev/"):
+            return any(fnmatch.fnmatchcase(real, pattern) for pattern in WRITABLE_DEVICES)
+        if real.startswith(f"/proc/{os.getpid()}/"):
             return True
         return any(real == w or real.startswith(w + os.sep) for w in self.writable)
+
+    def _other_process(self, path: str) -> bool:
+        """``path`` (absolute) names another process's ``/proc`` entry, through whatever
+        symlinks (``/proc/self/root/proc/N``, ``/proc/self/../N``)."""
+        if not path.startswith("/proc") and "/proc" not in path:
+            return False
+        real = os.path.realpath(path)
+        if not real.startswith("/proc/") or real.startswith(_PROC_SYSTEM):
+            return False
+        pid = real.split("/")[2]
+        return pid.isdigit() and int(pid) != os.getpid()
 
     def _trusted_tool(self, path: str) -> bool:
         """A compiler tool by name, installed outside every folder the candidate may write."""
@@ -305,20 +336,24 @@ class Sandbox:
             writing = isinstance(mode, str) and any(c in mode for c in "wax+")
             if isinstance(args[2], int) and args[2] & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
                 writing = True
-            if writing and not self._may_write(p):
-                self._refuse(f"writing {p} (outside the scratch folder)")
-            if p.startswith("/proc/") and not p.startswith(
-                ("/proc/self/", "/proc/cpuinfo", "/proc/meminfo", "/proc/sys/")
-            ):
-                pid = p.split("/")[2]
-                if pid.isdigit() and int(pid) != os.getpid():
-                    self._refuse(f"reading {p} (another process)")
+            # ``os.open(name, dir_fd=fd)`` reports only the name: a relative name may be
+            # relative to any directory this process holds open, so every such reading counts.
+            for full in resolutions(p, None):
+                if writing and not self._may_write(full):
+                    self._refuse(f"writing {full} (outside the scratch folder)")
+                if self._other_process(full):
+                    self._refuse(f"reading {full} (another process)")
         elif event in _PATH_EVENTS:
-            for arg in args[: _PATH_EVENTS[event]]:
-                if isinstance(arg, (str, bytes, os.PathLike)) and not self._may_write(
-                    os.fsdecode(arg)
-                ):
-                    self._refuse(f"changing {os.fsdecode(arg)} (outside the scratch folder)")
+            for index, fd_index in _PATH_EVENTS[event]:
+                if index >= len(args):
+                    continue
+                arg = args[index]
+                dir_fd = args[fd_index] if fd_index is not None and fd_index < len(args) else None
+                if not isinstance(arg, (str, bytes, os.PathLike)):
+                    continue
+                for full in resolutions(os.fsdecode(arg), dir_fd):
+                    if not self._may_write(full):
+                        self._refuse(f"changing {full} (outside the scratch folder)")
         elif event in ("socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg"):
             address = args[1] if len(args) > 1 else "?"
             self._refuse(f"opening a network connection ({event} {address})")
@@ -347,6 +382,33 @@ class Sandbox:
             name = args[1] if len(args) > 1 else ""
             if isinstance(name, str) and name.lstrip("_").removesuffix("64") in DENIED_SYMBOLS:
                 self._refuse(f"calling the C function {name} through ctypes")
+
+
+def resolutions(path: str, dir_fd: object) -> list[str]:
+    """The absolute paths a file name may mean: itself when absolute; relative to ``dir_fd``
+    (read from ``/proc/self/fd``) when one is given; else relative to the working directory
+    and to every directory this process holds open (an ``open`` audit event does not say
+    whether ``dir_fd`` was used)."""
+    if os.path.isabs(path):
+        return [path]
+    if isinstance(dir_fd, int) and dir_fd >= 0:
+        try:
+            return [os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), path)]
+        except OSError:
+            return [path]
+    out = [os.path.join(os.getcwd(), path)]
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return out
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("/") and os.path.isdir(target):
+            out.append(os.path.join(target, path))
+    return out
 
 
 def thread_idents() -> set[int]:

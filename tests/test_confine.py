@@ -1,0 +1,451 @@
+"""Operating-system confinement of workers (real processes, namespaces and Landlock): nothing a
+build or a candidate starts outlives its verdict, nothing outlives a judge killed with SIGKILL,
+candidate processes cannot reach the reference, and the audit hook's path holes are closed."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from kerneljudge import Judge, JudgeConfig, Status, Verdict
+from kerneljudge.build import BuildCache, build
+from kerneljudge.candidate import Candidate
+from kerneljudge.worker import confine
+from kerneljudge.worker.process import WorkerProcess
+from kerneljudge.worker.sandbox import child_pids
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+TINY = Path(__file__).parent / "fixtures" / "tiny_problem.py"
+TINY_MODEL = """
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self, features):
+        super().__init__()
+        self.lin = nn.Linear(features, features)
+        ESCAPE
+
+    def forward(self, x):
+        return torch.relu(self.lin(x)).sum(-1, keepdim=True) * x
+"""
+
+
+def _live(pid: int) -> bool:
+    """``pid`` names a process that is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _state(pid: int) -> str:
+    """The state letter of ``pid`` (``T``: stopped), "" when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def _with_marker(marker: str) -> list[int]:
+    """Live processes whose command line contains ``marker``."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                if marker.encode() in f.read() and _live(int(d)):
+                    out.append(int(d))
+        except OSError:
+            continue
+    return out
+
+
+def _gone(pids: list[int], timeout_s: float = 20.0) -> list[int]:
+    """The pids still alive (zombies do not count) after up to ``timeout_s`` seconds."""
+    deadline = time.monotonic() + timeout_s
+    alive = [p for p in pids if _live(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = [p for p in alive if _live(p)]
+    return alive
+
+
+def _ninja_escape(marker: str, pidfile: str) -> str:
+    """Python source that writes a ``build.ninja`` in the working directory whose rule starts
+    ``sleep`` with ``marker`` in its own session, double-forked (its parent exits at once),
+    runs ``ninja`` (a compiler tool candidates may start) on it, and waits until the sleep's pid
+    (as its namespace sees it) is in ``pidfile`` (a shell word)."""
+    shell = f"(setsid sleep {marker} </dev/null >/dev/null 2>&1 & echo $! > {pidfile}) &"
+    rule = shell.replace("$", "$$")
+    return textwrap.dedent(
+        f"""
+        import os, shutil, subprocess, time
+        with open("build.ninja", "w") as f:
+            f.write("rule run\\n  command = {rule}\\n")
+            f.write("build never: run\\n")
+        subprocess.run([shutil.which("ninja"), "-C", os.getcwd()], capture_output=True)
+        for _ in range(100):
+            if os.path.exists(os.path.expandvars({pidfile!r})):
+                break
+            time.sleep(0.05)
+        """
+    )
+
+
+def test_the_verdict_says_which_confinement_was_in_force() -> None:
+    f = confine.features()
+    layers = confine.layers("candidate")
+    assert "audit_hook" in layers and ("pdeathsig" in layers) == f.enabled
+    assert ("pid_namespace" in layers) == bool(f.unshare)
+    assert (f"landlock_abi_{f.landlock_abi}" in layers) == (f.landlock_abi > 0)
+    v = Verdict(Status.CORRECT, "", "p", "0" * 64, "torch", confinement=layers)
+    assert Verdict.from_json(v.to_json()).confinement == layers
+    old = json.loads(v.to_json())
+    del old["confinement"]
+    old["schema_version"] = "1.2"  # written before the field existed
+    assert Verdict.from_dict(old).confinement == ()
+
+
+def test_a_confined_process_reaches_nothing_outside(tmp_path: Path) -> None:
+    """Run under the candidates' confinement, a probe cannot write outside its folder, cannot
+    leave files in the host's /dev/shm, cannot connect over TCP, and cannot signal, trace or read
+    the /proc entry of a reference worker or of the supervisor."""
+    f = confine.features()
+    if not f.unshare and f.landlock_abi < 6:
+        pytest.skip("neither PID namespaces nor Landlock signal scoping on this host")
+    reference = WorkerProcess("reference", "cpu")
+    try:
+        reference.wait_ready()
+        ref_pid = child_pids(reference.proc.pid)[-1]  # the python worker under its launcher
+        scratch, outside = tmp_path / "scratch", tmp_path / "outside"
+        scratch.mkdir()
+        outside.mkdir()
+        shm_name = f"/dev/shm/kj_test_{secrets.token_hex(4)}"
+        (tmp_path / "kjprobe.py").write_text(
+            textwrap.dedent(
+                f"""
+                import ctypes, json, os, socket
+                out = {{}}
+                def attempt(name, fn):
+                    try:
+                        fn()
+                        out[name] = "done"
+                    except OSError as exc:
+                        out[name] = exc.__class__.__name__
+                def write(path):
+                    with open(path, "w") as f:
+                        f.write("x")
+                def ptrace(pid):
+                    libc = ctypes.CDLL(None, use_errno=True)
+                    if libc.ptrace(16, pid, None, None) != 0:  # PTRACE_ATTACH
+                        raise OSError(ctypes.get_errno(), "ptrace")
+                attempt("write_scratch", lambda: write({str(scratch / "ok")!r}))
+                attempt("write_outside", lambda: write({str(outside / "no")!r}))
+                attempt("write_shm", lambda: write({shm_name!r}))
+                attempt("tcp", lambda: socket.create_connection(("127.0.0.1", 9), timeout=2))
+                for who, pid in (("reference", {ref_pid}), ("supervisor", {os.getpid()})):
+                    attempt("kill_" + who, lambda: os.kill(pid, 0))
+                    attempt("ptrace_" + who, lambda: ptrace(pid))
+                    attempt("environ_" + who, lambda: open(f"/proc/{{pid}}/environ").read())
+                print(json.dumps(out))
+                """
+            )
+        )
+        env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{SRC}"}
+        proc = confine.spawn(
+            confine.command(["kjprobe"], [str(scratch)]),
+            env=env,
+            cwd=scratch,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        text = proc.communicate(timeout=60)[0].decode()
+        out = json.loads(text.strip().splitlines()[-1])
+    finally:
+        reference.close()
+    assert out.pop("write_scratch") == "done", text
+    assert not os.path.exists(shm_name), "the write reached the host's /dev/shm"
+    if out["write_shm"] == "done":
+        assert f.private_shm  # its own tmpfs
+    out.pop("write_shm")
+    assert all(v != "done" for v in out.values()), out
+
+
+def test_processes_started_through_ninja_in_a_build_end_with_the_build(tmp_path: Path) -> None:
+    """The audited escape: a build.ninja the candidate wrote starts a double-forked, setsid'd
+    process; it must not outlive the build."""
+    marker = f"1000.{secrets.randbelow(10**6):06d}"
+    source = _ninja_escape(marker, "escaped.pid") + textwrap.dedent(
+        """
+        import torch.nn as nn
+
+
+        def unused():
+            from torch.utils.cpp_extension import load_inline
+
+            return load_inline(name="never", cpp_sources="", functions=[])
+
+
+        class ModelNew(nn.Module):
+            def forward(self, x):
+                return x
+        """
+    )
+    cand = Candidate.from_source(source, name="escape.py")
+    assert cand.backend == "cpp"
+    cache = BuildCache(tmp_path / "cache")
+    result = build(cand, cache=cache, arch="", timeout_s=120)
+    entry = cache.entry(cache.key(cand, ""))
+    assert (entry / "escaped.pid").read_text().strip(), result.log  # the escape did run
+    assert _gone(_with_marker(marker), 10.0) == []
+
+
+def test_processes_a_candidate_starts_end_with_its_verdict(tmp_path: Path) -> None:
+    """A candidate whose ModelNew.__init__ starts, through ninja, a double-forked, setsid'd
+    process: it must be gone once the verdict is out."""
+    marker = f"1000.{secrets.randbelow(10**6):06d}"
+    escape = _ninja_escape(marker, "escaped.pid")
+    escape = "\n            ".join(["if True:", *escape.strip().splitlines()])
+    path = tmp_path / "cand.py"
+    path.write_text(TINY_MODEL.replace("ESCAPE", escape))
+    config = JudgeConfig(
+        device="cpu",
+        cache_dir=tmp_path / "cache",
+        run_timeout_s=30.0,
+        baselines=("eager",),
+        timing=False,
+        threads=1,
+    )
+    with Judge(TINY, config) as judge:
+        verdict = judge.evaluate(path)
+        assert verdict.confinement == confine.layers("candidate")
+        # The escape did run: the worker saw what it started still running after the call.
+        assert verdict.status is Status.REJECTED and "process" in verdict.reason, verdict
+        assert _gone(_with_marker(marker), 10.0) == [], verdict.reason
+    assert _with_marker(marker) == []
+
+
+_KILLED_JUDGE = """
+import json, sys, threading, time
+from pathlib import Path
+from kerneljudge import Judge, JudgeConfig
+from kerneljudge.worker.process import WorkerProcess
+from kerneljudge.worker.sandbox import child_pids
+
+judge = Judge(Path(sys.argv[1]), JudgeConfig(device="cpu", cache_dir=sys.argv[2], threads=1))
+pool = judge._pool("cpu")
+pool.prestart()
+for w in pool._idle:
+    w.wait_ready()
+box = []
+# A worker started from a thread that ends at once (as the reference's preparation thread does).
+t = threading.Thread(target=lambda: box.append(WorkerProcess("reference", "cpu")))
+t.start()
+t.join()
+box[0].wait_ready()
+time.sleep(0.5)
+with pool.paused():
+    pids = [p for w in [*pool._idle, box[0]] for p in [w.proc.pid, *child_pids(w.proc.pid)]]
+    print(json.dumps(pids), flush=True)
+    time.sleep(600)
+"""
+
+
+def test_workers_end_with_a_judge_killed_by_sigkill(tmp_path: Path) -> None:
+    """A judge process holding stopped spare workers and a reference worker (started from a
+    thread that has ended) is killed with SIGKILL: every one of their processes ends."""
+    script = tmp_path / "judge.py"
+    script.write_text(_KILLED_JUDGE)
+    env = {**os.environ, "PYTHONPATH": SRC}
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(TINY), str(tmp_path / "cache")],
+        stdout=subprocess.PIPE,
+        env=env,
+    )
+    try:
+        line = proc.stdout.readline() if proc.stdout else b""
+        pids = json.loads(line)
+        assert len(pids) >= 3 and all(_live(p) for p in pids), pids  # stopped, not dead
+        deadline = time.monotonic() + 10
+        while _state(pids[0]) != "T" and time.monotonic() < deadline:
+            time.sleep(0.05)  # a signal is delivered when the process next runs
+        assert _state(pids[0]) == "T"  # the spare worker is stopped
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        assert _gone(pids) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+_HOOK = """
+import json, os, sys
+from kerneljudge.worker.sandbox import Sandbox
+
+scratch, outside = sys.argv[1], sys.argv[2]
+os.chdir(scratch)
+box = Sandbox([scratch])
+box.install()
+out = {}
+
+def attempt(name, fn):
+    box.armed = True
+    try:
+        fn()
+        out[name] = "done"
+    except PermissionError:
+        out[name] = "refused"
+    finally:
+        box.armed = False
+
+def close(fd):
+    os.close(fd)
+
+attempt("scratch", lambda: open("ok.txt", "w").close())
+attempt("dev_null", lambda: open("/dev/null", "w").close())
+attempt("dev_shm", lambda: open("/dev/shm/kj_hook_test", "w").close())
+attempt("dev_other", lambda: open("/dev/kj_hook_test", "w").close())
+dir_fd = os.open(outside, os.O_RDONLY | os.O_DIRECTORY)
+attempt("open_dir_fd", lambda: close(os.open("x", os.O_WRONLY | os.O_CREAT, dir_fd=dir_fd)))
+attempt("mkdir_dir_fd", lambda: os.mkdir("d", dir_fd=dir_fd))
+attempt("rename_dir_fd", lambda: os.rename("ok.txt", "moved", dst_dir_fd=dir_fd))
+os.close(dir_fd)
+proc_fd = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY)
+parent = str(os.getppid())
+attempt("proc_dir_fd", lambda: close(os.open(parent + "/environ", os.O_RDONLY, dir_fd=proc_fd)))
+os.close(proc_fd)
+attempt("proc_root", lambda: open(f"/proc/self/root/proc/{parent}/environ").close())
+attempt("proc_dotdot", lambda: open(f"/proc/self/../{parent}/environ").close())
+attempt("proc_own", lambda: open("/proc/self/status").close())
+print(json.dumps(out))
+"""
+
+
+def test_the_audit_hook_judges_names_where_they_lead(tmp_path: Path) -> None:
+    """Directory-fd-relative writes, /dev paths off the short list and other processes' /proc
+    entries (through a /proc fd, /proc/self/root or ..) are refused; the scratch folder, /dev/null
+    and the process's own /proc entries are not."""
+    scratch, outside = tmp_path / "scratch", tmp_path / "outside"
+    scratch.mkdir()
+    outside.mkdir()
+    out = subprocess.run(
+        [sys.executable, "-c", _HOOK, str(scratch), str(outside)],
+        env={**os.environ, "PYTHONPATH": SRC},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    allowed = {"scratch", "dev_null", "proc_own"}
+    assert {k for k, v in got.items() if v == "done"} == allowed, got
+    assert list(outside.iterdir()) == []
+
+
+def test_workers_start_in_their_own_namespaces_and_keep_the_protocol(tmp_path: Path) -> None:
+    """A confined candidate worker answers requests; pause, rss and kill reach all its
+    processes through their host pids."""
+    if not confine.features().unshare:
+        pytest.skip("no PID namespaces on this host")
+    w = WorkerProcess("candidate", "cpu", threads=1)
+    try:
+        w.wait_ready()
+        pids = [w.proc.pid, *child_pids(w.proc.pid)]
+        assert len(pids) >= 3  # launcher, namespace init, worker
+        ns = {os.readlink(f"/proc/{p}/ns/pid") for p in pids[1:]}
+        assert ns != {os.readlink("/proc/self/ns/pid")} and len(ns) == 1
+        assert w.rss_bytes() > 50 << 20
+        w.pause(True)
+        deadline = time.monotonic() + 10
+        while {_state(p) for p in pids} != {"T"} and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert {_state(p) for p in pids} == {"T"}
+        w.pause(False)
+    finally:
+        w.close()
+    assert _gone(pids, 10.0) == []
+
+
+_UNPRIVILEGED = """
+import importlib.util, json, os, subprocess, sys
+spec = importlib.util.spec_from_file_location("confine", sys.argv[1])
+confine = importlib.util.module_from_spec(spec)
+sys.modules["confine"] = confine
+spec.loader.exec_module(confine)
+base = sys.argv[2]
+scratch = os.path.join(base, "scratch")
+with open(os.path.join(base, "kjprobe.py"), "w") as f:
+    f.write('''
+import json, os, sys
+out = {"uid": os.getuid(), "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit())}
+def attempt(name, fn):
+    try:
+        fn()
+        out[name] = "done"
+    except OSError as exc:
+        out[name] = type(exc).__name__
+def write(path):
+    with open(path, "w") as f:
+        f.write("x")
+attempt("write_scratch", lambda: write(os.path.join(sys.argv[1], "ok")))
+attempt("write_outside", lambda: write(os.path.join(sys.argv[1], "..", "outside")))
+attempt("kill_supervisor", lambda: os.kill(int(sys.argv[2]), 0))
+print(json.dumps(out))
+''')
+env = {"PATH": os.environ["PATH"], "PYTHONPATH": base, "HOME": base}
+cmd = confine.command(["kjprobe", scratch, str(os.getpid())], [scratch])
+p = confine.spawn(cmd, env=env, cwd=scratch, stdout=subprocess.PIPE)
+probe = json.loads(p.communicate(timeout=60)[0].decode().strip().splitlines()[-1])
+print(json.dumps({"layers": confine.layers("candidate"), "probe": probe, "uid": os.getuid()}))
+"""
+
+
+def test_confinement_works_for_an_unprivileged_user() -> None:
+    """The same confinement, started by an unprivileged supervisor (user ``nobody``, through
+    ``setpriv``): a user namespace makes the other namespaces possible. The supervisor here is
+    the system's Python with ``confine.py`` loaded by path (standard library only)."""
+    python = "/usr/bin/python3"
+    if os.geteuid() != 0 or not os.path.exists(python) or not confine.features().setpriv:
+        pytest.skip("needs root (to become nobody), setpriv and a system python3")
+    base = Path(tempfile.mkdtemp(prefix="kj-unpriv-"))
+    try:
+        base.chmod(0o777)
+        (base / "scratch").mkdir(mode=0o777)
+        (base / "scratch").chmod(0o777)
+        script = base / "supervisor.py"
+        script.write_text(_UNPRIVILEGED)
+        script.chmod(0o644)
+        out = subprocess.run(
+            [confine.features().setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
+            + [python, "-I", str(script), confine.__file__, str(base)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if "Permission denied" in out.stderr and "confine.py" in out.stderr:
+            pytest.skip("the source tree is not readable by nobody")
+        got = json.loads(out.stdout.strip().splitlines()[-1])
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    assert got["uid"] == 65534
+    probe = got["probe"]
+    assert probe["write_scratch"] == "done" and probe["write_outside"] != "done", got
+    assert probe["kill_supervisor"] != "done", got
+    if "pid_namespace" in got["layers"]:
+        assert "user_namespace" in got["layers"] and len(probe["pids"]) <= 3, got
