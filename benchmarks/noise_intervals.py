@@ -1,20 +1,21 @@
 """Coverage of the speedup interval of an honest candidate on a loaded CPU host.
 
 The candidate is the reference itself (the problem's ``Model`` renamed ``ModelNew``), so its
-true speedup over eager is 1. Spinner processes (``--spinners-per-cpu`` per CPU this process
-may use, each a ``while True: pass`` interpreter) load the host while one judge gives
-``--verdicts`` CPU verdicts in a row. Each verdict's line: status, speedup over eager, its 95%
-interval, whether the interval holds 1, whether the verdict flagged the host noisy (and why),
-its timing passes and the threads/cores it timed on. The summary: how many intervals held 1,
-how many verdicts were flagged, and how many did neither (a tight interval that excludes the
-truth: the failure this measures).
+true speedup over eager is 1, up to what the candidate's sandboxed worker adds to each call.
+Spinner processes (``--spinners-per-cpu`` per CPU this process may use, each a
+``while True: pass`` interpreter) load the host while one judge gives ``--verdicts`` verdicts
+in a row (on the CPU, or ``--device cuda``). Each verdict's line: status, speedup over eager,
+its 95% interval, whether the interval holds 1, whether the verdict flagged the host noisy (and
+why), its timing passes and the threads/cores it timed on. The summary: how many intervals
+held 1, how many verdicts were flagged, and how many did neither (a tight interval that
+excludes the truth: the failure this measures).
 
 Problems: ``tiny`` (``tests/fixtures/tiny_problem.py``, about 10 us a call) and ``linear_gelu``
 (``benchmarks/problems/cpu_linear_gelu.py``, a 256x512x512 Linear that torch's intra-op threads
 split), or any problem file path.
 
 Run:  PYTHONPATH=src python3 benchmarks/noise_intervals.py [--problems tiny,linear_gelu]
-      [--verdicts 10] [--spinners-per-cpu 2] [--max-time 1] [--json OUT]
+      [--verdicts 10] [--spinners-per-cpu 2] [--max-time 1] [--device cpu] [--json OUT]
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ def main() -> None:
     ap.add_argument("--verdicts", type=int, default=10)
     ap.add_argument("--spinners-per-cpu", type=float, default=2.0)
     ap.add_argument("--max-time", type=float, default=1.0, help="TimingConfig.max_time_s")
+    ap.add_argument("--device", default="cpu", help="JudgeConfig.device (cpu, cuda)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     cpus = len(os.sched_getaffinity(0))
@@ -105,13 +107,17 @@ def main() -> None:
         "spinners": n_spin,
         "problems": {},
     }
-    print(f"{report['machine']}; {n_spin} spinners; {args.verdicts} verdicts per problem")
+    report["device"] = args.device
+    print(
+        f"{report['machine']}; device {args.device}; {n_spin} spinners; "
+        f"{args.verdicts} verdicts per problem"
+    )
     with tempfile.TemporaryDirectory(prefix="kj-noise-") as tmp:
         for name in args.problems.split(","):
             problem = PROBLEMS.get(name, Path(name))
             candidate = identity_candidate(problem, Path(tmp))
             config = JudgeConfig(
-                device="cpu",
+                device=args.device,
                 baselines=("eager",),
                 cache_dir=Path(tmp) / "cache",
                 timing_config=TimingConfig(max_time_s=args.max_time),

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kerneljudge.verdict import HostLoad
+from kerneljudge.worker.process import timing_cpu
 
 __all__ = [
     "IOWAIT_MAX",
@@ -61,14 +62,15 @@ ROUND_SPREAD_MAX = 0.10
 def timing_cores(kind: str, threads: int = 0) -> tuple[tuple[int, ...], int]:
     """The CPU cores the timed workers are pinned to and their torch intra-op thread count.
 
-    CUDA: the highest core this process may use, one thread (host-side launch overhead is
-    part of every timed call). CPU: the highest ``max(1, (n - 1) // 2)`` of the ``n`` cores
-    this process may use (on 2 cores: 1), leaving the rest to the supervisor and the rest of
-    the host, with one thread per reserved core, or ``threads`` when it is smaller and > 0.
+    CUDA: :func:`~kerneljudge.worker.process.timing_cpu` (the highest core this process may
+    use), one thread (host-side launch overhead is part of every timed call). CPU: the
+    highest ``max(1, (n - 1) // 2)`` of the ``n`` cores this process may use (on 2 cores: 1),
+    leaving the rest to the supervisor and the rest of the host, with one thread per reserved
+    core, or ``threads`` when it is smaller and > 0.
     """
-    allowed = sorted(os.sched_getaffinity(0))
     if kind == "cuda":
-        return (allowed[-1],), 1
+        return (timing_cpu(),), 1
+    allowed = sorted(os.sched_getaffinity(0))
     k = max(1, (len(allowed) - 1) // 2)
     return tuple(allowed[-k:]), (min(threads, k) if threads > 0 else k)
 
