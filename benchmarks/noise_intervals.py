@@ -129,9 +129,11 @@ def main() -> None:
                 try:
                     time.sleep(1.0)
                     for i in range(args.verdicts):
+                        load = _loadavg()
                         t0 = time.perf_counter()
                         row = verdict_row(judge.evaluate(candidate))
                         row["seconds"] = time.perf_counter() - t0
+                        row["loadavg"] = load
                         rows.append(row)
                         print(f"{name} #{i}: {_line(row)}", flush=True)
                 finally:
@@ -157,6 +159,15 @@ def main() -> None:
         args.json.write_text(json.dumps(report, indent=2))
 
 
+def _loadavg() -> str:
+    """``/proc/loadavg``'s first four fields (1, 5, 15 min load; runnable/total tasks)."""
+    try:
+        with open("/proc/loadavg") as f:
+            return " ".join(f.read().split()[:4])
+    except OSError:
+        return ""
+
+
 def _line(row: dict[str, Any]) -> str:
     if "speedup" not in row:
         return f"{row['status']} {row['reason']}"
@@ -166,7 +177,7 @@ def _line(row: dict[str, Any]) -> str:
         f"{row['status']} {row['speedup']:.3f}x [{lo:.3f}, {hi:.3f}] "
         f"{'holds 1' if row['covers_1'] else 'EXCLUDES 1'}, {row['passes']} pass(es), "
         f"{row['rounds']} rounds, {row['threads']} threads on cores {row['cores']}, "
-        f"{row['seconds']:.1f} s{flag}"
+        f"{row['seconds']:.1f} s, loadavg {row['loadavg']}{flag}"
     )
 
 
