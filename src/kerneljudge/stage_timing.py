@@ -150,8 +150,13 @@ def time_candidate(
     batch and agree with it as the reference's do (:func:`timer_inconsistency`; else its
     clock was tampered with); up to :data:`AUDITED_CALLS` outputs of its timed calls, on
     inputs perturbed per call, are compared with the reference run again on the same
-    inputs (rebuilt here from the trial inputs and the call's seed); its median must not be
-    below the device's physical floor.
+    inputs (rebuilt here from the trial inputs and the call's seed); the upper 95% bound of its
+    median must not be below the device's physical floor (:func:`below_floor`).
+
+    Both workers are pinned to the same timing cores with the same thread count
+    (:func:`kerneljudge.hostload.timing_cores`), the host's load is read while they are timed
+    and a noisy pass is measured once more (:func:`kerneljudge.timing.measure_judged`), and
+    each batch's time limit scales with its calls (:class:`kerneljudge.timing.BatchLimit`).
 
     Args:
         config: the judge's configuration (baselines, timing knobs, request limit).
@@ -293,7 +298,9 @@ def below_floor(samples_ms: list[float], floor_ms: float) -> bool:
     Deciding from the bound, not the median, keeps the sampling spread of the median (few
     samples) from rejecting an honest candidate near the floor. Host noise (preemption,
     contention, a slower clock) only adds time to a call, so a loaded host can make a
-    candidate look slower but not push it below the floor.
+    candidate look slower but not push it below the floor. Spreading its own times widens the
+    bound little: it is the sample of rank about ``n/2 + sqrt(n)``, so to lift it above the
+    floor at least about ``n/2 - sqrt(n)`` of the ``n`` samples must be above the floor.
     """
     return bool(samples_ms) and median_ci(samples_ms)[1] < FLOOR_MARGIN * floor_ms
 
