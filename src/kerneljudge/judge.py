@@ -78,11 +78,14 @@ class JudgeConfig:
         baselines: reference baselines to time: ``eager`` and/or ``compile`` (torch.compile).
         timing_config: the timing protocol's knobs.
         build_timeout_s: limit of one build (seconds).
-        run_timeout_s: limit of one request to a candidate worker: import, one trial, or one
-            timing batch (seconds).
+        run_timeout_s: limit of one request to a candidate worker: import, one trial (seconds).
+            A timing batch's limit scales with the calls it asks for, from this floor up to 5x
+            it (:class:`kerneljudge.timing.BatchLimit`).
         cache_dir: the build cache (None: :func:`kerneljudge.build.default_cache_dir`).
         seed: the run seed (None: a fresh secret one per evaluation).
-        threads: torch threads in the workers (0: torch's default).
+        threads: torch threads in the workers (0: torch's default). While timing on a CPU,
+            both timed workers run one thread per timing core, or this many when fewer
+            (:func:`kerneljudge.hostload.timing_cores`).
     """
 
     device: str = "auto"

@@ -7,9 +7,9 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from kerneljudge.verdict import Status, Verdict
+from kerneljudge.verdict import Status, TimingResult, Verdict
 
-__all__ = ["STATUS_STYLE", "render_verdict", "verdict_summary"]
+__all__ = ["STATUS_STYLE", "noise_line", "render_verdict", "verdict_summary"]
 
 STATUS_STYLE = {
     Status.CORRECT: "bold green",
@@ -30,13 +30,34 @@ def _pct(fraction: float | None) -> str:
 
 
 def verdict_summary(v: Verdict) -> str:
-    """One line: status, problem, and the eager speedup or the reason."""
+    """One line: status, problem, and the eager speedup (``, host noisy`` when the timing was
+    flagged noisy) or the reason."""
     head = f"{v.status.value} {v.problem}"
     if v.timing and v.timing.speedup("eager"):
         s = v.timing.speedup("eager")
         assert s is not None
-        return f"{head}: {s.median:.2f}x vs eager (95% CI {s.ci95[0]:.2f}-{s.ci95[1]:.2f})"
+        noisy = ", host noisy" if v.timing.host and v.timing.host.noisy else ""
+        return f"{head}: {s.median:.2f}x vs eager (95% CI {s.ci95[0]:.2f}-{s.ci95[1]:.2f}{noisy})"
     return f"{head}: {v.reason}" if v.reason else head
+
+
+def noise_line(tm: TimingResult) -> str:
+    """One plain line on a timing flagged noisy (empty when it is not)."""
+    if not (tm.host and tm.host.noisy):
+        return ""
+    passes = f"after {tm.passes} passes" if tm.passes > 1 else "in its one pass"
+    return (
+        f"host noisy while timing ({passes}): {'; '.join(tm.host.noise_reasons)}; "
+        "the speedup intervals are widened"
+    )
+
+
+def _pinning(tm: TimingResult) -> str:
+    if not tm.cores:
+        return ""
+    cores = ",".join(str(c) for c in tm.cores)
+    plural = "s" if tm.threads != 1 else ""
+    return f"timed on core{'s' if len(tm.cores) > 1 else ''} {cores}, {tm.threads} thread{plural}"
 
 
 def render_verdict(v: Verdict, console: Console | None = None) -> None:
@@ -102,7 +123,10 @@ def render_verdict(v: Verdict, console: Console | None = None) -> None:
             parts.append(mm)
     if v.timing:
         tm = v.timing
-        t = Table(title=f"timing ({tm.clock}, {tm.rounds} rounds, stopped by {tm.stop_reason})")
+        passes = f", {tm.passes} passes" if tm.passes > 1 else ""
+        t = Table(
+            title=f"timing ({tm.clock}, {tm.rounds} rounds{passes}, stopped by {tm.stop_reason})"
+        )
         for col in ("contestant", "median ms", "IQR ms", "95% CI of median", "min ms", "samples"):
             t.add_column(col, justify="left" if col == "contestant" else "right")
         for m in tm.measurements:
@@ -123,6 +147,9 @@ def render_verdict(v: Verdict, console: Console | None = None) -> None:
         for baseline, why in tm.baseline_errors.items():
             s.add_row(baseline, "-", why)
         parts.append(s)
+        for line in (_pinning(tm), noise_line(tm)):
+            if line:
+                parts.append(Text(line))
         r = tm.roofline
         if r:
             frac = ""

@@ -17,16 +17,23 @@ import numpy as np
 import torch
 
 from kerneljudge.check import compare_outputs
+from kerneljudge.hostload import LoadMonitor, timing_cores
 from kerneljudge.reference import ReferenceSession
-from kerneljudge.timing import measure_alternating, speedups, summarise
+from kerneljudge.roofline import FLOOR_MARGIN
+from kerneljudge.timing import BatchLimit, measure_judged, median_ci, summarise
 from kerneljudge.verdict import DeviceInfo, Roofline, Status, TimingResult
 from kerneljudge.worker import WorkerProcess, measure
-from kerneljudge.worker.process import timing_cpu
 
 if TYPE_CHECKING:
     from kerneljudge.judge import JudgeConfig
 
-__all__ = ["AUDITED_CALLS", "roofline_of", "time_candidate", "timer_inconsistency"]
+__all__ = [
+    "AUDITED_CALLS",
+    "below_floor",
+    "roofline_of",
+    "time_candidate",
+    "timer_inconsistency",
+]
 
 #: Kept timed calls of the candidate checked again against the reference, at most (drawn at
 #: random from those the worker kept: the last call on each input set and a random sample).
@@ -143,8 +150,13 @@ def time_candidate(
     batch and agree with it as the reference's do (:func:`timer_inconsistency`; else its
     clock was tampered with); up to :data:`AUDITED_CALLS` outputs of its timed calls, on
     inputs perturbed per call, are compared with the reference run again on the same
-    inputs (rebuilt here from the trial inputs and the call's seed); its median must not be
-    below the device's physical floor.
+    inputs (rebuilt here from the trial inputs and the call's seed); the upper 95% bound of its
+    median must not be below the device's physical floor (:func:`below_floor`).
+
+    Both workers are pinned to the same timing cores with the same thread count
+    (:func:`kerneljudge.hostload.timing_cores`), the host's load is read while they are timed
+    and a noisy pass is measured once more (:func:`kerneljudge.timing.measure_judged`), and
+    each batch's time limit scales with its calls (:class:`kerneljudge.timing.BatchLimit`).
 
     Args:
         config: the judge's configuration (baselines, timing knobs, request limit).
@@ -208,23 +220,26 @@ def time_candidate(
     compiled = "compile" in cfg.baselines and ref.ensure_compiled(
         max(cfg.run_timeout_s, 600.0), bases, cfg.run_timeout_s
     )
-    if info.kind == "cuda":
-        for request in (ref.request, worker.request):
-            request("pin", cfg.run_timeout_s, cpu=timing_cpu())
+    # Both workers on the same timing cores with the same intra-op thread count.
+    cores, threads = timing_cores(info.kind, cfg.threads)
+    for request in (ref.request, worker.request):
+        request("pin", cfg.run_timeout_s, cpus=list(cores), threads=threads)
     contestants = {}
     if "eager" in cfg.baselines:
-        contestants["eager"] = sampler(ref.request, "eager")
-    contestants["candidate"] = sampler(worker.request, "candidate")
+        contestants["eager"] = sampler(_batch_limited(ref.request), "eager")
+    contestants["candidate"] = sampler(_batch_limited(worker.request), "candidate")
     if compiled:
-        contestants["compile"] = sampler(ref.request, "compile")
-    samples, rounds, stop = measure_alternating(contestants, cfg.timing_config)
+        contestants["compile"] = sampler(_batch_limited(ref.request), "compile")
+    monitor = LoadMonitor([ref.worker.proc.pid, worker.proc.pid], cores)
+    judged = measure_judged(contestants, cfg.timing_config, monitor, cores, threads)
+    samples = judged.samples
     roofline = roofline_of(ref, samples["candidate"], info, inputs, expectations[-1][0])
     timing = TimingResult(
         clock="cuda_event" if info.kind == "cuda" else "monotonic",
         measurements=tuple(summarise(k, v) for k, v in samples.items()),
-        speedups=tuple(speedups(samples)),
-        rounds=rounds,
-        stop_reason=stop,
+        speedups=judged.speedups,
+        rounds=judged.rounds,
+        stop_reason=judged.stop,
         l2_flush_bytes=flush,
         roofline=roofline,
         baseline_errors=(
@@ -232,6 +247,10 @@ def time_candidate(
             if "compile" in cfg.baselines and "compile" not in samples
             else {}
         ),
+        host=judged.host,
+        passes=judged.passes,
+        threads=threads,
+        cores=cores,
     )
     if not tampered:
         why = timer_inconsistency(seen)
@@ -247,10 +266,43 @@ def time_candidate(
         return (
             timing,
             Status.REJECTED,
-            f"median time {cand.median_ms:.4g} ms is below the physical floor "
-            f"{roofline.floor_ms:.4g} ms of this device",
+            f"median time {cand.median_ms:.4g} ms (95% interval up to {cand.ci95_ms[1]:.4g} "
+            f"ms) is below the physical floor {roofline.floor_ms:.4g} ms of this device",
         )
     return timing, Status.CORRECT, ""
+
+
+def _batch_limited(request):  # type: ignore[no-untyped-def]
+    """``request`` with the limit of each ``time`` request scaled to the calls it asks for by a
+    :class:`~kerneljudge.timing.BatchLimit` of its own (the limit the caller gives is the
+    floor); other requests pass through."""
+    limit = BatchLimit()
+
+    def limited(op: str, timeout_s: float, **fields: Any) -> dict[str, Any]:
+        if op != "time":
+            return request(op, timeout_s, **fields)
+        calls = int(fields.get("n", 1)) + int(fields.get("warmup", 0))
+        t0 = time.perf_counter()
+        reply = request(op, limit.limit_s(calls, timeout_s), **fields)
+        limit.observe(calls, time.perf_counter() - t0)
+        return reply
+
+    return limited
+
+
+def below_floor(samples_ms: list[float], floor_ms: float) -> bool:
+    """Whether the candidate cannot have done the work: the upper end of the distribution-free
+    95% interval of its median (:func:`kerneljudge.timing.median_ci`) is below
+    ``FLOOR_MARGIN`` x ``floor_ms``.
+
+    Deciding from the bound, not the median, keeps the sampling spread of the median (few
+    samples) from rejecting an honest candidate near the floor. Host noise (preemption,
+    contention, a slower clock) only adds time to a call, so a loaded host can make a
+    candidate look slower but not push it below the floor. Spreading its own times widens the
+    bound little: it is the sample of rank about ``n/2 + sqrt(n)``, so to lift it above the
+    floor at least about ``n/2 - sqrt(n)`` of the ``n`` samples must be above the floor.
+    """
+    return bool(samples_ms) and median_ci(samples_ms)[1] < FLOOR_MARGIN * floor_ms
 
 
 def _audit_timed_calls(
@@ -313,7 +365,8 @@ def roofline_of(
     inputs: list[Any],
     outputs: Any,
 ) -> Roofline | None:
-    """Achieved throughput, fractions of peak and the physical floor of the candidate's time.
+    """Achieved throughput, fractions of peak and the physical floor of the candidate's time
+    (``below_floor`` from :func:`below_floor`: the median's upper 95% bound, not the median).
 
     FLOPs come from the problem's ``flop_count()``; bytes from ``byte_count()`` or, without
     one, the sizes of the inputs and outputs. Peaks come from the device table of
@@ -333,6 +386,7 @@ def roofline_of(
             achieved_gbps=nbytes / median_s / 1e9 if nbytes else None,
         )
     r = rl.roofline(flops, nbytes, median_s, spec, rl.compute_dtype(ref.problem))
+    floor_ms = r.floor_s * 1e3
     return Roofline(
         flops=flops,
         bytes=nbytes,
@@ -340,7 +394,7 @@ def roofline_of(
         achieved_gbps=r.achieved_gbps,
         compute_fraction=r.compute_fraction,
         bandwidth_fraction=r.bandwidth_fraction,
-        floor_ms=r.floor_s * 1e3,
-        below_floor=r.below_floor,
+        floor_ms=floor_ms,
+        below_floor=(not spec.measured) and below_floor(samples, floor_ms),
         source=spec.source,
     )

@@ -11,12 +11,19 @@ The protocol (the samples themselves are taken in the workers, see
    median (at least ``min_samples`` each); a contestant that reaches ``max_samples`` rests
    while the others go on; stop in any case at ``max_time_s``;
 4. summarise: median, quartiles, the median's distribution-free 95% interval, and for each
-   baseline the speedup ``median(baseline) / median(candidate)`` with a 95% percentile-bootstrap
-   interval (Efron & Tibshirani, *An Introduction to the Bootstrap*, 1993, ch. 13).
+   baseline the speedup ``median(baseline) / median(candidate)`` with a 95% interval that holds
+   both the percentile-bootstrap interval over the samples (Efron & Tibshirani, *An
+   Introduction to the Bootstrap*, 1993, ch. 13) and the order-statistic interval over the
+   per-round ratios (drift between rounds; see :func:`speedups`).
+
+:func:`measure_judged` runs this as the judge does: with the host's load read meanwhile
+(:mod:`kerneljudge.hostload`); a noisy pass is measured once more, and a second noisy pass
+widens the intervals and flags the verdict.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -24,14 +31,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kerneljudge.verdict import Measurement, Speedup
+from kerneljudge.hostload import LoadMonitor, Readings, host_load
+from kerneljudge.verdict import HostLoad, Measurement, Speedup
 
 __all__ = [
+    "BatchLimit",
+    "Judged",
+    "Rounds",
     "TimingConfig",
     "bootstrap_medians",
     "bootstrap_speedup",
     "measure_alternating",
+    "measure_judged",
+    "measure_rounds",
     "median_ci",
+    "round_ratios",
+    "round_spread",
     "speedups",
     "summarise",
 ]
@@ -69,6 +84,9 @@ class TimingConfig:
             problems' speedups came out 8-12% below the pooled medians of this sizing,
             probably because shorter batches time more calls just after the other contestant
             ran (docs/benchmarks/2026-11-30-h200-validation.md, run 29). It is not done.
+        remeasure: when the host's readings call a pass noisy
+            (:func:`kerneljudge.hostload.noise_reasons`), run one more pass (bounded like the
+            first by ``max_time_s``) before widening the intervals and flagging the verdict.
     """
 
     warmup_calls: int = 3
@@ -80,6 +98,7 @@ class TimingConfig:
     min_rounds: int = 8
     max_time_s: float = 1.0
     batch_target_ms: float = 30.0
+    remeasure: bool = True
 
 
 def median_ci(samples: list[float] | np.ndarray) -> tuple[float, float]:
@@ -166,36 +185,65 @@ def _precise(samples: list[float], rel: float) -> bool:
     return med > 0 and (hi - lo) / 2 <= rel * med
 
 
-def measure_alternating(
-    contestants: dict[str, Sampler], config: TimingConfig = TimingConfig()
-) -> tuple[dict[str, list[float]], int, str]:
+@dataclass(frozen=True)
+class Rounds:
+    """The samples of one alternating measurement.
+
+    Attributes:
+        samples: name -> every kept sample in milliseconds, in the order taken.
+        batches: name -> one entry per round: that round's batch (its samples, ms), or None
+            for a round the contestant rested in.
+        rounds: rounds run; stop: ``"precision"``, ``"max_time"`` or ``"max_samples"``.
+    """
+
+    samples: dict[str, list[float]]
+    batches: dict[str, list[list[float] | None]]
+    rounds: int
+    stop: str
+
+
+def measure_rounds(
+    contestants: dict[str, Sampler],
+    config: TimingConfig = TimingConfig(),
+    between: Callable[[], None] | None = None,
+) -> Rounds:
     """Sample every contestant in rotating order until the stop rule holds.
 
     Args:
         contestants: name -> sampler; insertion order is the first round's order.
         config: the protocol's knobs.
-
-    Returns:
-        ``(samples_ms by name, rounds, stop_reason)`` with stop_reason ``"precision"``,
-        ``"max_time"`` or ``"max_samples"``.
+        between: called after every batch (e.g. :meth:`kerneljudge.hostload.LoadMonitor.
+            between_batches`).
     """
     names = list(contestants)
     batch: dict[str, int] = {}
     for name in names:  # warm-up + calibration, not kept
         probe = contestants[name](3, config.warmup_calls)
+        if between:
+            between()
         per_call = max(float(np.median(probe)), 1e-4)
         # At most a (2 * min_rounds)-th of max_samples per batch: no contestant fills up before
         # the minimum span has been sampled.
         cap = max(1, min(200, config.max_samples // (2 * max(1, config.min_rounds))))
         batch[name] = int(min(cap, max(1, round(config.batch_target_ms / per_call))))
     samples: dict[str, list[float]] = {name: [] for name in names}
+    batches: dict[str, list[list[float] | None]] = {name: [] for name in names}
     started = time.monotonic()
     rounds = 0
+
+    def done(stop: str) -> Rounds:
+        return Rounds(samples, batches, rounds, stop)
+
     while True:
         order = names[rounds % len(names) :] + names[: rounds % len(names)]
         for name in order:
+            got = None
             if len(samples[name]) < config.max_samples:  # a full contestant rests
-                samples[name].extend(contestants[name](batch[name], config.batch_warmup_calls))
+                got = list(contestants[name](batch[name], config.batch_warmup_calls))
+                samples[name].extend(got)
+                if between:
+                    between()
+            batches[name].append(got)
         rounds += 1
         elapsed = time.monotonic() - started
         settled = elapsed >= config.min_time_s and rounds >= config.min_rounds
@@ -204,18 +252,221 @@ def measure_alternating(
         if enough and (settled or all(full)):  # the intervals only matter from here on
             precise = [_precise(s, config.rel_precision) for s in samples.values()]
             if settled and all(precise):
-                return samples, rounds, "precision"
+                return done("precision")
             if all(f or p for f, p in zip(full, precise)):
-                return samples, rounds, "max_samples"
+                return done("max_samples")
         if elapsed >= config.max_time_s and (enough or elapsed >= 5 * config.max_time_s):
-            return samples, rounds, "max_time"
+            return done("max_time")
 
 
-def speedups(samples: dict[str, list[float]], candidate: str = "candidate") -> list[Speedup]:
-    """One :class:`Speedup` per baseline in ``samples`` (every name but ``candidate``)."""
+def measure_alternating(
+    contestants: dict[str, Sampler], config: TimingConfig = TimingConfig()
+) -> tuple[dict[str, list[float]], int, str]:
+    """:func:`measure_rounds`, as ``(samples_ms by name, rounds, stop_reason)``."""
+    r = measure_rounds(contestants, config)
+    return r.samples, r.rounds, r.stop
+
+
+def _batch_median(b: list[float] | None) -> float:
+    return float(np.median(b)) if b else math.nan
+
+
+def round_ratios(
+    baseline: list[list[float] | None], candidate: list[list[float] | None]
+) -> np.ndarray:
+    """Per round, ``median(baseline's batch) / median(candidate's batch)``, over the rounds
+    both ran in (the two batches of a round ran back to back: the same moment of the host)."""
+    out = [
+        _batch_median(b) / _batch_median(c)
+        for b, c in zip(baseline, candidate)
+        if b and c and _batch_median(c) > 0
+    ]
+    return np.asarray([r for r in out if math.isfinite(r)], dtype=float)
+
+
+def round_spread(batches: list[list[float] | None]) -> float:
+    """Interquartile range of a contestant's per-round batch medians over their median (0 with
+    fewer than 2 rounds): how far its speed moved from round to round."""
+    meds = np.asarray([_batch_median(b) for b in batches if b], dtype=float)
+    meds = meds[np.isfinite(meds)]
+    if len(meds) < 2 or np.median(meds) <= 0:
+        return 0.0
+    q1, q2, q3 = np.percentile(meds, [25, 50, 75])
+    return float((q3 - q1) / q2)
+
+
+def _hull(*intervals: tuple[float, float] | None) -> tuple[float, float]:
+    given = [iv for iv in intervals if iv is not None]
+    return (min(iv[0] for iv in given), max(iv[1] for iv in given))
+
+
+def speedups(
+    samples: dict[str, list[float]],
+    candidate: str = "candidate",
+    batches: dict[str, list[list[float] | None]] | None = None,
+    noisy: bool = False,
+    pass_points: dict[str, list[float]] | None = None,
+) -> list[Speedup]:
+    """One :class:`Speedup` per baseline in ``samples`` (every name but ``candidate``).
+
+    The point is ``median(baseline samples) / median(candidate samples)``. Its interval
+    ``ci95`` is the smallest one that holds:
+
+    * ``ci95_samples``, the percentile bootstrap over the samples
+      (:func:`bootstrap_speedup`); it takes every sample as an independent draw, so it
+      narrows with the sample count even when the host's speed moved between rounds;
+    * ``ci95_rounds``, from ``batches``: the distribution-free 95% interval of the median
+      (:func:`median_ci`; Conover, *Practical Nonparametric Statistics*, 3rd ed., 3.2) of
+      the per-round ratios ``r_i = median(baseline's batch i) / median(candidate's batch
+      i)`` (:func:`round_ratios`). The two batches of a round ran back to back, so each
+      ratio is one same-moment comparison and the rounds, not the samples, are the
+      independent units: a drift that slowed one contestant in some rounds spreads the
+      ``r_i`` and widens this interval, where the bootstrap stays tight around a biased
+      point. With fewer than 6 rounds it is the ratios' whole range;
+    * when ``noisy`` (the host's readings stayed past their thresholds after a second
+      pass), also the 5th-95th percentile range of the ``r_i`` (where most same-moment
+      comparisons fell, not only their median) and each pass's own point estimate
+      (``pass_points``: baseline -> points), so that a number that moved between passes is
+      inside its interval.
+    """
     out = []
     for name, values in samples.items():
-        if name != candidate:
-            point, ci = bootstrap_speedup(values, samples[candidate])
-            out.append(Speedup(baseline=name, median=point, ci95=ci))
+        if name == candidate:
+            continue
+        point, ci = bootstrap_speedup(values, samples[candidate])
+        ratios = (
+            round_ratios(batches[name], batches[candidate])
+            if batches and name in batches and candidate in batches
+            else np.empty(0)
+        )
+        by_rounds = median_ci(ratios) if len(ratios) >= 2 else None
+        extra: list[tuple[float, float] | None] = [(point, point)]
+        if noisy:
+            if len(ratios):
+                lo, hi = np.percentile(ratios, [5, 95])
+                extra.append((float(lo), float(hi)))
+            extra += [(p, p) for p in (pass_points or {}).get(name, [])]
+        out.append(
+            Speedup(
+                baseline=name,
+                median=point,
+                ci95=_hull(ci, by_rounds, *extra),
+                ci95_samples=ci,
+                ci95_rounds=by_rounds,
+            )
+        )
     return out
+
+
+@dataclass(frozen=True)
+class Judged:
+    """What :func:`measure_judged` measured: the samples reported (see ``passes``), their
+    rounds, the host's load, the speedups, and the stop reason of the last pass."""
+
+    samples: dict[str, list[float]]
+    batches: dict[str, list[list[float] | None]]
+    rounds: int
+    stop: str
+    passes: int
+    host: HostLoad
+    speedups: tuple[Speedup, ...]
+
+
+def _pool(passes: list[Rounds]) -> Rounds:
+    names = list(passes[0].samples)
+    return Rounds(
+        {n: [x for p in passes for x in p.samples[n]] for n in names},
+        {n: [b for p in passes for b in p.batches[n]] for n in names},
+        sum(p.rounds for p in passes),
+        passes[-1].stop,
+    )
+
+
+def measure_judged(
+    contestants: dict[str, Sampler],
+    config: TimingConfig,
+    monitor: LoadMonitor | None,
+    cores: tuple[int, ...],
+    threads: int,
+    candidate: str = "candidate",
+) -> Judged:
+    """Measure as :func:`measure_rounds` does while ``monitor`` reads the host's load, and
+    measure again once when that pass was noisy.
+
+    1. One pass; its :class:`~kerneljudge.verdict.HostLoad` from the monitor's readings and
+       each contestant's :func:`round_spread` (:func:`kerneljudge.hostload.host_load`).
+    2. Quiet, or ``config.remeasure`` off: report it (when noisy, flagged and widened).
+    3. Noisy: one more pass, bounded like the first. Quiet: report the second pass alone.
+       Noisy again: report both passes pooled, their host readings pooled, the verdict
+       flagged noisy and the speedups' intervals widened (:func:`speedups` with ``noisy``).
+
+    Args:
+        contestants: name -> sampler, as for :func:`measure_rounds`.
+        config: the protocol's knobs.
+        monitor: reads the host (None: only the samples' own spread is judged).
+        cores, threads: the timing cores and the timed workers' thread count.
+        candidate: the contestant the speedups divide by.
+    """
+
+    def one_pass() -> tuple[Rounds, Readings]:
+        t0 = time.monotonic()
+        if monitor:
+            monitor.start()
+        r = measure_rounds(contestants, config, monitor.between_batches if monitor else None)
+        return r, (monitor.stop() if monitor else Readings(seconds=time.monotonic() - t0))
+
+    def assess(r: Rounds, readings: Readings) -> HostLoad:
+        spread = {n: round_spread(b) for n, b in r.batches.items()}
+        return host_load(readings, cores, threads, spread)
+
+    def report(passes: list[Rounds], host: HostLoad, widen: bool) -> Judged:
+        r = _pool(passes)
+        points = {
+            n: [float(np.median(p.samples[n]) / np.median(p.samples[candidate])) for p in passes]
+            for n in r.samples
+            if n != candidate
+        }
+        sp = speedups(r.samples, candidate, r.batches, noisy=widen, pass_points=points)
+        return Judged(r.samples, r.batches, r.rounds, r.stop, len(passes), host, tuple(sp))
+
+    first, read1 = one_pass()
+    host1 = assess(first, read1)
+    if not host1.noisy or not config.remeasure:
+        return report([first], host1, widen=host1.noisy)
+    second, read2 = one_pass()
+    host2 = assess(second, read2)
+    if not host2.noisy:
+        return dataclasses.replace(report([second], host2, widen=False), passes=2)
+    both = assess(_pool([first, second]), read1 + read2)
+    reasons = both.noise_reasons or host2.noise_reasons
+    both = dataclasses.replace(both, noisy=True, noise_reasons=reasons)
+    return report([first, second], both, widen=True)
+
+
+@dataclass
+class BatchLimit:
+    """The time limit of one contestant's timing batches (``time`` requests), in seconds.
+
+    A batch of ``calls`` calls (timed and warm-up) may take ``factor`` times ``calls`` times the
+    slowest wall time per call seen in this contestant's earlier batches (on the supervisor's
+    clock, so including the host's load at that moment), and never less than the request limit
+    it would have had (``floor_s``: ``JudgeConfig.run_timeout_s``), nor more than ``cap``
+    times that (a hang is still caught). Before any batch came back, each call counts
+    ``floor_s`` (as long as one correctness trial may take). Under load a batch can take
+    many times its quiet time, and sizing batches for ``batch_target_ms`` of calls makes a
+    slow candidate's batch long: a fixed limit would turn an honest candidate on a busy host
+    into a ``timeout``.
+    """
+
+    factor: float = 20.0
+    cap: float = 5.0
+    slowest_call_s: float | None = None
+
+    def limit_s(self, calls: int, floor_s: float) -> float:
+        per_call = floor_s if self.slowest_call_s is None else self.factor * self.slowest_call_s
+        return min(self.cap * floor_s, max(floor_s, max(1, calls) * per_call))
+
+    def observe(self, calls: int, wall_s: float) -> None:
+        per_call = wall_s / max(1, calls)
+        if self.slowest_call_s is None or per_call > self.slowest_call_s:
+            self.slowest_call_s = per_call

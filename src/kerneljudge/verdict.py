@@ -21,6 +21,7 @@ __all__ = [
     "CheckResult",
     "CompilerMessage",
     "DeviceInfo",
+    "HostLoad",
     "Measurement",
     "Mismatch",
     "Roofline",
@@ -171,11 +172,69 @@ class Measurement:
 
 @dataclass(frozen=True)
 class Speedup:
-    """Baseline median time over candidate median time, with a 95% bootstrap interval."""
+    """Baseline median time over candidate median time, with its 95% interval.
+
+    Attributes:
+        baseline: the baseline's name (``eager``, ``compile``).
+        median: ``median(baseline samples) / median(candidate samples)``.
+        ci95: the reported interval: it holds ``ci95_samples`` and ``ci95_rounds``, and on a
+            noisy host more (see :func:`kerneljudge.timing.speedups`).
+        ci95_samples: the percentile-bootstrap interval over the samples (they taken as iid).
+            Added in schema 1.3.
+        ci95_rounds: the order-statistic interval of the median of the per-round ratios
+            (between-round drift); None with fewer than 2 rounds. Added in schema 1.3.
+    """
 
     baseline: str
     median: float
     ci95: tuple[float, float]
+    ci95_samples: tuple[float, float] | None = None
+    ci95_rounds: tuple[float, float] | None = None
+
+
+@dataclass(frozen=True)
+class HostLoad:
+    """The host's load while the timing stage sampled, and whether it made the timing noisy.
+
+    Read by the supervisor from ``/proc`` at the start and end of each timing pass, and between
+    batches (:mod:`kerneljudge.hostload`); the rule that sets ``noisy`` and its thresholds are
+    in :func:`kerneljudge.hostload.noise_reasons`. Shares are fractions in [0, 1]; None where
+    the host does not expose the reading. Added in schema 1.3.
+
+    Attributes:
+        cpus: CPUs the judge may use.
+        seconds: wall time the readings span (all timing passes), seconds.
+        run_queue: runnable tasks besides the judge's own, median over the readings taken
+            between batches (``/proc/loadavg``'s running count, less the reader).
+        run_queue_max: the largest of those readings.
+        cpu_pressure: share of the span in which some task waited for a CPU, host-wide
+            (``/proc/pressure/cpu``, ``some``).
+        steal: share of the timing cores' time stolen by the hypervisor (``/proc/stat``).
+        iowait: share of the timing cores' time idle waiting for I/O (``/proc/stat``).
+        preemptions: involuntary context switches of the timed workers' threads
+            (``/proc/<pid>/task/*/status``, ``nonvoluntary_ctxt_switches``).
+        preemptions_per_s: ``preemptions`` per second of the span and per timed thread.
+        run_delay: share of the span the timed workers' threads spent runnable but waiting for
+            a CPU, per timed thread (``/proc/<pid>/task/*/schedstat``).
+        round_spread: contestant -> interquartile range of its per-round batch medians over
+            their median (how far its speed moved between rounds).
+        noisy: a reading passed its threshold; the speedups' intervals are widened.
+        noise_reasons: one plain sentence per reading past its threshold.
+    """
+
+    cpus: int
+    seconds: float
+    run_queue: float | None = None
+    run_queue_max: int | None = None
+    cpu_pressure: float | None = None
+    steal: float | None = None
+    iowait: float | None = None
+    preemptions: int | None = None
+    preemptions_per_s: float | None = None
+    run_delay: float | None = None
+    round_spread: dict[str, float] = field(default_factory=dict)
+    noisy: bool = False
+    noise_reasons: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -187,8 +246,9 @@ class Roofline:
         achieved_tflops, achieved_gbps: flops / time and bytes / time.
         compute_fraction, bandwidth_fraction: achieved over peak (None without a device entry).
         floor_ms: the physical floor max(bytes / peak bandwidth, flops / peak rate).
-        below_floor: the candidate's median is under the floor (by the table's margin): it
-            cannot have done the work, and the verdict is ``rejected``.
+        below_floor: the upper end of the 95% interval of the candidate's median is under the
+            floor (by the table's margin): it cannot have done the work, and the verdict is
+            ``rejected``. (Before schema 1.3: the median itself.)
         source: where the peak figures come from.
     """
 
@@ -219,6 +279,14 @@ class TimingResult:
         roofline: achieved throughput against the device's peaks, when the problem has counts.
         baseline_errors: baseline -> why a baseline that was asked for is not timed (e.g.
             ``{"compile": "compile did not finish within 600 s"}``). Added in schema 1.2.
+        host: the host's load while timing and whether it made the timing noisy (None when
+            not measured). Added in schema 1.3.
+        passes: timing passes run: 2 when the first was noisy and the judge measured again
+            (the samples are then the second pass's if it was quiet, else both passes').
+            Added in schema 1.3.
+        threads: torch intra-op threads of both timed workers (0: not set). Added in 1.3.
+        cores: the CPU cores both timed workers were pinned to (empty: not pinned). Added in
+            schema 1.3.
     """
 
     clock: str
@@ -229,6 +297,10 @@ class TimingResult:
     l2_flush_bytes: int = 0
     roofline: Roofline | None = None
     baseline_errors: dict[str, str] = field(default_factory=dict)
+    host: HostLoad | None = None
+    passes: int = 1
+    threads: int = 0
+    cores: tuple[int, ...] = ()
 
     def measurement(self, name: str) -> Measurement | None:
         return next((m for m in self.measurements if m.name == name), None)

@@ -383,17 +383,19 @@ class Worker:
         return {"times_ms": times, "wall_s": wall}
 
     def op_pin(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Move every thread of this process onto the CPU core ``cpu`` (for timing), with one
-        torch intra-op thread: a pool of one thread per core, all on one core, turns every
-        parallel CPU op into a wait for each thread's turn (seconds for a few small ops). The
-        worker keeps one thread from then on, whatever ``threads`` it was started with."""
-        _set_num_threads(1)
-        cpu = {int(msg["cpu"])}
+        """Move every thread of this process onto the CPU cores ``cpus`` (a list; ``cpu``, one
+        core, is read when ``cpus`` is absent) for timing, and set torch's intra-op threads to
+        ``threads`` (default: one per core of the set). More threads than cores turns every
+        parallel CPU op into a wait for each thread's turn (seconds for a few small ops on one
+        core). Threads started later inherit the set from the thread that starts them. The
+        worker keeps both from then on, whatever ``threads`` it was started with."""
+        cpus = {int(c) for c in msg["cpus"]} if "cpus" in msg else {int(msg["cpu"])}
         for task in os.listdir("/proc/self/task"):
             try:
-                os.sched_setaffinity(int(task), cpu)
+                os.sched_setaffinity(int(task), cpus)
             except OSError:
                 pass
+        _set_num_threads(max(1, int(msg.get("threads") or len(cpus))))
         return {}
 
     def op_timed_outputs(self, msg: dict[str, Any]) -> dict[str, Any]:
