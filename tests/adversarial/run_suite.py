@@ -176,6 +176,39 @@ def eager_speedup(verdict: Any) -> float | None:
     return None
 
 
+def make_row(
+    case: Case, verdict: Any, error: str, seconds: float, base_speedup: float | None
+) -> Row:
+    """The row of one judging from its verdict (None: ``Judge.evaluate`` raised ``error``):
+    ``OK``, ``FOOLED`` (``correct`` where another status was expected), ``WRONG`` or ``BROKE``.
+    The speedup rule comes later (:func:`apply_speedup_rule`), so do the candidate's reports
+    and left-over processes (:meth:`Suite.judge_one`)."""
+    if verdict is None:
+        got, reason = "EXCEPTION", error.splitlines()[0]
+    else:
+        got, reason = verdict.status.value, verdict.reason
+    row = Row(
+        file=f"{case.path.parent.name}/{case.path.name}",
+        kind=case.kind,
+        expected="|".join(case.expected),
+        got=got,
+        reason=reason,
+        outcome="OK",
+        speedup=eager_speedup(verdict) if verdict is not None else None,
+        baseline_speedup=base_speedup,
+        seconds=seconds,
+        verdict=json.loads(verdict.to_json()) if verdict is not None else None,
+        speedup_max=case.speedup_max,
+        problem=case.problem,
+    )
+    if verdict is None:
+        row.outcome = "BROKE"
+        row.notes.append("Judge.evaluate raised: " + error.splitlines()[0])
+    elif got not in case.expected:
+        row.outcome = "FOOLED" if got == "correct" else "WRONG"
+    return row
+
+
 # ---------------------------------------------------------------------------- the suite
 class Suite:
     def __init__(self, args: argparse.Namespace, adv_dir: Path, cache_dir: Path) -> None:
@@ -232,30 +265,7 @@ class Suite:
         seconds = time.monotonic() - t0
         resume_references(judge)
         notes: list[str] = []
-        if verdict is None:
-            got, reason = "EXCEPTION", error.splitlines()[0]
-        else:
-            got, reason = verdict.status.value, verdict.reason
-        speedup = eager_speedup(verdict) if verdict is not None else None
-        row = Row(
-            file=f"{case.path.parent.name}/{case.path.name}",
-            kind=case.kind,
-            expected="|".join(case.expected),
-            got=got,
-            reason=reason,
-            outcome="OK",
-            speedup=speedup,
-            baseline_speedup=base_speedup,
-            seconds=seconds,
-            verdict=json.loads(verdict.to_json()) if verdict is not None else None,
-        )
-        if verdict is None:
-            row.outcome = "BROKE"
-            row.notes.append("Judge.evaluate raised: " + error.splitlines()[0])
-        elif got not in case.expected:
-            row.outcome = "FOOLED" if got == "correct" else "WRONG"
-        # the speedup rule is applied in Suite.finalize, against the median baseline speedup
-        row.speedup_max, row.problem = case.speedup_max, case.problem
+        row = make_row(case, verdict, error, seconds, base_speedup)
         marks = read_marks(marks_at)
         for m in marks:
             if "breach" in m:

@@ -18,8 +18,16 @@ import run_suite
 from run_suite import Case, ProblemRun, Suite
 
 HERE = Path(__file__).resolve().parent
-CPU = run_suite.load_cases([HERE / "cpu"])
-GPU = run_suite.load_cases([HERE / "gpu"])
+
+
+def _grouped(cases: list[Case]) -> list[Case]:
+    """By problem, each problem's baseline first: one problem's judge is alive at a time (as in
+    run_suite.py; the left-over-process check counts only live judges' workers as the judge's)."""
+    return sorted(cases, key=lambda c: (c.problem, not c.is_baseline, c.name))
+
+
+CPU = _grouped(run_suite.load_cases([HERE / "cpu"]))
+GPU = _grouped(run_suite.load_cases([HERE / "gpu"]))
 
 
 class _Runs:
@@ -33,6 +41,7 @@ class _Runs:
         device = "cuda" if case.path.parent.name == "gpu" else "cpu"
         key = (case.problem, device)
         if key not in self.runs:
+            self.close()
             baseline = next((b for b in self.baselines if b.problem == case.problem), None)
             spec = run_suite.problem_spec(case)
             self.runs[key] = ProblemRun(self.suite, spec, device, baseline, self.baselines)
@@ -41,6 +50,7 @@ class _Runs:
     def close(self) -> None:
         for run in self.runs.values():
             run.close()
+        self.runs.clear()
 
 
 def _suite_args() -> argparse.Namespace:

@@ -59,16 +59,16 @@ class Honest:
 
 HONEST = [
     *(
-        Honest(f"{p}/cpp_reference", p, REPO / "examples" / p / "cpp_reference.py", 3)
+        Honest(f"{p}/cpp_reference", p, REPO / "examples" / p / "cpp_reference.py", 2)
         for p in ("causal_gqa", "mla_kv_projection", "triangle_attention")
     ),
-    Honest("correct_baseline", PROBLEM_CPU, ADV / "cpu" / "correct_baseline.py", 4, True),
-    Honest("correct_baseline_cpp", PROBLEM_CPU, ADV / "cpu" / "correct_baseline_cpp.py", 4),
-    Honest("correct_parallel_cpp", PROBLEM_CPU, ADV / "cpu" / "correct_parallel_cpp.py", 4),
-    Honest("tiny_silu_cpp", TINY_CALL, HERE / "candidates" / "tiny_silu_cpp.py", 5),
-    Honest("identity_tiny", TINY, HERE / "candidates" / "identity_tiny_linear_gate.py", 5, True),
+    Honest("correct_baseline", PROBLEM_CPU, ADV / "cpu" / "correct_baseline.py", 3, True),
+    Honest("correct_baseline_cpp", PROBLEM_CPU, ADV / "cpu" / "correct_baseline_cpp.py", 3),
+    Honest("correct_parallel_cpp", PROBLEM_CPU, ADV / "cpu" / "correct_parallel_cpp.py", 3),
+    Honest("tiny_silu_cpp", TINY_CALL, HERE / "candidates" / "tiny_silu_cpp.py", 8),
+    Honest("identity_tiny", TINY, HERE / "candidates" / "identity_tiny_linear_gate.py", 8, True),
 ]
-COMPILED = Honest("torch_compile", PROBLEM_CPU, HERE / "candidates" / "compiled_linear_gelu.py", 2)
+COMPILED = Honest("torch_compile", PROBLEM_CPU, HERE / "candidates" / "compiled_linear_gelu.py", 1)
 TIMER_CHEATS = ["cheat_timer_patch_torch", "cheat_timer_patch_worker", "cheat_patch_op_time"]
 #: The verdict loop that runs beside the load test's own verdicts (on a judge of its own).
 BESIDE = (PROBLEM_CPU, str(ADV / "cpu" / "correct_baseline.py"))
@@ -92,16 +92,18 @@ def _line(name: str, i: int, verdict: Verdict) -> str:
     speed = f"eager {sp[0]:.3g}x [{sp[1]:.3g}, {sp[2]:.3g}]" if sp else "not timed"
     noisy = " noisy-host" if _flagged_noisy(verdict) else ""
     reason = f" | {verdict.reason[:220]}" if verdict.reason else ""
+    stages = " ".join(f"{k} {v:.1f}" for k, v in verdict.stage_s.items())
     return (
         f"LOAD {name} #{i}: {verdict.status.value} {speed}{noisy} "
-        f"({verdict.duration_s:.1f} s){reason}"
+        f"({verdict.duration_s:.1f} s: {stages}){reason}"
     )
 
 
 def _config(cache: Path) -> JudgeConfig:
-    """One warm judge per problem: eager baseline only, a 0.3 s timing budget."""
+    """One warm judge per problem: eager baseline only, a 0.3 s timing budget, two trials."""
     return JudgeConfig(
         device="cpu",
+        trials=2,
         baselines=("eager",),
         timing_config=TimingConfig(max_time_s=0.3),
         cache_dir=cache,
@@ -111,11 +113,10 @@ def _config(cache: Path) -> JudgeConfig:
 class _Bench:
     """The judges (one per problem, warm workers), the load, and every verdict so far."""
 
-    def __init__(self, cache: Path) -> None:
-        self.cache = cache
+    def __init__(self, cache: Path, log: list[str]) -> None:
+        self.cache, self.log = cache, log
         self.judges: dict[str, Judge] = {}
         self.verdicts: dict[str, list[Verdict]] = {}
-        self.adv_dir = cache
         self.load: Load | None = None
 
     def judge(self, problem: str) -> Judge:
@@ -127,10 +128,14 @@ class _Bench:
         out = []
         for i in range(times):
             verdict = self.judge(problem).evaluate(path)
-            print(_line(name, i, verdict), flush=True)
+            self.say(_line(name, i, verdict))
             out.append(verdict)
         self.verdicts.setdefault(name, []).extend(out)
         return out
+
+    def say(self, line: str) -> None:
+        print(line, flush=True)
+        self.log.append(line)
 
     def close(self) -> None:
         for judge in self.judges.values():
@@ -151,38 +156,28 @@ def _build_all(bench: _Bench, paths: list[Path]) -> int:
     assert not failed, f"builds failed: {failed}"
     built = sum(not r.cached for r in results)
     took = sum(r.duration_s for r in results if not r.cached)
-    print(f"LOAD builds: {built} of {len(cpp)} C++ candidates compiled ({took:.0f} s)", flush=True)
+    bench.say(f"LOAD builds: {built} of {len(cpp)} C++ candidates compiled ({took:.0f} s)")
     return built
 
 
 @pytest.fixture(scope="module")
-def bench(shared_cache: Path) -> Iterator[_Bench]:
+def bench(shared_cache: Path, verdict_log: list[str]) -> Iterator[_Bench]:
     paths = [h.path for h in HONEST] + [COMPILED.path]
     paths += [ADV / "cpu" / f"{c}.py" for c in TIMER_CHEATS]
-    bench = _Bench(shared_cache)
-    with run_suite.suite_environment() as adv_dir:
-        bench.adv_dir = adv_dir
-        try:
-            _build_all(bench, paths)
-            with Load(LOAD_SECONDS, beside=BESIDE, beside_config=_config(shared_cache)) as load:
-                print(
-                    f"LOAD started: {load.spinners} busy loops, hog {load.hog_bytes >> 20} MiB "
-                    f"x 2, a verdict loop beside",
-                    flush=True,
-                )
-                bench.load = load
-                yield bench
-                alive = load.alive()
-            beside = load.beside
-            assert beside is not None
-            print(
-                f"LOAD beside: {len(beside.verdicts)} verdicts, "
-                + ", ".join(f"{s}: {r[:160]}" for s, r in beside.verdicts if s != "correct"),
-                flush=True,
+    bench = _Bench(shared_cache, verdict_log)
+    try:
+        _build_all(bench, paths)
+        with Load(LOAD_SECONDS, beside=BESIDE, beside_config=_config(shared_cache)) as load:
+            bench.say(
+                f"LOAD started: {load.spinners} busy loops, hog {load.hog_bytes >> 20} MiB x 2, "
+                "a verdict loop beside"
             )
-            assert alive == load.spinners + 1, "a load process ended before the tests did"
-        finally:
-            bench.close()
+            bench.load = load
+            yield bench
+            alive = load.alive()
+        assert alive == load.spinners + 1, "a load process ended before the tests did"
+    finally:
+        bench.close()
 
 
 @pytest.mark.parametrize("case", HONEST, ids=[h.name for h in HONEST])
@@ -215,13 +210,10 @@ def test_torch_compile_correct_under_load(bench: _Bench) -> None:
 @pytest.mark.parametrize("name", TIMER_CHEATS)
 def test_timer_cheat_caught_under_load(bench: _Bench, name: str) -> None:
     case = run_suite.parse_case(ADV / "cpu" / f"{name}.py")
-    suite = run_suite.Suite(run_suite.build_parser().parse_args([]), bench.adv_dir, bench.cache)
-    judge = bench.judge(PROBLEM_CPU)
-    row, verdict = suite.judge_one(judge, case, None, [judge])
+    verdict = bench.evaluate(name, PROBLEM_CPU, case.path, 1)[0]
+    row = run_suite.make_row(case, verdict, "", verdict.duration_s, None)
     honest = [_eager(v)[0] for v in bench.verdicts.get("correct_baseline", []) if _eager(v)]
     run_suite.apply_speedup_rule(row, honest)
-    if verdict is not None:
-        print(_line(name, 0, verdict), flush=True)
     assert honest, "the honest baseline was not timed under load first"
     assert row.outcome == "OK", f"{row.outcome}: got {row.got}: {run_suite.why(row)}"
 
@@ -232,6 +224,6 @@ def test_beside_verdicts_correct(bench: _Bench) -> None:
     beside = bench.load.beside
     assert beside is not None and not beside.errors, beside.errors if beside else None
     bad = [f"{s}: {r[:200]}" for s, r in beside.verdicts if s != "correct"]
-    print(f"LOAD beside so far: {len(beside.verdicts)} verdicts, {len(bad)} not correct")
+    bench.say(f"LOAD beside: {len(beside.verdicts)} verdicts, {len(bad)} not correct: {bad}")
     assert beside.verdicts, "no verdict beside finished"
     assert not bad, f"{len(bad)} of {len(beside.verdicts)} verdicts beside not correct: {bad}"
