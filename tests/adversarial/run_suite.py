@@ -586,7 +586,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"judging with {Path(kerneljudge.__file__).parent}", flush=True)
     rounds: list[list[Row]] = []
     try:
-        with suite_environment() as adv_dir, machine_load(args.load):
+        with machine_load(args.load), suite_environment() as adv_dir:
             for n in range(args.repeat):
                 if args.repeat > 1:
                     print(f"\n######## round {n + 1} of {args.repeat}", flush=True)
