@@ -267,6 +267,15 @@ def main(argv: list[str] | None = None) -> int:
                 print(line, flush=True)
     except KeyboardInterrupt:
         print("interrupted: load stopped", flush=True)
+    if load.beside is not None:
+        bad = [f"{s}: {r[:160]}" for s, r in load.beside.verdicts if s != "correct"]
+        print(
+            f"verdicts beside: {len(load.beside.verdicts)}, not correct: {len(bad)}",
+            *bad,
+            *load.beside.errors,
+            sep="\n  ",
+            flush=True,
+        )
     return 0
 
 
