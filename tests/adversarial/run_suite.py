@@ -4,6 +4,12 @@ Usage::
 
     python tests/adversarial/run_suite.py [--gpu] [--no-cpu] [--interleave] [--json OUT]
                                           [--only SUBSTRING ...] [--cache-dir DIR]
+                                          [--repeat N] [--load]
+
+``--repeat N`` judges every selected candidate N times (a fresh Judge per problem each round) and
+ends with how many rounds each file was OK in; ``--load`` keeps the machine busy meanwhile
+(``tests/load/loadgen.py``: 2 x cores busy loops and a memory-bandwidth hog). The CPU part also
+runs under pytest: ``tests/adversarial/test_adversarial.py``.
 
 Every candidate file in ``cpu/`` (and ``gpu/`` with ``--gpu``) starts with header comments::
 
@@ -50,11 +56,11 @@ import os
 import re
 import secrets
 import shutil
-import signal
 import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,10 +78,21 @@ else:
     except ImportError:  # runnable without an editable install too
         sys.path.insert(0, str(REPO / "src"))
 
-from kerneljudge.candidate import Candidate  # noqa: E402
 from kerneljudge.judge import Judge, JudgeConfig  # noqa: E402
 from kerneljudge.timing import TimingConfig  # noqa: E402
-from kerneljudge.worker.sandbox import child_pids  # noqa: E402
+
+sys.path.insert(0, str(HERE))
+from adv_side_effects import (  # noqa: E402
+    boot_ticks,
+    clear_marks,
+    heal_cache,
+    kill_pids,
+    mark_files,
+    marked_alive,
+    read_marks,
+    resume_references,
+    stray_processes,
+)
 
 _HEADER = re.compile(r"^#\s*([a-z_]+)\s*:\s*(.*?)\s*$")
 
@@ -160,114 +177,37 @@ def eager_speedup(verdict: Any) -> float | None:
     return None
 
 
-# ---------------------------------------------------------------------------- side effects
-def mark_files(adv_dir: Path, judge: Judge, case: Case) -> list[Path]:
-    """Where a candidate's reports land: ``kj_adv/<tag>.jsonl`` in its own build folder (its
-    TORCH_EXTENSIONS_DIR, which the worker lets it write), or ``<tag>.jsonl`` in KJ_ADV_DIR."""
-    paths = [adv_dir / f"{case.name}.jsonl"]
-    try:
-        cand = Candidate.from_file(case.path)
-        device = "cuda" if case.path.parent.name == "gpu" else "cpu"
-        key = judge.cache.key(cand, judge.arch_for(device))
-        paths.append(judge.cache.entry(key) / "ext" / "kj_adv" / f"{case.name}.jsonl")
-    except Exception:  # noqa: BLE001 - a report location we cannot compute is no report
-        pass
-    return paths
-
-
-def read_marks(paths: list[Path]) -> list[dict[str, Any]]:
-    out = []
-    for path in paths:
-        if path.is_file():
-            for line in path.read_text().splitlines():
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    pass
-    return out
-
-
-def clear_marks(paths: list[Path]) -> None:
-    for p in paths:
-        p.unlink(missing_ok=True)
-
-
-def judge_worker_pids(judge: Judge | None) -> set[int]:
-    """Pids of the workers the judge itself holds (reference workers, idle pool workers)."""
-    pids: set[int] = set()
-    if judge is None:
-        return pids
-    for ref in getattr(judge, "_refs", {}).values():
-        pids.add(ref.worker.proc.pid)
-    for pool in getattr(judge, "_pools", {}).values():
-        for w in getattr(pool, "_idle", []):
-            pids.add(w.proc.pid)
-    # A worker runs below the process the judge started (its PID namespace's launcher).
-    return pids | {c for p in pids for c in child_pids(p)}
-
-
-def stray_processes(adv_dir: Path, judges: list[Judge | None]) -> list[tuple[int, str]]:
-    """Processes that carry this run's KJ_ADV_DIR in their environment (so they descend from this
-    suite) but are neither this process nor a worker a live judge holds: leftovers of a
-    candidate."""
-    needle = f"KJ_ADV_DIR={adv_dir}".encode()
-    keep = {os.getpid()}
-    for j in judges:
-        keep |= judge_worker_pids(j)
-    found = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit() or int(d) in keep:
-            continue
-        try:
-            with open(f"/proc/{d}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-            if needle not in env:
-                continue
-            with open(f"/proc/{d}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-            with open(f"/proc/{d}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-            if state != "Z":
-                found.append((int(d), cmd[:120]))
-        except (OSError, IndexError):
-            continue
-    return found
-
-
-def kill_pids(pids: list[int]) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-
-
-def resume_references(judge: Judge | None) -> None:
-    """Safety net against a candidate that left the reference worker stopped (SIGSTOP)."""
-    if judge is None:
-        return
-    for ref in getattr(judge, "_refs", {}).values():
-        try:
-            os.kill(ref.worker.proc.pid, signal.SIGCONT)
-        except OSError:
-            pass
-
-
-def heal_cache(judge: Judge, baselines: list[Case]) -> list[str]:
-    """Cached baseline sources rewritten by a candidate: report them and drop the entries."""
-    notes = []
-    for case in baselines:
-        cand = Candidate.from_file(case.path)
-        try:
-            key = judge.cache.key(cand, judge.arch_for(None))
-        except Exception:  # noqa: BLE001 - toolchain probing must not stop the suite
-            continue
-        entry = judge.cache.entry(key)
-        src = entry / "candidate.py"
-        if src.is_file() and src.read_text() != cand.source:
-            notes.append(f"cache entry of {case.path.name} was rewritten by a candidate")
-            shutil.rmtree(entry, ignore_errors=True)
-    return notes
+def make_row(
+    case: Case, verdict: Any, error: str, seconds: float, base_speedup: float | None
+) -> Row:
+    """The row of one judging from its verdict (None: ``Judge.evaluate`` raised ``error``):
+    ``OK``, ``FOOLED`` (``correct`` where another status was expected), ``WRONG`` or ``BROKE``.
+    The speedup rule comes later (:func:`apply_speedup_rule`), so do the candidate's reports
+    and left-over processes (:meth:`Suite.judge_one`)."""
+    if verdict is None:
+        got, reason = "EXCEPTION", error.splitlines()[0]
+    else:
+        got, reason = verdict.status.value, verdict.reason
+    row = Row(
+        file=f"{case.path.parent.name}/{case.path.name}",
+        kind=case.kind,
+        expected="|".join(case.expected),
+        got=got,
+        reason=reason,
+        outcome="OK",
+        speedup=eager_speedup(verdict) if verdict is not None else None,
+        baseline_speedup=base_speedup,
+        seconds=seconds,
+        verdict=json.loads(verdict.to_json()) if verdict is not None else None,
+        speedup_max=case.speedup_max,
+        problem=case.problem,
+    )
+    if verdict is None:
+        row.outcome = "BROKE"
+        row.notes.append("Judge.evaluate raised: " + error.splitlines()[0])
+    elif got not in case.expected:
+        row.outcome = "FOOLED" if got == "correct" else "WRONG"
+    return row
 
 
 # ---------------------------------------------------------------------------- the suite
@@ -307,40 +247,14 @@ class Suite:
         baseline: Case | None,
         all_baselines: list[Case],
     ) -> None:
-        judge: Judge | None = Judge(spec, self.config(device))
-        base_speedup = None
+        run = ProblemRun(self, spec, device, baseline, all_baselines)
         try:
-            if baseline is not None:
-                row, verdict = self.judge_one(judge, baseline, None, [judge])
-                base_speedup = eager_speedup(verdict) if verdict is not None else None
-                if base_speedup is not None:
-                    self.baseline_speedups.setdefault(baseline.problem, []).append(base_speedup)
-                self.rows.append(row)
-                self.print_row(row)
+            if run.baseline_row is not None:
+                self.print_row(run.baseline_row)
             for case in cases:
-                own = Judge(spec, self.config(device)) if case.fresh_judge else None
-                active = own or judge
-                row, _ = self.judge_one(active, case, base_speedup, [judge, own])
-                if baseline is not None and (
-                    self.args.interleave or case.affects_others or case.fresh_judge
-                ):
-                    self.check_baseline(active, baseline, row, [judge, own])
-                    notes = heal_cache(active, all_baselines)
-                    if notes:
-                        row.notes += notes
-                        row.outcome = "BROKE" if row.outcome == "OK" else row.outcome
-                if own is not None:
-                    own.close()
-                if row.outcome == "BROKE" and own is None:
-                    # The judge may be unusable now (a dead reference is never replaced):
-                    # go on with a fresh one so that later rows mean something.
-                    judge.close()
-                    judge = Judge(spec, self.config(device))
-                self.rows.append(row)
-                self.print_row(row)
+                self.print_row(run.judge(case))
         finally:
-            if judge is not None:
-                judge.close()
+            run.close()
 
     def judge_one(
         self, judge: Judge, case: Case, base_speedup: float | None, judges: list[Judge | None]
@@ -353,30 +267,7 @@ class Suite:
         seconds = time.monotonic() - t0
         resume_references(judge)
         notes: list[str] = []
-        if verdict is None:
-            got, reason = "EXCEPTION", error.splitlines()[0]
-        else:
-            got, reason = verdict.status.value, verdict.reason
-        speedup = eager_speedup(verdict) if verdict is not None else None
-        row = Row(
-            file=f"{case.path.parent.name}/{case.path.name}",
-            kind=case.kind,
-            expected="|".join(case.expected),
-            got=got,
-            reason=reason,
-            outcome="OK",
-            speedup=speedup,
-            baseline_speedup=base_speedup,
-            seconds=seconds,
-            verdict=json.loads(verdict.to_json()) if verdict is not None else None,
-        )
-        if verdict is None:
-            row.outcome = "BROKE"
-            row.notes.append("Judge.evaluate raised: " + error.splitlines()[0])
-        elif got not in case.expected:
-            row.outcome = "FOOLED" if got == "correct" else "WRONG"
-        # the speedup rule is applied in Suite.finalize, against the median baseline speedup
-        row.speedup_max, row.problem = case.speedup_max, case.problem
+        row = make_row(case, verdict, error, seconds, base_speedup)
         marks = read_marks(marks_at)
         for m in marks:
             if "breach" in m:
@@ -441,19 +332,7 @@ class Suite:
         """Apply `speedup_max_vs_baseline` against the median of the baseline's speedups (with
         --interleave the baseline is judged many times, so one noisy timing does not decide)."""
         for row in self.rows:
-            base = self.baseline_speedups.get(row.problem)
-            if row.speedup_max is None or row.got != "correct" or row.speedup is None or not base:
-                continue
-            med = sorted(base)[len(base) // 2]
-            row.baseline_speedup = med
-            if row.speedup > row.speedup_max * med:
-                row.notes.insert(
-                    0,
-                    f"speedup {row.speedup:.3g}x vs the honest baseline's median {med:.3g}x "
-                    f"({len(base)} judgings)",
-                )
-                if row.outcome in ("OK", "LEAK"):
-                    row.outcome = "FOOLED"
+            apply_speedup_rule(row, self.baseline_speedups.get(row.problem, []))
 
     @staticmethod
     def print_row(row: Row) -> None:
@@ -466,44 +345,86 @@ class Suite:
             print(f"           note: {n[:220]}", flush=True)
 
 
-def boot_ticks() -> int:
-    """Now, in the clock ticks since boot that ``/proc/PID/stat`` gives start times in."""
-    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK"))
+class ProblemRun:
+    """Judging candidates of one problem on one Judge, as the suite does: the problem's correct
+    baseline first (its row is ``baseline_row``), then one candidate per :meth:`judge` call.
 
+    Every row also goes to ``suite.rows``. A candidate marked ``fresh_judge`` gets a Judge of its
+    own; after one marked ``affects_others`` or ``fresh_judge`` (after every one with
+    ``--interleave``) the baseline is judged again and must stay ``correct``; a judge left
+    unusable (a ``BROKE`` row) is replaced by a fresh one.
+    """
 
-def marked_alive(marked: list[int], since_ticks: int, judges: list[Judge | None]) -> list[int]:
-    """Host pids of live processes a candidate reported (pids as the candidate saw them: in its
-    worker's PID namespace, where there is one), started while it was judged and not a worker
-    a live judge holds. A pid the candidate saw matches a host process whose innermost
-    namespace pid (``NSpid`` in ``/proc/PID/status``) is that number."""
-    if not marked:
-        return []
-    keep = {os.getpid()}
-    for j in judges:
-        keep |= judge_worker_pids(j)
-    wanted = set(marked)
-    found = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit() or int(d) in keep or not _alive(int(d)):
-            continue
+    def __init__(
+        self,
+        suite: Suite,
+        spec: str,
+        device: str,
+        baseline: Case | None,
+        all_baselines: list[Case],
+    ) -> None:
+        self.suite, self.spec, self.device = suite, spec, device
+        self.baseline, self.all_baselines = baseline, all_baselines
+        self.judge_: Judge | None = Judge(spec, suite.config(device))
+        self.base_speedup: float | None = None
+        self.baseline_row: Row | None = None
+        if baseline is not None:
+            row, verdict = suite.judge_one(self.judge_, baseline, None, [self.judge_])
+            self.base_speedup = eager_speedup(verdict) if verdict is not None else None
+            if self.base_speedup is not None:
+                suite.baseline_speedups.setdefault(baseline.problem, []).append(self.base_speedup)
+            suite.rows.append(row)
+            self.baseline_row = row
+
+    def judge(self, case: Case) -> Row:
+        """Judge ``case`` (and the baseline after it where asked); its row, speedup rule not
+        yet applied (see :func:`apply_speedup_rule`)."""
+        suite, judge, baseline = self.suite, self.judge_, self.baseline
+        assert judge is not None, "the run was closed"
+        own = Judge(self.spec, suite.config(self.device)) if case.fresh_judge else None
+        active = own or judge
         try:
-            with open(f"/proc/{d}/status") as f:
-                nspid = next(ln for ln in f if ln.startswith("NSpid:")).split()[1:]
-            with open(f"/proc/{d}/stat") as f:
-                started = int(f.read().rsplit(")", 1)[1].split()[19])
-        except (OSError, StopIteration, ValueError, IndexError):
-            continue
-        if int(nspid[-1]) in wanted and started >= since_ticks:
-            found.append(int(d))
-    return found
+            row, _ = suite.judge_one(active, case, self.base_speedup, [judge, own])
+            if baseline is not None and (
+                suite.args.interleave or case.affects_others or case.fresh_judge
+            ):
+                suite.check_baseline(active, baseline, row, [judge, own])
+                notes = heal_cache(active, self.all_baselines)
+                if notes:
+                    row.notes += notes
+                    row.outcome = "BROKE" if row.outcome == "OK" else row.outcome
+        finally:
+            if own is not None:
+                own.close()
+        if row.outcome == "BROKE" and own is None:
+            # The judge may be unusable now (a dead reference is never replaced):
+            # go on with a fresh one so that later rows mean something.
+            judge.close()
+            self.judge_ = Judge(self.spec, suite.config(self.device))
+        suite.rows.append(row)
+        return row
+
+    def close(self) -> None:
+        if self.judge_ is not None:
+            self.judge_.close()
+            self.judge_ = None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
+def apply_speedup_rule(row: Row, base_speedups: list[float]) -> None:
+    """A `correct` timing cheat whose eager speedup exceeds ``speedup_max_vs_baseline`` times
+    the median of ``base_speedups`` (the honest baseline's speedups) becomes ``FOOLED``."""
+    if row.speedup_max is None or row.got != "correct" or row.speedup is None or not base_speedups:
+        return
+    med = sorted(base_speedups)[len(base_speedups) // 2]
+    row.baseline_speedup = med
+    if row.speedup > row.speedup_max * med:
+        row.notes.insert(
+            0,
+            f"speedup {row.speedup:.3g}x vs the honest baseline's median {med:.3g}x "
+            f"({len(base_speedups)} judgings)",
+        )
+        if row.outcome in ("OK", "LEAK"):
+            row.outcome = "FOOLED"
 
 
 def why(r: Row) -> str:
@@ -546,7 +467,7 @@ def print_table(rows: list[Row]) -> None:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gpu", action="store_true", help="also judge gpu/ (needs a CUDA GPU)")
     ap.add_argument("--no-cpu", action="store_true", help="skip cpu/")
@@ -577,12 +498,88 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--compile-baseline", action="store_true", help="also time torch.compile (slow on CPU)"
     )
-    args = ap.parse_args(argv)
+    ap.add_argument(
+        "--repeat", type=int, default=1, help="judge every selected candidate N times (default 1)"
+    )
+    ap.add_argument(
+        "--load",
+        action="store_true",
+        help="while judging, load the machine (tests/load/loadgen.py: 2 x cores busy loops and "
+        "a memory-bandwidth hog)",
+    )
+    return ap
 
+
+def load_cases(dirs: list[Path]) -> list[Case]:
+    """Every candidate of ``dirs`` (baselines included), sorted by file name in each folder."""
+    return [parse_case(p) for d in dirs for p in sorted(d.glob("*.py"))]
+
+
+@contextlib.contextmanager
+def suite_environment() -> Iterator[Path]:
+    """Point KJ_ADV_DIR at a fresh private folder (yielded), set KJ_ADV_ROOT and a fresh
+    KJ_ADV_CANARY; on exit remove the folder and restore the three variables."""
+    adv_dir = Path(tempfile.mkdtemp(prefix="kj_adv_"))
+    names = ("KJ_ADV_DIR", "KJ_ADV_ROOT", "KJ_ADV_CANARY")
+    saved = {k: os.environ.get(k) for k in names}
+    os.environ["KJ_ADV_DIR"] = str(adv_dir)
+    os.environ["KJ_ADV_ROOT"] = str(HERE)
+    os.environ["KJ_ADV_CANARY"] = secrets.token_hex(16)
+    try:
+        yield adv_dir
+    finally:
+        shutil.rmtree(adv_dir, ignore_errors=True)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def machine_load(on: bool) -> contextlib.AbstractContextManager[Any]:
+    """tests/load/loadgen.py's :class:`Load` (for at most two hours) when ``on``."""
+    if not on:
+        return contextlib.nullcontext()
+    sys.path.insert(0, str(HERE.parent / "load"))
+    from loadgen import Load
+
+    load = Load(7200.0)
+    print(f"load: {load.spinners} busy loops, hog {load.hog_bytes >> 20} MiB x 2", flush=True)
+    return load
+
+
+def run_round(suite: Suite, selected: list[Case], all_baselines: list[Case]) -> None:
+    """Judge ``selected`` once, problem by problem, each after its baseline."""
+    by_problem: dict[str, list[Case]] = {}
+    for c in selected:
+        by_problem.setdefault(c.problem, []).append(c)
+    for problem, group in by_problem.items():
+        gpu = group[0].path.parent.name == "gpu"
+        device = "cuda" if gpu else "cpu"
+        baseline = next((b for b in all_baselines if b.problem == problem), None)
+        base_name = baseline.path.name if baseline else "none"
+        print(f"\n== {problem} on {device} ({len(group)} candidates; baseline {base_name})")
+        suite.run_problem(problem_spec(group[0]), device, group, baseline, all_baselines)
+
+
+def print_repeats(rounds: list[list[Row]]) -> None:
+    """Per file: in how many rounds it was OK, and the other outcomes with their counts."""
+    print(f"\nacross {len(rounds)} rounds:")
+    files = list(dict.fromkeys(r.file for rows in rounds for r in rows))
+    for f in files:
+        outs = [r for rows in rounds for r in rows if r.file == f]
+        ok = sum(r.outcome == "OK" for r in outs)
+        bad = sorted({f"{r.outcome} ({r.got})" for r in outs if r.outcome != "OK"})
+        tail = f"  not OK: {', '.join(bad)}" if bad else ""
+        print(f"  {ok:3}/{len(outs)} OK  {f}{tail}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     dirs = ([] if args.no_cpu else [HERE / "cpu"]) + ([HERE / "gpu"] if args.gpu else [])
-    cases = [parse_case(p) for d in dirs for p in sorted(d.glob("*.py"))]
-    if not cases:
-        print("no candidates selected", file=sys.stderr)
+    cases = load_cases(dirs)
+    if not cases or args.repeat < 1:
+        print("no candidates selected" if not cases else "--repeat must be >= 1", file=sys.stderr)
         return 2
     all_baselines = [c for c in cases if c.is_baseline]
     selected = [
@@ -590,42 +587,37 @@ def main(argv: list[str] | None = None) -> int:
         for c in cases
         if not c.is_baseline and (not args.only or any(s in c.path.name for s in args.only))
     ]
-
-    adv_dir = Path(tempfile.mkdtemp(prefix="kj_adv_"))
     own_cache = args.cache_dir is None
     cache_dir = (
         Path(tempfile.mkdtemp(prefix="kj_adv_cache_")) if own_cache else args.cache_dir.resolve()
     )
-    os.environ["KJ_ADV_DIR"] = str(adv_dir)
-    os.environ["KJ_ADV_ROOT"] = str(HERE)
-    os.environ["KJ_ADV_CANARY"] = secrets.token_hex(16)
-    suite = Suite(args, adv_dir, cache_dir)
     started = time.monotonic()
     import kerneljudge
 
     print(f"judging with {Path(kerneljudge.__file__).parent}", flush=True)
+    rounds: list[list[Row]] = []
     try:
-        by_problem: dict[str, list[Case]] = {}
-        for c in selected:
-            by_problem.setdefault(c.problem, []).append(c)
-        for problem, group in by_problem.items():
-            gpu = group[0].path.parent.name == "gpu"
-            device = "cuda" if gpu else "cpu"
-            baseline = next((b for b in all_baselines if b.problem == problem), None)
-            base_name = baseline.path.name if baseline else "none"
-            print(f"\n== {problem} on {device} ({len(group)} candidates; baseline {base_name})")
-            suite.run_problem(problem_spec(group[0]), device, group, baseline, all_baselines)
+        with machine_load(args.load), suite_environment() as adv_dir:
+            for n in range(args.repeat):
+                if args.repeat > 1:
+                    print(f"\n######## round {n + 1} of {args.repeat}", flush=True)
+                suite = Suite(args, adv_dir, cache_dir)
+                run_round(suite, selected, all_baselines)
+                suite.finalize()
+                rounds.append(suite.rows)
     finally:
-        shutil.rmtree(adv_dir, ignore_errors=True)
         if own_cache:
             shutil.rmtree(cache_dir, ignore_errors=True)
-    suite.finalize()
-    print_table(suite.rows)
+    for rows in rounds:
+        print_table(rows)
+    if len(rounds) > 1:
+        print_repeats(rounds)
     print(f"({time.monotonic() - started:.0f} s)")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps([r.__dict__ for r in suite.rows], indent=1, default=str))
-    return 0 if all(r.outcome == "OK" for r in suite.rows) else 1
+        flat = [dict(r.__dict__, round=n) for n, rows in enumerate(rounds) for r in rows]
+        args.json.write_text(json.dumps(flat, indent=1, default=str))
+    return 0 if all(r.outcome == "OK" for rows in rounds for r in rows) else 1
 
 
 if __name__ == "__main__":

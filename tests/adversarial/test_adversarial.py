@@ -1,0 +1,91 @@
+"""The adversarial suite (run_suite.py) under pytest: one test per candidate file.
+
+``cpu/*.py`` run on the CPU in every test run; ``gpu/*.py`` are marked ``gpu``. Each problem is
+judged on one Judge for the whole module, its correct baseline first, exactly as
+``run_suite.py`` does (:class:`run_suite.ProblemRun`); a test fails when the row's outcome is not
+``OK`` (FOOLED, WRONG, BROKE or LEAK, with the notes that gave it away). The speedup rule of timing
+cheats is applied against the baseline's speedups judged so far.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import run_suite
+from run_suite import Case, ProblemRun, Suite
+
+HERE = Path(__file__).resolve().parent
+
+
+def _grouped(cases: list[Case]) -> list[Case]:
+    """By problem, each problem's baseline first: one problem's judge is alive at a time (as in
+    run_suite.py; the left-over-process check counts only live judges' workers as the judge's)."""
+    return sorted(cases, key=lambda c: (c.problem, not c.is_baseline, c.name))
+
+
+CPU = _grouped(run_suite.load_cases([HERE / "cpu"]))
+GPU = _grouped(run_suite.load_cases([HERE / "gpu"]))
+
+
+class _Runs:
+    """One :class:`ProblemRun` per (problem, device), started on first use."""
+
+    def __init__(self, suite: Suite, baselines: list[Case]) -> None:
+        self.suite, self.baselines = suite, baselines
+        self.runs: dict[tuple[str, str], ProblemRun] = {}
+
+    def get(self, case: Case) -> ProblemRun:
+        device = "cuda" if case.path.parent.name == "gpu" else "cpu"
+        key = (case.problem, device)
+        if key not in self.runs:
+            self.close()
+            baseline = next((b for b in self.baselines if b.problem == case.problem), None)
+            spec = run_suite.problem_spec(case)
+            self.runs[key] = ProblemRun(self.suite, spec, device, baseline, self.baselines)
+        return self.runs[key]
+
+    def close(self) -> None:
+        for run in self.runs.values():
+            run.close()
+        self.runs.clear()
+
+
+def _suite_args() -> argparse.Namespace:
+    return run_suite.build_parser().parse_args([])
+
+
+@pytest.fixture(scope="module")
+def runs(shared_cache: Path) -> Iterator[_Runs]:
+    with run_suite.suite_environment() as adv_dir:
+        suite = Suite(_suite_args(), adv_dir, shared_cache)
+        holder = _Runs(suite, [c for c in CPU + GPU if c.is_baseline])
+        try:
+            yield holder
+        finally:
+            holder.close()
+
+
+def _check(runs: _Runs, case: Case) -> None:
+    run = runs.get(case)
+    if case.is_baseline:
+        row = run.baseline_row
+        assert row is not None
+    else:
+        row = run.judge(case)
+        run_suite.apply_speedup_rule(row, runs.suite.baseline_speedups.get(case.problem, []))
+    Suite.print_row(row)
+    assert row.outcome == "OK", f"{row.outcome}: got {row.got}: {run_suite.why(row)}"
+
+
+@pytest.mark.parametrize("case", CPU, ids=[c.name for c in CPU])
+def test_cpu_candidate(runs: _Runs, case: Case) -> None:
+    _check(runs, case)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", GPU, ids=[c.name for c in GPU])
+def test_gpu_candidate(runs: _Runs, case: Case) -> None:
+    _check(runs, case)
