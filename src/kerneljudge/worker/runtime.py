@@ -214,6 +214,8 @@ class Worker:
                 _candidate_lineno(exc, path),
             ) from None
         cls = getattr(module, "ModelNew", None)
+        if cls is None:
+            raise Fault("the candidate does not define ModelNew")
         if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
             raise Fault("ModelNew is not a torch.nn.Module subclass")
         self.model_cls = cls
