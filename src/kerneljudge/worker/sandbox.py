@@ -5,11 +5,11 @@ judge, the reference, the seed or the comparison. Inside its worker, while candi
 
 * a PEP 578 audit hook refuses network sockets, process creation (other than the compiler tools
   that ``load_inline``, Triton and ``torch.compile`` call, and TorchInductor's library-loading
-  probe, see :func:`library_probe` and :data:`INDUCTOR_IN_PROCESS`), writes outside the worker's scratch and cache folders,
-  and reads of other processes' ``/proc`` entries. A refusal raises ``PermissionError`` in the
-  candidate and is recorded, so the verdict says what was attempted. Audit hooks cannot be
-  removed from Python once added; native code (a C++ extension calling ``connect`` directly)
-  is not seen by them, see ``docs/security.md``;
+  probe, see :func:`library_probe` and :data:`INDUCTOR_IN_PROCESS`), writes outside the
+  worker's scratch and cache folders, and reads of other processes' ``/proc`` entries. A
+  refusal raises ``PermissionError`` in the candidate and is recorded, so the verdict says
+  what was attempted. Audit hooks cannot be removed from Python once added; native code (a
+  C++ extension calling ``connect`` directly) is not seen by them, see ``docs/security.md``;
 * resource limits: output files (the log that receives stdout/stderr) are capped by
   ``RLIMIT_FSIZE``; orphaned grandchildren are re-parented to the worker
   (``PR_SET_CHILD_SUBREAPER``) so the supervisor can find and kill them;
