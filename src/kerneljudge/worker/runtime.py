@@ -224,7 +224,7 @@ class Worker:
     def op_load_problem(self, msg: dict[str, Any]) -> dict[str, Any]:
         from kerneljudge.problem import Problem
 
-        self.problem = Problem.load(str(msg["path"]))
+        self.problem = Problem.load(str(msg["path"]), probe=False)  # the probe ran before
         self.problem.use_shape_set(str(msg.get("shape_set", "public")))
         self.model_cls = self.problem.module.Model
         self.source_path = str(self.problem.path)
