@@ -44,7 +44,13 @@ from kerneljudge.candidate import Candidate
 from kerneljudge.check import compare_outputs
 from kerneljudge.device import build_arch, describe_device, resolve_device
 from kerneljudge.errors import ProblemError, WorkerError
-from kerneljudge.policy import forbidden_ops_used, requires_custom_kernel, static_issues
+from kerneljudge.policy import (
+    forbidden_ops_used,
+    ops_reason,
+    requires_custom_kernel,
+    static_issues,
+    static_reason,
+)
 from kerneljudge.problem import Problem
 from kerneljudge.reference import ReferenceFailed, ReferenceSession, first_line
 from kerneljudge.stage_timing import time_candidate
@@ -460,11 +466,9 @@ class Judge:
 
         policy = self.problem.policy
         if requires_custom_kernel(policy) and not cand.static_issues():
-            issues = static_issues(cand.source, cand.backend)
+            issues = static_issues(cand.source, cand.backend, policy)
             if issues:
-                return finish(
-                    Status.REJECTED, f"this problem requires a custom kernel: {issues[0]}"
-                )
+                return finish(Status.REJECTED, static_reason(issues[0]))
 
         # The reference's work starts beside the build, unless the build is known to have
         # failed already (then the verdict is immediate and leaves nothing running).
@@ -540,12 +544,7 @@ class Judge:
                         return finish(Status.REJECTED, effect, build=result)
                     used = forbidden_ops_used(list(got.get("ops", [])), policy)
                     if requires_custom_kernel(policy) and used:
-                        return finish(
-                            Status.REJECTED,
-                            "this problem requires a custom kernel, but the forward ran "
-                            f"PyTorch's own compute operators: {', '.join(used)}",
-                            build=result,
-                        )
+                        return finish(Status.REJECTED, ops_reason(used), build=result)
                     trial = compare_outputs(
                         expected["outputs"],
                         got["outputs"],

@@ -31,6 +31,7 @@ _MARKS = {
 _LABELS = {
     "load": "load",
     "metadata": "meta",
+    "output_shape": "shape",
     "finite": "fin",
     "deterministic": "det",
     "inputs_unchanged": "pure",
