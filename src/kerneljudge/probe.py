@@ -1,12 +1,13 @@
 """The problem probe: a problem file is untrusted input, so it is first run in a child process
 under a time limit and a memory limit, before the judge imports it.
 
-The child (``python -m kerneljudge.probe PROBLEM RESULT MEMORY_BYTES``) loads the problem, reads
-its metadata (``DTYPE``, ``TOLERANCE``, ``POLICY``, ``SHAPE_SETS``) and, for every shape set,
-calls ``get_init_inputs``, constructs ``Model``, calls ``get_inputs`` and makes the first
-reference call on the CPU, as the judge's supervisor and reference worker will. Before each step
-it writes the step's name to ``RESULT``, then its outcome, so that a child that exits, is killed
-or hangs is reported with the step it was in. Its stdout and stderr are discarded.
+The child (``python -m kerneljudge.probe PROBLEM RESULT MEMORY_BYTES cuda|cpu``, the last word
+saying whether the judge sees a CUDA device) loads the problem, reads its metadata (``DTYPE``,
+``TOLERANCE``, ``POLICY``, ``SHAPE_SETS``) and, for every shape set, calls ``get_init_inputs``,
+constructs ``Model``, calls ``get_inputs`` and makes the first reference call on the CPU, as the
+judge's supervisor and reference worker will. Before each step it writes the step's name to
+``RESULT``, then its outcome, so that a child that exits, is killed or hangs is reported with
+the step it was in. Its stdout and stderr are discarded.
 
 Memory: ``RLIMIT_DATA`` (the child's private writable memory: heap and anonymous mappings,
 torch's CPU tensors among them) is capped at ``MEMORY_BYTES``; an allocation past it fails at
@@ -76,8 +77,17 @@ def probe_problem(
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_SRC_DIR, env.get("PYTHONPATH")]))
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         env["TMPDIR"] = scratch
+        cuda = _cuda_visible()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "kerneljudge.probe", str(path), str(result), str(memory)],
+            [
+                sys.executable,
+                "-m",
+                "kerneljudge.probe",
+                str(path),
+                str(result),
+                str(memory),
+                "cuda" if cuda else "cpu",
+            ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -101,6 +111,14 @@ def probe_problem(
     if code != 0 or not report.get("ok"):
         raise ProblemError(f"{path}: the problem {_ending(code)} while {stage}")
     return str(report.get("sha256", ""))
+
+
+def _cuda_visible() -> bool:
+    """Whether this (the judge's) process sees a CUDA device; asked here, not in the child,
+    whose memory limit could make the driver's start-up fail."""
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -163,7 +181,7 @@ def _out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, MemoryError) or "can't allocate memory" in str(exc)
 
 
-def _run(problem_path: str, report: _Report, memory_bytes: int) -> dict[str, Any]:
+def _run(problem_path: str, report: _Report, cuda: bool) -> dict[str, Any]:
     """The probe's steps; returns the success report (raises on the first failure)."""
     import torch
 
@@ -174,7 +192,6 @@ def _run(problem_path: str, report: _Report, memory_bytes: int) -> dict[str, Any
     problem = Problem.load(problem_path, probe=False)
     report.step("reading its metadata (DTYPE, TOLERANCE, POLICY, SHAPE_SETS)")
     _ = problem.dtype, problem.tolerance, problem.policy
-    cuda = torch.cuda.is_available()
     forward = "cpu"
     for name in list(problem.shape_sets) or ["public"]:
         problem.use_shape_set(name)
@@ -205,13 +222,14 @@ def _run(problem_path: str, report: _Report, memory_bytes: int) -> dict[str, Any
 
 def main(argv: list[str]) -> int:
     problem_path, result_path, memory = argv[0], argv[1], int(argv[2])
+    cuda = len(argv) > 3 and argv[3] == "cuda"
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in the terminal is the supervisor's
     sys.dont_write_bytecode = True
     report = _Report(result_path)
     report.write()
     _limit(memory)
     try:
-        outcome = _run(problem_path, report, memory)
+        outcome = _run(problem_path, report, cuda)
     except ProblemError as exc:  # already one line naming the file
         outcome = {"error": str(exc)}
     except BaseException as exc:  # noqa: BLE001 - problem code may raise anything, even SystemExit
