@@ -110,7 +110,12 @@ def test_only_inductors_library_probe_is_an_allowed_python_child() -> None:
 
 
 @pytest.mark.slow
-def test_a_torch_compile_candidate_is_correct_on_the_cpu(judge: Judge) -> None:
-    # CPU inductor writes and compiles C++ with g++ (tens of seconds on a loaded host).
-    v = judge.evaluate(FIXTURES / "candidates" / "compiled.py")
+def test_a_torch_compile_candidate_is_correct_on_the_cpu(tmp_path: Path) -> None:
+    # CPU inductor writes and compiles C++ with g++ in the first call: tens of seconds, minutes
+    # on a loaded host, so the call's limit is generous.
+    config = JudgeConfig(
+        device="cpu", cache_dir=tmp_path, run_timeout_s=600.0, timing=False, threads=1, trials=2
+    )
+    with Judge(FIXTURES / "tiny_problem.py", config) as judge:
+        v = judge.evaluate(FIXTURES / "candidates" / "compiled.py")
     assert v.status is Status.CORRECT, v.reason
