@@ -1,7 +1,7 @@
 """The bundled examples are fixtures: each must get the status its header declares.
 
-On the CPU this judges the C++ and plain-PyTorch examples of ``causal_gqa`` (three real C++
-builds, shared through the test build cache); the GPU tier judges all of them.
+On the CPU this judges the C++ examples of ``causal_gqa`` (four real C++ builds, shared through
+the test build cache); the GPU tier judges all of them.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def test_cpu_examples_of_causal_gqa_get_their_status(shared_cache: Path) -> None
         "cpp_reference.py",
         "cpp_wrong.py",
         "cpp_crash.py",
-        "torch_hang.py",
+        "cpp_hang.py",
     }
     for r in results:
         assert r.as_expected, (r.example.path.name, r.verdict.status, r.verdict.reason)

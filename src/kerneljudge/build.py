@@ -179,8 +179,8 @@ def _exited(proc: subprocess.Popen[bytes], timeout_s: float) -> bool:
 
 
 def known_build(candidate: Candidate, *, cache: BuildCache, arch: str) -> BuildResult | None:
-    """The build's result when it is known without compiling: a static failure (syntax error,
-    no ``ModelNew``) or a cached build; None when :func:`build` would have to compile."""
+    """The build's result when it is known without compiling: a static failure (empty source,
+    syntax error) or a cached build; None when :func:`build` would have to compile."""
     return _static_failure(candidate) or _cached(cache, cache.key(candidate, arch))
 
 
@@ -200,8 +200,9 @@ def build(
 
     The build worker imports the candidate with ``CUDA_VISIBLE_DEVICES`` empty, its
     ``TORCH_EXTENSIONS_DIR`` in the cache entry and ``TORCH_CUDA_ARCH_LIST=arch``; import-time
-    ``load_inline`` calls compile there. A Python syntax error or a missing ``ModelNew`` fails
-    before any process starts.
+    ``load_inline`` calls compile there. A Python syntax error fails before any process starts;
+    a module that does not define ``ModelNew`` when imported fails here (compiled backends) or
+    when the candidate worker imports it (``torch``, ``triton``).
 
     Args:
         candidate: what to build.

@@ -132,8 +132,13 @@ def eval_command(
         return
     if json_out:
         print(verdict.to_json())
-    elif verdict.build and not verdict.build.ok and not verdict.build.cache_key:
-        # Rejected before any build (syntax error, no ModelNew): one line says it all.
+    elif (
+        verdict.build
+        and not verdict.build.ok
+        and (not verdict.build.cache_key or verdict.reason.endswith("does not define ModelNew"))
+    ):
+        # Rejected before any build (syntax error), or a module without ModelNew when
+        # imported: one line says it all.
         err_console.print(f"{verdict.status.value}: {cand.name}: {verdict.reason}", highlight=False)
     else:
         render_verdict(verdict, console)

@@ -43,8 +43,14 @@ from kerneljudge.buildlog import shape_log
 from kerneljudge.candidate import Candidate
 from kerneljudge.check import compare_outputs
 from kerneljudge.device import build_arch, describe_device, resolve_device
-from kerneljudge.errors import WorkerError
-from kerneljudge.policy import forbidden_ops_used, requires_custom_kernel, static_issues
+from kerneljudge.errors import ProblemError, WorkerError
+from kerneljudge.policy import (
+    forbidden_ops_used,
+    ops_reason,
+    requires_custom_kernel,
+    static_issues,
+    static_reason,
+)
 from kerneljudge.problem import Problem
 from kerneljudge.reference import ReferenceFailed, ReferenceSession, first_line
 from kerneljudge.stage_timing import time_candidate
@@ -401,7 +407,8 @@ class Judge:
         Raises:
             CandidateError: the candidate file cannot be read.
             DeviceError: the candidate needs a GPU and none is visible.
-            WorkerError: the reference itself failed (a harness or problem bug).
+            ProblemError: the reference failed before the candidate ran (it fails on its own).
+            WorkerError: another harness failure.
         """
         cand = _as_candidate(candidate)
         device = resolve_device(self.config.device, cand.needs_gpu)
@@ -465,11 +472,9 @@ class Judge:
 
         policy = self.problem.policy
         if requires_custom_kernel(policy) and not cand.static_issues():
-            issues = static_issues(cand.source, cand.backend)
+            issues = static_issues(cand.source, cand.backend, policy)
             if issues:
-                return finish(
-                    Status.REJECTED, f"this problem requires a custom kernel: {issues[0]}"
-                )
+                return finish(Status.REJECTED, static_reason(issues[0]))
 
         # The reference's work starts beside the build, unless the build is known to have
         # failed already (then the verdict is immediate and leaves nothing running).
@@ -545,12 +550,7 @@ class Judge:
                         return finish(Status.REJECTED, effect, build=result)
                     used = forbidden_ops_used(list(got.get("ops", [])), policy)
                     if requires_custom_kernel(policy) and used:
-                        return finish(
-                            Status.REJECTED,
-                            "this problem requires a custom kernel, but the forward ran "
-                            f"PyTorch's own compute operators: {', '.join(used)}",
-                            build=result,
-                        )
+                        return finish(Status.REJECTED, ops_reason(used), build=result)
                     trial = compare_outputs(
                         expected["outputs"],
                         got["outputs"],
@@ -620,8 +620,8 @@ class Judge:
                 worker_log=worker.log_tail(),
             )
         except ReferenceFailed as exc:
-            if not exc.had_answered:
-                raise  # it never worked: a problem or harness error, not the candidate's
+            if not exc.had_answered:  # it never worked: the problem's error, not the candidate's
+                raise _problem_failed(exc) from None
             # The candidate ran beside it: it may have killed or stopped the reference. The
             # reference is replaced for the next evaluation either way.
             return finish(
@@ -715,8 +715,11 @@ class Judge:
             return prep.result()
         except ReferenceFailed as exc:
             if not exc.had_answered:
-                raise
+                raise _problem_failed(exc) from None
+        try:
             return self._prepare(self.config, device, run_seed)
+        except ReferenceFailed as exc:  # fresh reference workers: the problem fails on its own
+            raise _problem_failed(exc) from None
 
     def _load(
         self, worker: WorkerProcess, cand: Candidate, result: BuildResult, device: str
@@ -774,6 +777,11 @@ def _input_effect_violation(reference: dict[str, Any], candidate: dict[str, Any]
     if changed:
         return f"forward changed its input {changed[0]} in place"
     return ""
+
+
+def _problem_failed(exc: ReferenceFailed) -> ProblemError:
+    """A reference that failed before it ever ran to the end: the problem's own error."""
+    return ProblemError(f"{exc} (before the candidate ran: the problem itself fails)")
 
 
 def _as_candidate(candidate: Candidate | str | Path) -> Candidate:

@@ -9,6 +9,9 @@ checks, in order:
 ``metadata``         public and held-out shape sets, ``flop_count``/``byte_count``, a known
                      ``DTYPE`` that some input or output has (required for bundled problems, a
                      warning for external ones).
+``output_shape``     the output's shape follows from the inputs' at every shape set: as the
+                     problem's ``output_shape()`` says, else by a rule that holds across the
+                     sets (see :mod:`kerneljudge.lint_shapes`); n/a with one set.
 ``finite``           no NaN or infinity in the output.
 ``deterministic``    two runs on the same inputs give bit-identical outputs.
 ``inputs_unchanged`` the reference does not write into its inputs.
@@ -18,7 +21,9 @@ checks, in order:
                      :func:`kerneljudge.check.compare_outputs` (``"oracle"`` and ``"allclose"``):
                      zeros, a constant, the mean of the reference output, the first input passed
                      through, and the reference plus noise of ``NOISE_FACTOR`` times the
-                     tolerance.
+                     tolerance. A null equal to the reference by construction is no alarm: the
+                     mean of a one-element output (a loss) is that output, so the mean null is
+                     left out when every output has at most one element.
 ``inputs_matter``    another seed changes the output, and so does replacing each input alone.
 ``weights_matter``   perturbing each parameter (and floating buffer) changes the output.
 ``weights_vary``     (a warning) no parameter or floating buffer of more than one element is
@@ -57,6 +62,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from kerneljudge import roofline
 from kerneljudge.check import compare_outputs, flatten_outputs
 from kerneljudge.errors import ProblemError
+from kerneljudge.lint_shapes import check_output_shapes, traced_output_shapes
 from kerneljudge.problem import Problem, bundled_problem_names, bundled_problems_dir
 
 __all__ = [
@@ -76,6 +82,7 @@ __all__ = [
 CHECK_NAMES = (
     "load",
     "metadata",
+    "output_shape",
     "finite",
     "deterministic",
     "inputs_unchanged",
@@ -362,10 +369,12 @@ def _null_candidates(outputs: Any, inputs: list[Any], atol: float, rtol: float) 
             lambda t: first.cpu().reshape(t.shape).to(t.dtype) if t.numel() == first.numel() else t,
         )
     mean = lambda t: float(t.cpu().double().mean()) if t.numel() else 0.0  # noqa: E731
+    # The mean of a one-element output is the output itself: that null is the reference.
+    summarised = any(t.numel() > 1 for t in _tensors(outputs))
     return {
         "zeros": _map_tensors(outputs, fill(lambda t: 0.0)),
         "constant": _map_tensors(outputs, fill(lambda t: 1.0)),
-        "mean": _map_tensors(outputs, fill(mean)),
+        "mean": _map_tensors(outputs, fill(mean)) if summarised else None,
         "first_input": passthrough,
         "noise": _map_tensors(outputs, noisy),
     }
@@ -399,6 +408,17 @@ def _check_metadata(problem: Problem, inputs: list[Any], outputs: Any, required:
     if unknown:
         issues.append(f"TOLERANCE has unknown keys {sorted(unknown)}")
     return LintCheck("metadata", not issues, "; ".join(issues) or "complete", required=required)
+
+
+def _check_output_shape(problem: Problem, linted: str | None, outputs: Any) -> LintCheck:
+    try:
+        traced = traced_output_shapes(problem, {linted or "public": outputs})
+        passed, detail = check_output_shapes(problem, traced)
+    except Exception as exc:  # noqa: BLE001 - problem code; a failure here is the check's
+        return LintCheck("output_shape", False, f"raised {type(exc).__name__}: {exc}")
+    if passed is None:
+        return LintCheck("output_shape", True, detail, skipped=True)
+    return LintCheck("output_shape", passed, detail)
 
 
 def _check_magnitude(outputs: Any, atol: float) -> LintCheck:
@@ -719,6 +739,7 @@ def lint_problem(
     checks.append(LintCheck("load", True, f"{len(inputs)} inputs, {len(_tensors(out))} outputs"))
     bundled = problem.path.parent == bundled_problems_dir().resolve()
     checks.append(_check_metadata(problem, inputs, out, required=bundled))
+    checks.append(_check_output_shape(problem, linted, out))
 
     params_bytes = _nbytes(list(model.parameters()) + list(model.buffers()))
     moved = _nbytes(inputs) + _nbytes(out) + params_bytes

@@ -31,6 +31,7 @@ _MARKS = {
 _LABELS = {
     "load": "load",
     "metadata": "meta",
+    "output_shape": "shape",
     "finite": "fin",
     "deterministic": "det",
     "inputs_unchanged": "pure",
@@ -113,7 +114,9 @@ def lint_command(
         console: where to print (default: stdout).
 
     Returns:
-        0 when every problem passes every required check, 1 otherwise.
+        0 when every problem passes every required check; 2 when a problem cannot be used at
+        all (its ``load`` check failed: it does not import, or its probe or reference failed);
+        1 otherwise.
     """
     console = console or Console()
 
@@ -128,6 +131,8 @@ def lint_command(
         console.print_json(json.dumps([r.to_dict() for r in reports]))
     else:
         render_reports(reports, console)
+    if any(r.checks and r.checks[0].name == "load" and not r.checks[0].passed for r in reports):
+        return 2
     return 0 if reports and all(r.passed for r in reports) else 1
 
 

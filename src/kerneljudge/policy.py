@@ -19,11 +19,15 @@ import re
 from typing import Any
 
 __all__ = [
+    "CUSTOM_KERNEL_REQUIRED",
     "DEFAULT_FORBIDDEN_OPS",
     "cpp_ops_called",
+    "forbidden_ops",
     "forbidden_ops_used",
+    "ops_reason",
     "requires_custom_kernel",
     "static_issues",
+    "static_reason",
 ]
 
 #: ATen operator names (overload packets) that do a problem's heavy lifting.
@@ -89,10 +93,34 @@ def requires_custom_kernel(policy: dict[str, Any]) -> bool:
     return bool(policy.get("require_custom_kernel"))
 
 
+def forbidden_ops(policy: dict[str, Any]) -> frozenset[str]:
+    """The operators the policy forbids: ``POLICY["forbidden_ops"]`` (a problem that allows some
+    of PyTorch's operators beside its custom kernel, e.g. a LayerNorm before the fused core),
+    else :data:`DEFAULT_FORBIDDEN_OPS`."""
+    return frozenset(policy.get("forbidden_ops", DEFAULT_FORBIDDEN_OPS))
+
+
 def forbidden_ops_used(ops: list[str], policy: dict[str, Any]) -> list[str]:
-    """The recorded operators the policy forbids (``POLICY["forbidden_ops"]`` or the default)."""
-    forbidden = set(policy.get("forbidden_ops", DEFAULT_FORBIDDEN_OPS))
-    return sorted(set(ops) & forbidden)
+    """The recorded operators the policy forbids (see :func:`forbidden_ops`)."""
+    return sorted(set(ops) & forbidden_ops(policy))
+
+
+#: How every policy rejection's reason begins (verdicts and the agent's observations).
+CUSTOM_KERNEL_REQUIRED = "this problem requires a custom kernel"
+
+
+def static_reason(issue: str) -> str:
+    """A rejection's reason for one of :func:`static_issues`' findings."""
+    return f"{CUSTOM_KERNEL_REQUIRED}: {issue}"
+
+
+def ops_reason(used: list[str]) -> str:
+    """A rejection's reason for a forward that ran the forbidden operators ``used`` (itself or
+    as a fallback)."""
+    return (
+        f"{CUSTOM_KERNEL_REQUIRED}, but the forward ran PyTorch's own compute operators "
+        f"{', '.join(used)} (directly or as a fallback)"
+    )
 
 
 #: Operators whose C++ spelling in a candidate's extension source means "call PyTorch's own".
@@ -105,8 +133,8 @@ _CPP_CALL = re.compile(
 )
 
 
-def cpp_ops_called(source: str) -> list[str]:
-    """Forbidden operators called from the C++/CUDA source strings of a candidate
+def cpp_ops_called(source: str, forbidden: frozenset[str] = DEFAULT_FORBIDDEN_OPS) -> list[str]:
+    """Operators of ``forbidden`` called from the C++/CUDA source strings of a candidate
     (``at::matmul(...)``, ``at::native::mm(...)``, ``x.mm(y)``, ``at::_ops::mm::call(...)``)."""
     try:
         tree = ast.parse(source)
@@ -121,11 +149,12 @@ def cpp_ops_called(source: str) -> list[str]:
             for m in _CPP_CALL.finditer(text):
                 found.append(m.group(1) or m.group(2))
             found += re.findall(r"\bat::_ops::(\w+)::", text)
-    return sorted(set(found) & (set(_CPP_OPS) | DEFAULT_FORBIDDEN_OPS))
+    return sorted(set(found) & (set(_CPP_OPS) | DEFAULT_FORBIDDEN_OPS) & forbidden)
 
 
-def static_issues(source: str, backend: str) -> list[str]:
-    """Reasons, read off the source, why this candidate is not a custom kernel."""
+def static_issues(source: str, backend: str, policy: dict[str, Any] | None = None) -> list[str]:
+    """Reasons, read off the source, why this candidate is not a custom kernel (operators its
+    C++ source calls count when ``policy`` forbids them, see :func:`forbidden_ops`)."""
     issues = []
     if backend == "torch":
         issues.append("the candidate is plain PyTorch (no load_inline or Triton kernel)")
@@ -136,7 +165,7 @@ def static_issues(source: str, backend: str) -> list[str]:
     for name in _DISPATCH_ESCAPES:
         if name in source:
             issues.append(f"the candidate uses {name}, which hides operators from the judge")
-    called = cpp_ops_called(source)
+    called = cpp_ops_called(source, forbidden_ops(policy or {}))
     if called:
         issues.append("its C++ source calls PyTorch's own " + ", ".join(called))
     for node in ast.walk(tree):

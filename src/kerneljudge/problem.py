@@ -45,6 +45,7 @@ __all__ = [
     "Problem",
     "bundled_problem_names",
     "bundled_problems_dir",
+    "is_bundled",
     "resolve_problem",
 ]
 
@@ -95,22 +96,32 @@ def resolve_problem(spec: str | Path) -> Path:
     raise ProblemError(f"no problem named {spec!r} (bundled: {names})")
 
 
-def _load_module(path: Path) -> types.ModuleType:
+def _load_module(path: Path, source: str) -> types.ModuleType:
+    """Execute ``source`` (the text of ``path``) as a new module and check its definitions."""
     name = f"kerneljudge_problem_{hashlib.sha1(str(path).encode()).hexdigest()[:12]}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise ProblemError(f"cannot load problem file {path}")
     module = importlib.util.module_from_spec(spec)
     try:
-        spec.loader.exec_module(module)
+        exec(compile(source, str(path), "exec"), module.__dict__)
     except SyntaxError as exc:
         raise ProblemError(f"{path}:{exc.lineno}: syntax error: {exc.msg}") from None
-    except Exception as exc:  # the file is user input: any failure is a problem error
+    except (Exception, SystemExit) as exc:  # the file is user input: any failure is a problem error
         raise ProblemError(f"{path}: failed to import: {type(exc).__name__}: {exc}") from None
     for required in ("Model", "get_inputs", "get_init_inputs"):
         if not hasattr(module, required):
             raise ProblemError(f"{path}: a problem file must define {required}")
     return module
+
+
+def is_bundled(path: Path) -> bool:
+    """Whether ``path`` is one of the problems that ship with kerneljudge (trusted: not probed)."""
+    return path.resolve().parent == bundled_problems_dir()
+
+
+#: Problem files probed by this process: path -> SHA-256 of the text the probe ran.
+_PROBED: dict[Path, str] = {}
 
 
 @dataclass
@@ -132,16 +143,59 @@ class Problem:
     _base_globals: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def load(cls, spec: str | Path) -> Problem:
+    def load(
+        cls,
+        spec: str | Path,
+        *,
+        probe: bool | None = None,
+        probe_timeout_s: float | None = None,
+        probe_memory_bytes: int | None = None,
+    ) -> Problem:
         """Load a problem by bundled name or by path.
 
+        A problem file is untrusted input: unless it is bundled, it is first run in a probe
+        child under a time and a memory limit (:func:`kerneljudge.probe.probe_problem`: import,
+        metadata, ``get_init_inputs``, ``Model``, ``get_inputs`` and the first reference call
+        of every shape set), then executed here from the same text, once per process and
+        file content. Here it must still run: its metadata (shape sets, dtype, tolerance,
+        policy), and the inputs and weights :meth:`make_inputs` and :meth:`make_model` draw.
+
+        Args:
+            spec: a bundled problem name or a path.
+            probe: run the probe first (None: for every problem that is not bundled; a worker
+                that is itself the problem's process passes False).
+            probe_timeout_s: the probe's limit (seconds; None: ``PROBE_TIMEOUT_S``).
+            probe_memory_bytes: the probe's memory limit (None: its default).
+
         Raises:
-            ProblemError: missing file, unknown name, import failure or missing definitions.
+            ProblemError: missing file, unknown name, a failure of the probe (one line naming
+                the file and the step), an import failure or missing definitions.
         """
         path = resolve_problem(spec)
-        module = _load_module(path)
+        try:
+            raw = path.read_bytes()
+            source = raw.decode("utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ProblemError(f"cannot read problem file {path}: {exc}") from None
+        digest = hashlib.sha256(raw).hexdigest()
+        if (probe if probe is not None else not is_bundled(path)) and _PROBED.get(path) != digest:
+            from kerneljudge.probe import PROBE_TIMEOUT_S, probe_problem
+
+            ran = probe_problem(
+                path,
+                PROBE_TIMEOUT_S if probe_timeout_s is None else probe_timeout_s,
+                probe_memory_bytes,
+            )
+            if ran != digest:
+                raise ProblemError(f"{path}: the file changed while it was being loaded")
+            _PROBED[path] = digest
+        return cls._from_source(path, source)
+
+    @classmethod
+    def _from_source(cls, path: Path, source: str) -> Problem:
+        module = _load_module(path, source)
         name = str(getattr(module, "NAME", path.stem))
-        problem = cls(path=path, source=path.read_text(), name=name, module=module)
+        problem = cls(path=path, source=source, name=name, module=module)
         sets = problem.shape_sets
         if sets:
             keys = {k for s in sets.values() for k in s}
@@ -152,6 +206,15 @@ class Problem:
             if "public" in sets:
                 problem.use_shape_set("public")
         return problem
+
+    def fresh(self) -> Problem:
+        """A new :class:`Problem` executed from this one's text (not read again, not probed
+        again), with its own module and shape globals, at the ``public`` set.
+
+        Raises:
+            ProblemError: the text fails to execute this time.
+        """
+        return type(self)._from_source(self.path, self.source)
 
     # ----------------------------------------------------------------- metadata
     @property

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from kerneljudge.errors import WorkerError
+from kerneljudge.errors import ProblemError, WorkerError
 from kerneljudge.problem import Problem
 from kerneljudge.worker import CandidateFault, WorkerDied, WorkerProcess, WorkerTimeout
 
@@ -22,8 +22,11 @@ class ReferenceFailed(WorkerError):
     """The reference worker failed (died, hung, raised); its session is discarded.
 
     Attributes:
-        had_answered: it had answered requests before, so the problem itself works and the
-            failure came from outside (a candidate running beside it).
+        had_answered: it had run the reference before (a ``run`` or later request answered,
+            not only ``load_problem`` and ``setup``), so the problem itself works and the
+            failure came from outside (a candidate running beside it). When false, the
+            problem failed on its own: the judge reports a
+            :class:`~kerneljudge.errors.ProblemError`.
     """
 
     def __init__(self, message: str, had_answered: bool) -> None:
@@ -37,12 +40,23 @@ class ReferenceSession:
     def __init__(
         self, problem: Problem, shape_set: str, device: str, weight_seed: int, threads: int
     ) -> None:
-        self.problem = Problem.load(problem.path)
+        """Draw the weights here from a fresh copy of ``problem`` (same text, own globals).
+
+        Raises:
+            ProblemError: the problem's ``get_init_inputs`` or ``Model`` raised here.
+        """
+        self.problem = problem.fresh()
         self.problem.use_shape_set(shape_set)
         self.shape_set = shape_set
-        self.init_inputs = self.problem.make_init_inputs(weight_seed)
-        model = self.problem.make_model(weight_seed, self.init_inputs)
-        self.state_dict = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        try:  # problem code, run here for the weights every worker gets
+            self.init_inputs = self.problem.make_init_inputs(weight_seed)
+            model = self.problem.make_model(weight_seed, self.init_inputs)
+            self.state_dict = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        except Exception as exc:  # noqa: BLE001 - the problem file is user input
+            raise ProblemError(
+                f"{problem.path}: constructing Model (shape set {shape_set!r}) raised "
+                f"{type(exc).__name__}: {first_line(str(exc))}"
+            ) from None
         self._device, self._threads = device, threads
         self.worker = WorkerProcess("reference", device, threads=threads)
         self._ready = False
@@ -62,12 +76,15 @@ class ReferenceSession:
         try:
             self._set_up(timeout_s)
             reply = self.worker.request(op, timeout_s, **fields)
-            self.answered = True
+            # Loading the problem and its weights does not run the reference: only a later
+            # answer shows that the problem works on this device.
+            self.answered = self.answered or op not in ("load_problem", "setup")
         except (CandidateFault, WorkerDied, WorkerTimeout) as exc:
             self.failed = True
             self.worker.kill()
+            detail = first_line(str(exc)) if isinstance(exc, CandidateFault) else str(exc)
             raise ReferenceFailed(
-                f"the reference of {self.problem.name} failed on {op}: {exc}", self.answered
+                f"the reference of {self.problem.name} failed on {op}: {detail}", self.answered
             ) from None
         return reply
 

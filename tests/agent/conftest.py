@@ -15,6 +15,8 @@ from kerneljudge.timing import TimingConfig
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 CANDIDATES = Path(__file__).resolve().parents[1] / "env" / "candidates"
+#: causal_gqa without its custom-kernel policy: these tests run plain-PyTorch candidates.
+ANY_KERNEL_GQA = Path(__file__).resolve().parents[1] / "fixtures" / "causal_gqa_any_kernel.py"
 
 
 @pytest.fixture(scope="session")
@@ -44,5 +46,5 @@ def agent_judge(agent_cache: Path) -> Iterator[Judge]:
         threads=1,
         timing_config=TimingConfig(max_time_s=0.3, min_samples=5, warmup_calls=1),
     )
-    with Judge("causal_gqa", config) as judge:
+    with Judge(ANY_KERNEL_GQA, config) as judge:
         yield judge

@@ -18,6 +18,7 @@ from kerneljudge.cli import app
 from kerneljudge.env import EnvConfig
 
 CANDIDATES = Path(__file__).resolve().parents[1] / "env" / "candidates"
+ANY_KERNEL_GQA = Path(__file__).resolve().parents[1] / "fixtures" / "causal_gqa_any_kernel.py"
 
 
 def code(name: str) -> str:
@@ -61,7 +62,7 @@ def test_episode_end_to_end_through_the_cli(agent_cache: Path, tmp_path: Path) -
             [
                 "episode",
                 "--problem",
-                "causal_gqa",
+                str(ANY_KERNEL_GQA),  # plain-PyTorch candidates: causal_gqa without its policy
                 "--model",
                 "scripted",
                 "--base-url",

@@ -12,6 +12,8 @@ from kerneljudge.judge import Judge, JudgeConfig
 from kerneljudge.timing import TimingConfig
 
 CANDIDATES = Path(__file__).resolve().parent / "candidates"
+#: causal_gqa without its custom-kernel policy: these tests run plain-PyTorch candidates.
+ANY_KERNEL_GQA = Path(__file__).resolve().parents[1] / "fixtures" / "causal_gqa_any_kernel.py"
 
 
 @pytest.fixture(scope="session")
@@ -36,12 +38,13 @@ def fast_config(env_cache: Path) -> EnvConfig:
 
 @pytest.fixture(scope="session")
 def cpu_judge(env_cache: Path) -> Iterator[Judge]:
-    """One judge on causal_gqa for every test that runs candidates (its workers start once)."""
+    """One judge on causal_gqa (without its custom-kernel policy) for every test that runs
+    candidates (its workers start once)."""
     config = JudgeConfig(
         device="cpu",
         cache_dir=env_cache,
         threads=1,
         timing_config=TimingConfig(max_time_s=0.3, min_samples=5, warmup_calls=1),
     )
-    with Judge("causal_gqa", config) as judge:
+    with Judge(ANY_KERNEL_GQA, config) as judge:
         yield judge

@@ -337,7 +337,8 @@ class KernelEnv:
 
         Raises:
             EpisodeOver: the episode has ended.
-            WorkerError: the reference itself failed (a harness or problem bug).
+            ProblemError: the problem's reference fails on its own (before the candidate ran).
+            WorkerError: another harness failure.
         """
         if self.state.done:
             raise EpisodeOver(self.state.episode_id, self.state.stop_reason)

@@ -16,6 +16,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from kerneljudge.policy import CUSTOM_KERNEL_REQUIRED
 from kerneljudge.verdict import BuildResult, CheckResult, Status, Verdict
 
 __all__ = [
@@ -167,7 +168,15 @@ def failure_text(tool: str, verdict: Verdict) -> str:
     if status is Status.TIMEOUT:
         return f"{tool} FAILED: timeout: {verdict.reason}{_runtime_lines(verdict)}"
     if status is Status.REJECTED:
-        return f"{tool} FAILED: rejected: {verdict.reason}"
+        hint = ""
+        if verdict.reason.startswith(CUSTOM_KERNEL_REQUIRED):
+            hint = (
+                "\nThe task asks for a custom kernel: do the forward's computation in your own "
+                "CUDA/C++ (load_inline) or Triton kernel. PyTorch's compute operators (matmul, "
+                "softmax, normalisation, ...) may not do the problem's work, not even as a "
+                "fallback when the kernel fails."
+            )
+        return f"{tool} FAILED: rejected: {verdict.reason}{hint}"
     return f"{tool} FAILED: {status.value}: {verdict.reason}"
 
 

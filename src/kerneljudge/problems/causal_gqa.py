@@ -18,6 +18,8 @@ DESCRIPTION = (
 )
 TAGS = ["attention", "causal", "gqa", "softmax"]
 DTYPE = "float32"
+# The task asks for a custom kernel: a forward of PyTorch operators only is rejected.
+POLICY = {"require_custom_kernel": True}
 
 batch_size = 2
 seq_len = 80

@@ -17,6 +17,8 @@ DESCRIPTION = (
 )
 TAGS = ["attention", "gemm", "low-rank", "fusion", "mla"]
 DTYPE = "float32"
+# The task asks for a custom kernel: a forward of PyTorch operators only is rejected.
+POLICY = {"require_custom_kernel": True}
 
 batch_size = 4
 seq_len = 96

@@ -21,6 +21,29 @@ DESCRIPTION = (
 )
 TAGS = ["attention", "softmax", "masking", "layernorm", "fusion", "alphafold"]
 DTYPE = "float32"
+# The task asks for a custom kernel: the attention core (q.k^T, masked softmax with the pair
+# bias, P@V) must be one. The LayerNorm and the linear projections around it may stay PyTorch's
+# (mm/addmm, layer_norm); the core's operators, batched products and softmax, are forbidden.
+POLICY = {
+    "require_custom_kernel": True,
+    "forbidden_ops": [
+        "bmm",
+        "baddbmm",
+        "einsum",
+        "_softmax",
+        "softmax",
+        "_safe_softmax",
+        "_log_softmax",
+        "log_softmax",
+        "scaled_dot_product_attention",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_flash_attention_forward",
+        "_efficient_attention_forward",
+    ],
+}
 
 batch_size = 2
 n_res = 64

@@ -214,6 +214,8 @@ class Worker:
                 _candidate_lineno(exc, path),
             ) from None
         cls = getattr(module, "ModelNew", None)
+        if cls is None:
+            raise Fault("the candidate does not define ModelNew")
         if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
             raise Fault("ModelNew is not a torch.nn.Module subclass")
         self.model_cls = cls
@@ -222,7 +224,7 @@ class Worker:
     def op_load_problem(self, msg: dict[str, Any]) -> dict[str, Any]:
         from kerneljudge.problem import Problem
 
-        self.problem = Problem.load(str(msg["path"]))
+        self.problem = Problem.load(str(msg["path"]), probe=False)  # the probe ran before
         self.problem.use_shape_set(str(msg.get("shape_set", "public")))
         self.model_cls = self.problem.module.Model
         self.source_path = str(self.problem.path)

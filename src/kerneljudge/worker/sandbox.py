@@ -6,12 +6,14 @@ it starts (PID, network and mount namespaces, Landlock: :mod:`kerneljudge.worker
 Inside its worker, while candidate code runs:
 
 * a PEP 578 audit hook refuses network sockets, process creation (other than the compiler tools
-  that ``load_inline`` and Triton call), writes outside the worker's scratch and cache folders
-  (names relative to a directory fd judged where they lead; under ``/dev`` only
-  :data:`WRITABLE_DEVICES`), and reads of other processes' ``/proc`` entries. A refusal
-  raises ``PermissionError`` in the candidate and is recorded, so the verdict says what was
-  attempted. Audit hooks cannot be removed from Python once added; native code (a C++
-  extension calling ``connect`` directly) is not seen by them, see ``docs/security.md``;
+  that ``load_inline``, Triton and ``torch.compile`` call, and TorchInductor's library-loading
+  probe, see :func:`library_probe` and :data:`INDUCTOR_IN_PROCESS`), writes outside the
+  worker's scratch and cache folders (names relative to a directory fd judged where they lead;
+  under ``/dev`` only :data:`WRITABLE_DEVICES`), and reads of other processes' ``/proc``
+  entries. A refusal raises ``PermissionError`` in the candidate and is recorded, so the
+  verdict says what was attempted. Audit hooks cannot be removed from Python once added;
+  native code (a C++ extension calling ``connect`` directly) is not seen by them, see
+  ``docs/security.md``;
 * resource limits: output files (the log that receives stdout/stderr) are capped by
   ``RLIMIT_FSIZE``; orphaned grandchildren are re-parented to the worker
   (``PR_SET_CHILD_SUBREAPER``) so the supervisor can find and kill them;
@@ -20,6 +22,7 @@ Inside its worker, while candidate code runs:
 
 from __future__ import annotations
 
+import ast
 import ctypes
 import fnmatch
 import os
@@ -33,10 +36,12 @@ from pathlib import Path
 
 __all__ = [
     "COMPILER_TOOLS",
+    "INDUCTOR_IN_PROCESS",
     "LOG_LIMIT_BYTES",
     "Sandbox",
     "candidate_environment",
     "child_pids",
+    "library_probe",
     "set_subreaper",
     "set_undumpable",
 ]
@@ -201,15 +206,34 @@ _ENV_PREFIXES = (
 )
 
 
+#: Settings that keep ``torch.compile`` (TorchInductor) inside the process that calls it, so that
+#: a candidate using it starts no process but the compiler tools of :data:`COMPILER_TOOLS`:
+#:
+#: * ``TORCHINDUCTOR_COMPILE_THREADS=1``: kernels compile in the calling process, not in a pool
+#:   of ``python -m torch._inductor.compile_worker`` subprocesses;
+#: * ``TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS=0``: no precompiled header, whose cache key
+#:   is hashed by an ``openssl sha512`` child.
+#:
+#: They override the judge's own environment: a pool of compile workers would be refused. The
+#: one other child CPU inductor starts, its vector-instruction probe (``python -c`` loading a
+#: test library, see :func:`library_probe`), is allowed by the audit hook.
+INDUCTOR_IN_PROCESS = {
+    "TORCHINDUCTOR_COMPILE_THREADS": "1",
+    "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0",
+}
+
+
 def candidate_environment(base: dict[str, str]) -> dict[str, str]:
     """The part of ``base`` a process running candidate code may see: the names toolchains and
     libraries read (``PATH``, ``CUDA_*``, ``TORCH*``, ``TRITON_*``, ``OMP_*``, ...), minus any
-    that look like credentials."""
-    return {
+    that look like credentials, plus :data:`INDUCTOR_IN_PROCESS`."""
+    env = {
         k: v
         for k, v in base.items()
         if (k in _ENV_NAMES or k.startswith(_ENV_PREFIXES)) and not _SECRET_NAME.search(k.upper())
     }
+    env.update(INDUCTOR_IN_PROCESS)
+    return env
 
 
 def set_subreaper() -> None:
@@ -261,6 +285,78 @@ def child_pids(pid: int) -> list[int]:
                 out.append(k)
                 frontier.append(k)
     return out
+
+
+#: Names a library-loading probe may import (``from ctypes import cdll``, ``import sys``, ...).
+_PROBE_IMPORTS = frozenset({"sys", "torch", "ctypes"})
+#: Syntax a library-loading probe may use besides its imports and ``cdll.LoadLibrary`` calls.
+_PROBE_NODES = (
+    ast.Module,
+    ast.Expr,
+    ast.If,
+    ast.Try,
+    ast.ExceptHandler,
+    ast.Raise,
+    ast.Compare,
+    ast.Eq,
+    ast.NotEq,
+    ast.Attribute,
+    ast.Name,
+    ast.Load,
+    ast.Constant,
+    ast.alias,
+)
+
+
+def library_probe(argv: list[str]) -> bool:
+    """Whether ``argv`` is this Python interpreter run as ``python -c SCRIPT`` where ``SCRIPT``
+    does nothing but import ``sys``/``torch``/``ctypes.cdll``, test ``sys.platform``, and load
+    libraries named by string literals with ``cdll.LoadLibrary``: TorchInductor's check that a
+    library built for a CPU vector instruction set loads (``torch._inductor.cpu_vec_isa``).
+
+    Loading a library runs native code, which a candidate may already run in its own process
+    (``load_inline``); the child adds no power beyond that. The script is read from ``argv``
+    itself, never from the candidate's (changeable) copy of torch's template.
+    """
+    if len(argv) != 3 or argv[1] != "-c" or not isinstance(argv[2], str):
+        return False
+    if os.path.realpath(argv[0]) != os.path.realpath(sys.executable):
+        return False
+    try:
+        tree = ast.parse(argv[2])
+    except SyntaxError:
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            if any(a.name not in _PROBE_IMPORTS or a.asname for a in node.names):
+                return False
+        elif isinstance(node, ast.ImportFrom):
+            if node.module != "ctypes" or [(a.name, a.asname) for a in node.names] != [
+                ("cdll", None)
+            ]:
+                return False
+        elif isinstance(node, ast.Call):
+            func = node.func
+            if not (
+                isinstance(func, ast.Attribute)
+                and func.attr == "LoadLibrary"
+                and isinstance(func.value, ast.Name)
+                and func.value.id == "cdll"
+                and not node.keywords
+                and len(node.args) == 1
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+            ):
+                return False
+        elif isinstance(node, ast.Attribute):
+            if node.attr not in ("platform", "LoadLibrary"):
+                return False
+        elif isinstance(node, ast.Name):
+            if node.id not in ("sys", "cdll", "OSError"):
+                return False
+        elif not isinstance(node, _PROBE_NODES):
+            return False
+    return True
 
 
 class Sandbox:
@@ -366,7 +462,11 @@ class Sandbox:
             if exe is None and len(args) > 1 and isinstance(args[1], (list, tuple)) and args[1]:
                 exe = args[1][0]
             path = os.fsdecode(exe) if isinstance(exe, (str, bytes, os.PathLike)) else ""
-            if not self._trusted_tool(path):
+            argv = args[1] if len(args) > 1 and isinstance(args[1], (list, tuple)) else []
+            probe = event == "subprocess.Popen" and library_probe(
+                [os.fsdecode(a) if isinstance(a, (str, bytes)) else a for a in argv]
+            )
+            if not probe and not self._trusted_tool(path):
                 self._refuse(f"starting a process ({os.path.basename(path) or exe})")
         elif event in ("os.fork", "os.forkpty", "os.system"):
             self._refuse(f"starting a process ({event})")

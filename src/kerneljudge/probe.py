@@ -1,0 +1,247 @@
+"""The problem probe: a problem file is untrusted input, so it is first run in a child process
+under a time limit and a memory limit, before the judge imports it.
+
+The child (``python -m kerneljudge.probe PROBLEM RESULT MEMORY_BYTES cuda|cpu``, the last word
+saying whether the judge sees a CUDA device) loads the problem, reads its metadata (``DTYPE``,
+``TOLERANCE``, ``POLICY``, ``SHAPE_SETS``) and, for every shape set, calls ``get_init_inputs``,
+constructs ``Model``, calls ``get_inputs`` and makes the first reference call on the CPU, as the
+judge's supervisor and reference worker will. Before each step it writes the step's name to
+``RESULT``, then its outcome, so that a child that exits, is killed or hangs is reported with
+the step it was in. Its stdout and stderr are discarded.
+
+Memory: ``RLIMIT_DATA`` (the child's private writable memory: heap and anonymous mappings,
+torch's CPU tensors among them) is capped at ``MEMORY_BYTES``; an allocation past it fails at
+once (``MemoryError`` or torch's "can't allocate memory"), without the memory being touched.
+
+Where CUDA is visible, a reference call that fails on the CPU is not held against the problem
+(its forward may need a GPU); the reference worker's first run on the judging device decides,
+and a failure there is a :class:`~kerneljudge.errors.ProblemError` too (see
+:meth:`kerneljudge.judge.Judge.evaluate`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from kerneljudge.errors import ProblemError
+
+__all__ = ["PROBE_TIMEOUT_S", "default_probe_memory", "probe_problem"]
+
+#: Wall-clock limit of one probe (seconds): a fresh interpreter imports torch, then the problem.
+PROBE_TIMEOUT_S = 120.0
+#: Largest file (bytes) the probed problem may write.
+_FSIZE_LIMIT = 16 << 20
+_SRC_DIR = str(Path(__file__).resolve().parents[1])
+
+
+def default_probe_memory() -> int:
+    """Memory (bytes) a probed problem may allocate: a quarter of this machine's RAM (the
+    supervisor, the reference and the candidate each hold the inputs), at least 2 GiB."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 16 << 30
+    return max(2 << 30, total // 4)
+
+
+def probe_problem(
+    path: Path, timeout_s: float = PROBE_TIMEOUT_S, memory_bytes: int | None = None
+) -> str:
+    """Run the problem at ``path`` in a probe child (see the module docstring).
+
+    Args:
+        path: the problem file.
+        timeout_s: wall-clock limit of the whole probe (seconds).
+        memory_bytes: the child's ``RLIMIT_DATA`` (None: :func:`default_probe_memory`).
+
+    Returns:
+        The SHA-256 of the source the child ran.
+
+    Raises:
+        ProblemError: one line naming ``path`` and the step that failed: an exception, an exit,
+            a signal, more memory than ``memory_bytes``, or no end within ``timeout_s``.
+    """
+    memory = default_probe_memory() if memory_bytes is None else int(memory_bytes)
+    with tempfile.TemporaryDirectory(prefix="kj-probe-") as scratch:
+        result = Path(scratch) / "result.json"
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_SRC_DIR, env.get("PYTHONPATH")]))
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        env["TMPDIR"] = scratch
+        cuda = _cuda_visible()
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "kerneljudge.probe",
+                str(path),
+                str(result),
+                str(memory),
+                "cuda" if cuda else "cpu",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=scratch,
+            env=env,
+        )
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            _kill_group(proc)
+        report = _read(result)
+    stage = str(report.get("stage", "starting the probe"))
+    if code is None:
+        raise ProblemError(f"{path}: {stage} did not finish within {timeout_s:g} s")
+    if report.get("error"):
+        error = str(report["error"])
+        raise ProblemError(error if error.startswith(str(path)) else f"{path}: {error}")
+    if code != 0 or not report.get("ok"):
+        raise ProblemError(f"{path}: the problem {_ending(code)} while {stage}")
+    return str(report.get("sha256", ""))
+
+
+def _cuda_visible() -> bool:
+    """Whether this (the judge's) process sees a CUDA device; asked here, not in the child,
+    whose memory limit could make the driver's start-up fail."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """Kill the child and whatever it started in its session, then reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def _read(result: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(result.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _ending(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+# --------------------------------------------------------------------------- the child
+class _Report:
+    """The child's side of ``RESULT``: each step's name before it runs, then the outcome."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.stage = "starting the probe"
+
+    def write(self, **fields: Any) -> None:
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"stage": self.stage, **fields}, f)
+        os.replace(tmp, self.path)
+
+    def step(self, stage: str) -> None:
+        self.stage = stage
+        self.write()
+
+
+def _limit(memory_bytes: int) -> None:
+    for what, value in (
+        (resource.RLIMIT_DATA, memory_bytes),
+        (resource.RLIMIT_FSIZE, _FSIZE_LIMIT),
+    ):
+        try:
+            resource.setrlimit(what, (value, value))
+        except (ValueError, OSError):
+            pass
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    return isinstance(exc, MemoryError) or "can't allocate memory" in str(exc)
+
+
+def _run(problem_path: str, report: _Report, cuda: bool) -> dict[str, Any]:
+    """The probe's steps; returns the success report (raises on the first failure)."""
+    import torch
+
+    from kerneljudge.problem import Problem
+
+    text = Path(problem_path).read_bytes()
+    report.step("importing the problem")
+    problem = Problem.load(problem_path, probe=False)
+    report.step("reading its metadata (DTYPE, TOLERANCE, POLICY, SHAPE_SETS)")
+    _ = problem.dtype, problem.tolerance, problem.policy
+    forward = "cpu"
+    for name in list(problem.shape_sets) or ["public"]:
+        problem.use_shape_set(name)
+        where = f" (shape set {name!r})" if problem.shape_sets else ""
+        report.step(f"calling get_init_inputs{where}")
+        init_inputs = problem.make_init_inputs(0)
+        report.step(f"constructing Model{where}")
+        model = problem.make_model(0, init_inputs)
+        report.step(f"calling get_inputs{where}")
+        inputs = problem.make_inputs(0)
+        report.step(f"the first reference call{where}")
+        try:
+            with torch.no_grad():
+                out = model(*inputs)
+        except Exception:
+            if not cuda:
+                raise
+            forward = "left to the reference worker (failed on the CPU, CUDA is visible)"
+            continue
+        outs = out if isinstance(out, (tuple, list)) else [out]
+        if not outs or not all(isinstance(t, torch.Tensor) for t in outs):
+            raise ProblemError(
+                f"Model.forward{where} returns {type(out).__name__}, not a tensor or a tuple "
+                "of tensors"
+            )
+    return {"ok": True, "sha256": hashlib.sha256(text).hexdigest(), "forward": forward}
+
+
+def main(argv: list[str]) -> int:
+    problem_path, result_path, memory = argv[0], argv[1], int(argv[2])
+    cuda = len(argv) > 3 and argv[3] == "cuda"
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in the terminal is the supervisor's
+    sys.dont_write_bytecode = True
+    report = _Report(result_path)
+    report.write()
+    _limit(memory)
+    try:
+        outcome = _run(problem_path, report, cuda)
+    except ProblemError as exc:  # already one line naming the file
+        outcome = {"error": str(exc)}
+    except BaseException as exc:  # noqa: BLE001 - problem code may raise anything, even SystemExit
+        if _out_of_memory(exc):
+            error = f"{report.stage} needs more than {memory / 2**30:.1f} GiB of memory"
+        else:
+            text = f"{type(exc).__name__}: {exc}".strip()
+            error = f"{report.stage} raised {next(iter(text.splitlines()), text)}"
+        outcome = {"error": error}
+    report.write(**outcome)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

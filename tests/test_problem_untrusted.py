@@ -1,0 +1,102 @@
+"""A problem file is untrusted input: loading it runs in a probe child under limits, and every
+failure is one line naming the file (exit status 2 from the command line)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from kerneljudge import Judge, JudgeConfig
+from kerneljudge.candidate import Candidate
+from kerneljudge.cli import app
+from kerneljudge.errors import ProblemError
+from kerneljudge.lint_cli import lint_command
+from kerneljudge.problem import Problem
+
+PROBLEMS = Path(__file__).parent / "fixtures" / "problems"
+GOOD = Path(__file__).parent / "fixtures" / "candidates" / "good.py"
+
+
+@pytest.mark.parametrize(
+    ("name", "words"),
+    [
+        ("exits_at_import.py", "exited with status 7 while importing the problem"),
+        ("forward_raises.py", "the first reference call raised ValueError: the reference is"),
+        ("mixed_dtype.py", "the first reference call raised RuntimeError"),
+    ],
+)
+def test_a_failing_problem_is_one_line_naming_it(name: str, words: str) -> None:
+    with pytest.raises(ProblemError) as err:
+        Problem.load(PROBLEMS / name)
+    text = str(err.value)
+    assert "\n" not in text and text.startswith(str(PROBLEMS / name)) and words in text
+
+
+def test_a_problem_asking_for_too_much_memory_is_stopped_at_its_limit() -> None:
+    # 10 GiB of inputs under a 3 GiB limit: the allocation fails at once, nothing is touched.
+    with pytest.raises(ProblemError) as err:
+        Problem.load(PROBLEMS / "huge_inputs.py", probe_memory_bytes=3 << 30)
+    assert "calling get_inputs needs more than 3.0 GiB of memory" in str(err.value)
+
+
+def test_a_problem_that_hangs_is_stopped_at_its_time_limit() -> None:
+    with pytest.raises(ProblemError) as err:
+        Problem.load(PROBLEMS / "hangs_in_get_inputs.py", probe_timeout_s=40)
+    assert "calling get_inputs did not finish within 40 s" in str(err.value)
+
+
+def test_bundled_problems_are_trusted_and_not_probed(monkeypatch: pytest.MonkeyPatch) -> None:
+    import kerneljudge.probe
+
+    def refuse(*args: object, **kwargs: object) -> str:
+        raise AssertionError("a bundled problem was probed")
+
+    monkeypatch.setattr(kerneljudge.probe, "probe_problem", refuse)
+    assert Problem.load("causal_gqa").name == "causal_gqa"
+
+
+def test_the_cli_exits_2_with_one_line_for_a_problem_that_exits(tmp_path: Path) -> None:
+    res = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            str(GOOD),
+            "-p",
+            str(PROBLEMS / "exits_at_import.py"),
+            "--cache-dir",
+            str(tmp_path),
+        ],
+    )
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "exited with status 7" in lines[0]
+
+
+def test_lint_exits_2_for_a_problem_that_cannot_be_used() -> None:
+    buf = io.StringIO()
+    code = lint_command(
+        [str(PROBLEMS / "forward_raises.py")], None, "cpu", False, Console(file=buf, width=200)
+    )
+    assert code == 2
+    assert "the reference is broken" in buf.getvalue()
+
+
+def test_a_reference_failing_on_its_own_is_a_problem_error_not_the_candidates(
+    tmp_path: Path,
+) -> None:
+    # Not probed, so the reference worker's first run is where the problem fails.
+    problem = Problem.load(PROBLEMS / "forward_raises.py", probe=False)
+    cand = Candidate.from_source(
+        "import torch.nn as nn\nclass ModelNew(nn.Module):\n    def forward(self, x):\n"
+        "        return x * 2\n"
+    )
+    config = JudgeConfig(device="cpu", cache_dir=tmp_path, timing=False, trials=1, threads=1)
+    with Judge(problem, config) as judge, pytest.raises(ProblemError) as err:
+        judge.evaluate(cand)
+    text = str(err.value)
+    assert "\n" not in text and "the reference is broken" in text
+    assert "before the candidate ran" in text
