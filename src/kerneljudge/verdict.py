@@ -219,6 +219,8 @@ class TimingResult:
         roofline: achieved throughput against the device's peaks, when the problem has counts.
         baseline_errors: baseline -> why a baseline that was asked for is not timed (e.g.
             ``{"compile": "compile did not finish within 600 s"}``). Added in schema 1.2.
+        timer_note: why the timer audit (``kerneljudge.timer_rule``) was undecided twice and
+            the times were accepted anyway; empty when it decided.
     """
 
     clock: str
@@ -229,6 +231,7 @@ class TimingResult:
     l2_flush_bytes: int = 0
     roofline: Roofline | None = None
     baseline_errors: dict[str, str] = field(default_factory=dict)
+    timer_note: str = ""
 
     def measurement(self, name: str) -> Measurement | None:
         return next((m for m in self.measurements if m.name == name), None)

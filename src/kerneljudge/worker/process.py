@@ -25,6 +25,7 @@ from typing import Any
 from kerneljudge.errors import WorkerError
 from kerneljudge.worker.protocol import Channel, ChannelClosed, ChannelTimeout
 from kerneljudge.worker.sandbox import LOG_LIMIT_BYTES, candidate_environment, child_pids
+from kerneljudge.worker.stamps import socket_pair
 
 __all__ = ["CandidateFault", "WorkerDied", "WorkerPool", "WorkerProcess", "WorkerTimeout"]
 
@@ -127,6 +128,8 @@ class WorkerProcess:
         self.log_path = self.scratch / "worker.log"
         to_worker_r, to_worker_w = os.pipe()
         from_worker_r, from_worker_w = os.pipe()
+        # The timed calls' stamp socket (kerneljudge.worker.stamps): the worker's end is passed.
+        self.stamps, stamp_end = socket_pair()
         full_env = (
             candidate_environment(dict(os.environ)) if role == "candidate" else dict(os.environ)
         )
@@ -151,6 +154,8 @@ class WorkerProcess:
             str(to_worker_r),
             "--write-fd",
             str(from_worker_w),
+            "--stamp-fd",
+            str(stamp_end.fileno()),
             "--threads",
             str(threads),
             *(["--record-ops"] if record_ops else []),
@@ -158,7 +163,7 @@ class WorkerProcess:
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 cmd,
-                pass_fds=(to_worker_r, from_worker_w),
+                pass_fds=(to_worker_r, from_worker_w, stamp_end.fileno()),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -168,6 +173,7 @@ class WorkerProcess:
             )
         os.close(to_worker_r)
         os.close(from_worker_w)
+        stamp_end.close()
         self.chan = Channel(from_worker_r, to_worker_w)
         self.ready = False
         self.id = uuid.uuid4().hex[:8]
