@@ -54,8 +54,8 @@ MARK = struct.Struct("<cII")
 COMMIT_HEAD = struct.Struct("<cIIH")
 COMMIT_ITEM = struct.Struct("<B16s")
 REPLY = struct.Struct("<cIIhQ")
-#: Digest kinds: SHA-256 (first 16 bytes) of the bytes (CPU tensors), or :mod:`~kerneljudge.worker.digest`'s
-#: tree of torch integer ops on the tensor's device (GPU tensors).
+#: Digest kinds: SHA-256 (first 16 bytes) of the bytes (CPU tensors), or the tree of torch
+#: integer ops of :mod:`~kerneljudge.worker.digest` on the tensor's device (GPU tensors).
 KIND_SHA256 = 1
 KIND_TREE = 2
 #: Outputs per call a commit can describe.
