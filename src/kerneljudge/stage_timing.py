@@ -38,7 +38,7 @@ __all__ = [
 
 #: Timed calls of the candidate kept for the audit (a uniform sample over all its timed calls,
 #: drawn here after each call's outputs were committed), each checked against the reference.
-AUDITED_CALLS = 4
+AUDITED_CALLS = 8
 
 
 def timer_inconsistency(batches: dict[str, list[Batch]], candidate: str = "candidate") -> str:

@@ -6,8 +6,8 @@ of the datagrams sent right before the start mark and right after the end mark, 
 ``r_i`` the worker reported; per pair of consecutive timed calls, the worker's own time between
 them, ``h_i = (C_i - E_i) + (S_{i+1} - R_i)`` (end mark to commit, then the supervisor's answer
 to the next start mark, warm-up calls included: copying, digesting and checking the outputs,
-poisoning, perturbing the next inputs). The reference runs the same loop in a trusted worker, at the same moment
-(alternating batches), on the same inputs.
+poisoning, perturbing the next inputs). The reference runs the same loop in a trusted worker,
+at the same moment (alternating batches), on the same inputs.
 
 * **Rescaled clock.** Both clocks see the whole call, so ``e_i = W_i - r_i`` is the loop's own
   fixed cost between a stamp and a clock read (a system call and a clock read on the CPU; event
