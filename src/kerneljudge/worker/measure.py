@@ -1,20 +1,21 @@
 """The timed loop run inside a worker, identical for the reference and the candidate.
 
 Per call, outside the timed window: new inputs made from one of the input sets (rotating) by
-:func:`perturb` under a per-call seed drawn from the operating system's entropy (each continuous
-floating input rolled by a random shift along its first dimension longer than one, then one
-element nudged by one unit in the last place; inputs whose values are all integers, such as
-masks and ids, are copied unchanged), so that calls do not see the same content (short of a
-chance repeat among (rows - 1) x elements choices) and a result cached on content, shape or
-address is the answer to other inputs; freed memory poisoned with NaN bit patterns (so that an
-output the call did not write is wrong); and the L2 cache flushed by writing a buffer twice its
-size. Inside the window: the call, then a device-wide synchronisation, so work left on any
-stream is counted.
+:func:`perturb` under a per-call seed (each continuous floating input rolled by a random shift
+along its first dimension longer than one, then one element nudged by one unit in the last
+place; inputs whose values are all integers, such as masks and ids, are copied unchanged), so
+that calls do not see the same content (short of a chance repeat among (rows - 1) x elements
+choices) and a result cached on content, shape or address is the answer to other inputs; freed
+memory poisoned with NaN bit patterns (so that an output the call did not write is wrong); and
+the L2 cache flushed by writing a buffer twice its size. Inside the window: the call, then a
+device-wide synchronisation, so work left on any stream is counted.
 
-After each call, a draw from the operating system's entropy decides whether its output is kept,
-with its set and seed, for the supervisor to check against the reference run on the same
-perturbed inputs (and the last call on each set always is). The draw happens after the call
-returns, so code under test cannot know whether a call will be checked.
+In a verdict the loop is observed through the worker's stamp socket
+(:mod:`kerneljudge.worker.stamps`): a datagram right before the start mark and one right after
+the end mark (the kernel stamps both), then the digests of copies of the outputs taken at the
+end mark; the supervisor answers with the next call's seed and whether this call is kept for the
+audit, both drawn in the supervisor after the commit. A Python thread started by the call and
+still alive at the end mark fails the call at once.
 """
 
 from __future__ import annotations
