@@ -122,6 +122,7 @@ def time_candidate(
     roll = ref.problem.roll_timed_inputs
     bases = trial_inputs if trial_inputs is not None else [inputs]
     reservoir = Reservoir(AUDITED_CALLS)
+    unstamped: list[str] = []
 
     def sampler(request, process, name: str):  # type: ignore[no-untyped-def]
         cand = name == "candidate"
@@ -156,7 +157,9 @@ def time_candidate(
             elif not obs.complete():
                 tampered.append(f"{name}'s timed calls were not marked on the stamp socket")
             else:
-                windows, gaps = _observed(obs)
+                windows, gaps = _observed(obs) if obs.stamped else ((), ())
+                if not obs.stamped:
+                    unstamped.append(name)
                 seen.setdefault(name, []).append(
                     Batch(n, warmup, wall_ms, tuple(times), windows, gaps)
                 )
@@ -192,6 +195,8 @@ def time_candidate(
             seen.clear()  # measured again: judged on the new batches alone
         else:
             note = f"inconclusive, measured again and accepted: {found.reason}"
+    if unstamped:
+        note = "this kernel does not stamp datagrams: the calls' windows were not checked"
     roofline = roofline_of(ref, samples["candidate"], info, inputs, expectations[-1][0])
     timing = TimingResult(
         clock="cuda_event" if info.kind == "cuda" else "monotonic",

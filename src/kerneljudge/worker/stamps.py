@@ -24,6 +24,7 @@ Datagrams carry a batch id; those of another batch are dropped on both sides. La
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import secrets
 import socket
@@ -77,6 +78,24 @@ def output_digest(t: torch.Tensor, kind: int | None = None) -> tuple[int, bytes]
     raise ValueError(f"unknown digest kind {kind}")
 
 
+@functools.cache
+def kernel_stamps() -> bool:
+    """Whether this kernel stamps ``AF_UNIX`` datagrams (``SO_TIMESTAMPNS``); some sandboxed
+    kernels (gVisor) may not. Probed once per process with a throw-away socket pair."""
+    sup, wrk = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        sup.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        wrk.send(b"?")
+        sup.settimeout(1.0)
+        _, anc, _, _ = sup.recvmsg(8, socket.CMSG_SPACE(16))
+        return any(lvl == socket.SOL_SOCKET and kind == SCM_TIMESTAMPNS for lvl, kind, _ in anc)
+    except OSError:
+        return False
+    finally:
+        sup.close()
+        wrk.close()
+
+
 def socket_pair() -> tuple[socket.socket, socket.socket]:
     """``(supervisor end, worker end)``: the supervisor's has kernel receive stamps on."""
     sup, wrk = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -108,6 +127,9 @@ class BatchObservation:
     warmup: int
     calls: dict[int, CallRecord] = field(default_factory=dict)
     junk: int = 0  # datagrams that fit no call of this batch
+    #: False where the kernel does not stamp datagrams: the times are the supervisor's receipt
+    #: times, which hold its own latency, and say nothing about the windows.
+    stamped: bool = True
 
     def complete(self) -> bool:
         """Whether every call was seen whole, once: ``S``, ``E`` and ``C``, in that order."""
@@ -160,7 +182,7 @@ class Observer:
         """
         self._drain_stale()
         batch = secrets.randbits(32)
-        obs = BatchObservation(n, warmup)
+        obs = BatchObservation(n, warmup, stamped=kernel_stamps())
         total = n + warmup
         seeds = [secrets.randbits(62)]
         obs.calls[0] = CallRecord(seeds[0])
@@ -226,6 +248,8 @@ class Observer:
                     if level == socket.SOL_SOCKET and kind == SCM_TIMESTAMPNS and len(raw) >= 16:
                         sec, nsec = struct.unpack_from("qq", raw)
                         stamp = sec * 1_000_000_000 + nsec
+                if stamp is None and not obs.stamped:
+                    stamp = time.time_ns()
                 on_datagram(data, stamp)
 
         thread = threading.Thread(target=receive, name="kj-stamps", daemon=True)
