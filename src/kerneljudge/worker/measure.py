@@ -29,7 +29,14 @@ from typing import Any
 import torch
 
 from kerneljudge.worker.sandbox import thread_idents
-from kerneljudge.worker.stamps import COMMIT_HEAD, COMMIT_ITEM, MARK, REPLY, output_digest
+from kerneljudge.worker.stamps import (
+    COMMIT_HEAD,
+    COMMIT_ITEM,
+    MARK,
+    MAX_OUTPUTS,
+    REPLY,
+    output_digest,
+)
 
 __all__ = [
     "Link",
@@ -58,7 +65,7 @@ _send = socket.socket.send
 _recv = socket.socket.recv
 _thread_idents = thread_idents
 _output_digest = output_digest
-_MARK, _HEAD, _ITEM, _REPLY = MARK, COMMIT_HEAD, COMMIT_ITEM, REPLY
+_MARK, _HEAD, _ITEM, _REPLY, _MAX_OUTPUTS = MARK, COMMIT_HEAD, COMMIT_ITEM, REPLY, MAX_OUTPUTS
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
@@ -294,6 +301,8 @@ def time_calls(
         if i >= warmup:
             times.append(elapsed)
         if link is not None:
+            if len(copies) > _MAX_OUTPUTS:
+                raise ValueError(f"forward returned {len(copies)} tensors; at most {_MAX_OUTPUTS}")
             link.commit(i, [_output_digest(t) for t in copies])
             pending = copies
         del out, args, copies

@@ -60,7 +60,7 @@ REPLY = struct.Struct("<cIIhQ")
 KIND_SHA256 = 1
 KIND_TREE = 2
 #: Outputs per call a commit can describe.
-MAX_OUTPUTS = 64
+MAX_OUTPUTS = 1024
 
 
 def output_digest(t: torch.Tensor, kind: int | None = None) -> tuple[int, bytes]:
