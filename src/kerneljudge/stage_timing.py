@@ -69,11 +69,12 @@ def _observed(obs: BatchObservation) -> tuple[tuple[float, ...], tuple[float, ..
     gaps = tuple(
         (
             (calls[i].commit_ns - calls[i].end_ns)  # type: ignore[operator]
-            + (calls[i + 1].start_ns - calls[i].reply_ns)  # type: ignore[operator]
+            + calls[i + 1].start_ns  # type: ignore[operator]
+            - max(calls[i].commit_ns, calls[i].next_seed_ns)  # type: ignore[type-var]
         )
         / 1e6
         for i in range(total - 1)
-        if calls[i].reply_ns is not None
+        if calls[i].next_seed_ns is not None
     )
     return windows, gaps
 

@@ -13,9 +13,9 @@ device-wide synchronisation, so work left on any stream is counted.
 In a verdict the loop is observed through the worker's stamp socket
 (:mod:`kerneljudge.worker.stamps`): a datagram right before the start mark and one right after
 the end mark (the kernel stamps both), then the digests of copies of the outputs taken at the
-end mark; the supervisor answers with the next call's seed and whether this call is kept for the
-audit, both drawn in the supervisor after the commit. A Python thread started by the call and
-still alive at the end mark fails the call at once.
+end mark; the supervisor answers with the next call's seed (drawn once the window closed) and
+whether this call is kept for the audit (drawn after the commit). A Python thread started by the
+call and still alive at the end mark fails the call at once.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ from kerneljudge.worker.stamps import (
     COMMIT_ITEM,
     MARK,
     MAX_OUTPUTS,
-    REPLY,
+    SEED,
+    SLOT,
     output_digest,
 )
 
@@ -65,7 +66,10 @@ _send = socket.socket.send
 _recv = socket.socket.recv
 _thread_idents = thread_idents
 _output_digest = output_digest
-_MARK, _HEAD, _ITEM, _REPLY, _MAX_OUTPUTS = MARK, COMMIT_HEAD, COMMIT_ITEM, REPLY, MAX_OUTPUTS
+_MARK, _HEAD, _ITEM, _SEED, _SLOT = MARK, COMMIT_HEAD, COMMIT_ITEM, SEED, SLOT
+_MAX_OUTPUTS = MAX_OUTPUTS
+#: Committed calls whose outputs the loop holds while their audit slot is on its way.
+PIPELINE_DEPTH = 2
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
@@ -172,11 +176,13 @@ class ThreadLeftRunning(Exception):
 
 class Link:
     """The worker's end of the stamp socket (:mod:`kerneljudge.worker.stamps`) for one batch:
-    sends the ``S``/``E`` marks and the ``C`` commits, reads the ``R`` answers."""
+    sends the ``S``/``E`` marks and the ``C`` commits, reads the ``N`` seeds and ``K`` slots."""
 
     def __init__(self, sock: socket.socket, batch: int) -> None:
         self.sock = sock
         self.batch = batch
+        self.seeds: dict[int, int] = {}
+        self.slots: dict[int, int] = {}
 
     def mark(self, tag: bytes, i: int) -> None:
         _send(self.sock, _MARK.pack(tag, self.batch, i))
@@ -185,14 +191,28 @@ class Link:
         items = b"".join(_ITEM.pack(kind, d) for kind, d in digests)
         _send(self.sock, _HEAD.pack(b"C", self.batch, i, len(digests)) + items)
 
-    def answer(self, i: int) -> tuple[int, int]:
-        """``(slot, next seed)`` of the supervisor's answer to call ``i``'s commit (blocks)."""
-        while True:
-            data = _recv(self.sock, 64)
-            if len(data) == _REPLY.size:
-                tag, batch, j, slot, seed = _REPLY.unpack(data)
-                if tag == b"R" and batch == self.batch and j == i:
-                    return slot, seed
+    def _read(self) -> None:
+        data = _recv(self.sock, 64)
+        if len(data) == _SEED.size and data[:1] == b"N":
+            _, batch, i, seed = _SEED.unpack(data)
+            if batch == self.batch:
+                self.seeds[i] = seed
+        elif len(data) == _SLOT.size and data[:1] == b"K":
+            _, batch, i, slot = _SLOT.unpack(data)
+            if batch == self.batch:
+                self.slots[i] = slot
+
+    def seed(self, i: int) -> int:
+        """The seed of call ``i`` (blocks until the supervisor sent it)."""
+        while i not in self.seeds:
+            self._read()
+        return self.seeds.pop(i)
+
+    def slot(self, i: int) -> int:
+        """The audit slot of call ``i``, -1 for none (blocks until the supervisor sent it)."""
+        while i not in self.slots:
+            self._read()
+        return self.slots.pop(i)
 
 
 def time_calls(
@@ -225,8 +245,9 @@ def time_calls(
         check_call: called with each output right after its end mark (may raise).
         roll: passed to :func:`perturb`.
         link: the stamp socket of the batch (see :mod:`kerneljudge.worker.stamps`): each
-            call's window is marked on it, its outputs' digests committed, and the next call's
-            seed and this call's audit slot read from the supervisor's answer. None: seeds from
+            call's window is marked on it, its outputs' digests committed, its seed read from
+            the supervisor (sent when the previous call's window closed) and its audit slot
+            read after the commit (up to ``PIPELINE_DEPTH`` calls later). None: seeds from
             this process's entropy, nothing marked or kept (for use outside a verdict).
         seed: the first call's :func:`perturb` seed (with ``link``).
         threads_before: Python threads that may be alive at an end mark (None: not checked);
@@ -247,7 +268,7 @@ def time_calls(
     kept: dict[int, list[torch.Tensor]] = {}
     stream = _current_stream() if cuda else None
     total = warmup + n
-    pending: list[torch.Tensor] = []
+    pending: list[tuple[int, list[torch.Tensor]]] = []  # committed, slot not yet known
     seed = _randbits(62) if link is None or seed is None else seed
     wall0 = _perf_counter_ns()
     for i in range(total):
@@ -255,13 +276,8 @@ def time_calls(
             wall0 = _perf_counter_ns()
         k = i % len(input_sets)
         poison(poison_bytes, device)
-        if link is not None and i:
-            slot, seed = link.answer(i - 1)  # the seed of this call, the slot of the last
-            if slot >= 0:
-                kept[slot] = pending
-        elif i:
-            seed = _randbits(62)
-        pending = []
+        if i:
+            seed = link.seed(i) if link is not None else _randbits(62)
         args = perturb(input_sets[k], nudgeable[k], seed, roll)
         with torch.no_grad():
             if cuda:
@@ -304,10 +320,11 @@ def time_calls(
             if len(copies) > _MAX_OUTPUTS:
                 raise ValueError(f"forward returned {len(copies)} tensors; at most {_MAX_OUTPUTS}")
             link.commit(i, [_output_digest(t) for t in copies])
-            pending = copies
+            pending.append((i, copies))
+            while len(pending) > (PIPELINE_DEPTH if i + 1 < total else 0):
+                j, held = pending.pop(0)
+                slot = link.slot(j)
+                if slot >= 0:
+                    kept[slot] = held
         del out, args, copies
-    if link is not None and total:
-        slot, _ = link.answer(total - 1)
-        if slot >= 0:
-            kept[slot] = pending
     return times, kept, (_perf_counter_ns() - wall0) / 1e9

@@ -12,14 +12,17 @@ worker can reach. Per timed call ``i`` of a batch the worker's loop
 * ``C`` with the digests (:mod:`kerneljudge.worker.digest`) of copies of the outputs taken at the
   end mark: the worker is committed to them.
 
-Only when ``C_i`` has arrived does the supervisor answer ``R``: whether call ``i`` is kept for
-the audit (a slot, or -1), drawn here, and the :func:`~kerneljudge.worker.measure.perturb` seed
-of call ``i + 1``, also drawn here. So the worker learns the inputs of a call only after it has
-committed to the previous one, and which calls are audited only after committing to them.
+On ``E_i`` the supervisor answers ``N`` with the :func:`~kerneljudge.worker.measure.perturb` seed
+of call ``i + 1``, drawn here: the worker learns a call's inputs only after the previous call's
+window closed, so it cannot compute ahead inside a window. On ``C_i`` it answers ``K``: the audit
+slot of call ``i`` (or -1), also drawn here, after the commit. The worker holds the copies of the
+last few calls until their ``K`` arrives (it rarely waits: the answers travel while it copies,
+digests and prepares the next call), then keeps or drops them.
 
 Datagrams carry a batch id; those of another batch are dropped on both sides. Layouts
 (little-endian): ``S``/``E``: ``c I I`` (tag, batch, call); ``C``: ``c I I H`` + per output
-``B 16s`` (digest kind, digest); ``R``: ``c I I h Q`` (tag, batch, call, slot, next seed).
+``B 16s`` (digest kind, digest); ``N``: ``c I I Q`` (tag, batch, next call, its seed); ``K``:
+``c I I h`` (tag, batch, call, slot).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ __all__ = [
     "CallRecord",
     "Observer",
     "output_digest",
+    "kernel_stamps",
     "socket_pair",
 ]
 
@@ -54,7 +58,8 @@ SCM_TIMESTAMPNS = SO_TIMESTAMPNS
 MARK = struct.Struct("<cII")
 COMMIT_HEAD = struct.Struct("<cIIH")
 COMMIT_ITEM = struct.Struct("<B16s")
-REPLY = struct.Struct("<cIIhQ")
+SEED = struct.Struct("<cIIQ")
+SLOT = struct.Struct("<cIIh")
 #: Digest kinds: SHA-256 (first 16 bytes) of the bytes (CPU tensors), or the tree of torch
 #: integer ops of :mod:`~kerneljudge.worker.digest` on the tensor's device (GPU tensors).
 KIND_SHA256 = 1
@@ -106,14 +111,14 @@ def socket_pair() -> tuple[socket.socket, socket.socket]:
 @dataclass
 class CallRecord:
     """What the supervisor saw of one call: kernel stamps (ns, ``CLOCK_REALTIME``) of its
-    ``S``, ``E`` and ``C`` datagrams, the send time of its ``R`` answer (the supervisor's own
-    clock), its committed digests, the slot it was kept in (-1: not) and its inputs' seed."""
+    ``S``, ``E`` and ``C`` datagrams, the send time (the supervisor's own clock) of the next
+    call's seed, its committed digests, the slot it was kept in (-1: not) and its inputs' seed."""
 
     seed: int
     start_ns: int | None = None
     end_ns: int | None = None
     commit_ns: int | None = None
-    reply_ns: int | None = None
+    next_seed_ns: int | None = None
     digests: list[tuple[int, bytes]] | None = None
     slot: int = -1
     duplicate: bool = False
@@ -176,7 +181,8 @@ class Observer:
     ) -> tuple[dict[str, Any], BatchObservation]:
         """Send ``request("time", timeout_s, n=n, warmup=warmup, link=..., **fields)`` and
         observe its calls. ``keep(i)`` (timed call index from 0) returns the slot call ``i``
-        is kept in, or -1; it is asked only after the call's commit arrived.
+        is kept in, or -1; it is asked only after the call's commit arrived. Each next call's
+        seed is drawn when the previous call's ``E`` arrives.
 
         Returns the reply and the observation; exceptions of ``request`` propagate.
         """
@@ -187,6 +193,12 @@ class Observer:
         seeds = [secrets.randbits(62)]
         obs.calls[0] = CallRecord(seeds[0])
         stop = threading.Event()
+
+        def send(data: bytes) -> None:
+            try:
+                self.sock.send(data)
+            except OSError:
+                obs.junk += 1
 
         def on_datagram(data: bytes, stamp: int | None) -> None:
             tag = data[:1]
@@ -199,7 +211,13 @@ class Observer:
                 attr = "start_ns" if tag == b"S" else "end_ns"
                 if getattr(rec, attr) is not None:
                     rec.duplicate = True
+                    return
                 setattr(rec, attr, stamp)
+                if tag == b"E" and i + 1 < total:
+                    nxt = secrets.randbits(62)
+                    obs.calls[i + 1] = CallRecord(nxt)
+                    rec.next_seed_ns = time.time_ns()
+                    send(SEED.pack(b"N", batch, i + 1, nxt))
                 return
             if tag == b"C" and len(data) >= COMMIT_HEAD.size:
                 _, b, i, k = COMMIT_HEAD.unpack_from(data)
@@ -216,14 +234,7 @@ class Observer:
                     for j in range(k)
                 ]
                 rec.slot = keep(i - warmup) if i >= warmup else -1
-                nxt = secrets.randbits(62) if i + 1 < total else 0
-                if i + 1 < total:
-                    obs.calls[i + 1] = CallRecord(nxt)
-                rec.reply_ns = time.time_ns()
-                try:
-                    self.sock.send(REPLY.pack(b"R", batch, i, rec.slot, nxt))
-                except OSError:
-                    obs.junk += 1
+                send(SLOT.pack(b"K", batch, i, rec.slot))
                 return
             obs.junk += 1
 
