@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import secrets
 import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -309,8 +310,15 @@ def time_calls(
         if threads_before is not None:
             alive = _thread_idents() - threads_before
             if alive:
+                named = {t.ident: t.name for t in threading.enumerate()}
+                names = [
+                    named.get(t) or f"thread {t}, started outside the threading module"
+                    for t in sorted(alive)
+                ]
                 raise ThreadLeftRunning(
-                    "a thread started by the call was still running when forward returned"
+                    f"the candidate left {len(alive)} thread(s) running after the call (a thread "
+                    f"started by the call was still running when forward returned: "
+                    f"{', '.join(names[:3])})"
                 )
         if check_call is not None:
             check_call(out)
