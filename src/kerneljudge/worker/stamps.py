@@ -64,15 +64,20 @@ SLOT = struct.Struct("<cIIh")
 #: integer ops of :mod:`~kerneljudge.worker.digest` on the tensor's device (GPU tensors).
 KIND_SHA256 = 1
 KIND_TREE = 2
+#: Device tensors up to this size are digested on the host (:func:`output_digest`).
+HOST_DIGEST_BYTES = 4 << 20
 #: Outputs per call a commit can describe.
 MAX_OUTPUTS = 1024
 
 
 def output_digest(t: torch.Tensor, kind: int | None = None) -> tuple[int, bytes]:
-    """``(kind, 16 digest bytes)`` of a tensor's bytes (C order). ``kind`` None: SHA-256 on the
-    CPU (torch's CPU int64 ops are slower than hashing), the torch tree on other devices."""
+    """``(kind, 16 digest bytes)`` of a tensor's bytes (C order). ``kind`` None: SHA-256 for CPU
+    tensors (torch's CPU int64 ops are slower than hashing) and for device tensors of at most
+    :data:`HOST_DIGEST_BYTES` (one copy to the host costs less than the tree's few hundred
+    kernel launches); the torch tree on the device for larger ones."""
     if kind is None:
-        kind = KIND_SHA256 if t.device.type == "cpu" else KIND_TREE
+        small = t.numel() * t.element_size() <= HOST_DIGEST_BYTES
+        kind = KIND_SHA256 if t.device.type == "cpu" or small else KIND_TREE
     if kind == KIND_SHA256:
         flat = t.detach().contiguous().reshape(-1).cpu()
         data = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
