@@ -50,7 +50,7 @@ def test_perturb_leaves_the_set_untouched() -> None:
     assert all(torch.equal(a, b) for a, b in zip(args, before) if isinstance(a, torch.Tensor))
 
 
-def test_timed_calls_see_new_content_and_keep_their_seeds() -> None:
+def test_timed_calls_see_new_content() -> None:
     # 255 shifts x 16384 elements: a repeat among 21 calls has odds of about 1 in 20,000
     args = [torch.randn(256, 64, generator=torch.Generator().manual_seed(1))]
     seen: list[torch.Tensor] = []
@@ -59,66 +59,23 @@ def test_timed_calls_see_new_content_and_keep_their_seeds() -> None:
         seen.append(x.clone())
         return x * 2
 
+    # without a stamp link (outside a verdict): seeds from this process, nothing kept; the
+    # kept outputs and their seeds under a link are tested in test_timer_audit.py
     times, kept, wall = time_calls(
         fn, [args], n=20, warmup=1, device=torch.device("cpu"), flush=None, poison_bytes=0
     )
     assert len(times) == 20 and wall > 0
     assert len({tuple(s.flatten().tolist()) for s in seen}) == len(seen)  # all distinct
-    assert kept and all(k == 0 for k in kept)
-    for seed, outs in kept[0]:  # each kept output is fn of the inputs its seed rebuilds
-        again = perturb(args, [True], seed)
-        assert torch.equal(outs[0], again[0] * 2)
+    assert kept == {}
 
 
-def _batches(n: int, per_call: float, overhead: float, reported: float, rounds: int = 6):
-    # the request's round trip costs 0.2 ms on top of the loop
-    return [
-        Batch(
-            n,
-            1,
-            (n + 1) * (per_call + overhead) + 0.2,
-            tuple([reported] * n),
-            n * (per_call + overhead),
-        )
-        for _ in range(rounds)
-    ]
-
-
-def test_honest_timers_are_consistent() -> None:
-    # reference 2 ms calls, candidate 0.1 ms calls, the same 0.05 ms of loop work around each
+def test_old_wall_clock_sums_no_longer_decide() -> None:
+    # batches without stamped windows (the sum rule's inputs only): no rule fires
     seen = {
-        "eager": _batches(10, 2.0, 0.05, 2.0),
-        "candidate": _batches(100, 0.1, 0.08, 0.1),
+        "eager": [Batch(10, 1, 30.0, (2.0,) * 10) for _ in range(6)],
+        "candidate": [Batch(10, 1, 30.0, (0.05,) * 10) for _ in range(6)],
     }
     assert timer_inconsistency(seen) == ""
-
-
-def test_rescaled_clock_is_inconsistent() -> None:
-    seen = {
-        "eager": _batches(10, 2.0, 0.05, 2.0),
-        "candidate": _batches(10, 2.0, 0.05, 2.0 / 40),  # reports a 40th of its calls
-    }
-    assert "beyond" in timer_inconsistency(seen)
-
-
-def test_replaced_timing_handler_is_inconsistent() -> None:
-    # the handler ran no loop: each request took microseconds in all
-    seen = {
-        "eager": _batches(10, 2.0, 0.05, 2.0),
-        "candidate": [Batch(100, 1, 0.3, tuple([0.0003] * 100)) for _ in range(6)],
-    }
-    assert "less than the loop's own work" in timer_inconsistency(seen)
-
-
-def test_slow_warm_up_calls_of_the_reference_do_not_condemn_an_honest_candidate() -> None:
-    # each reference batch: 2 calls of 9 ms after a warm-up call of 30 ms; candidate 0.05 ms
-    eager = [Batch(2, 1, 30 + 2 * 9.1 + 0.2, (9.0, 9.0), 2 * 9.1) for _ in range(6)]
-    seen = {"eager": eager, "candidate": _batches(200, 0.05, 0.1, 0.05)}
-    assert timer_inconsistency(seen) == ""
-
-
-def test_no_reference_contestant_means_no_rule() -> None:
-    assert timer_inconsistency({"candidate": _batches(10, 1.0, 5.0, 0.01)}) == ""
 
 
 def test_the_nudge_never_makes_a_nan() -> None:
@@ -140,13 +97,6 @@ def test_without_roll_only_the_nudge_changes_the_inputs() -> None:
     x = torch.randn(6, 5, generator=torch.Generator().manual_seed(3))
     (y,) = perturb([x], [True], 99, roll=False)
     assert (y != x).sum() == 1
-
-
-def test_slow_calls_with_a_fast_warm_up_are_not_condemned() -> None:
-    # 100 ms calls, one per batch, after a warm-up call 5 ms faster than the timed one
-    eager = [Batch(1, 1, 95 + 100 + 2 + 0.2, (100.0,), 101.0) for _ in range(6)]
-    cand = [Batch(1, 1, 95 + 100 + 2 + 0.2, (100.0,), 101.0) for _ in range(6)]
-    assert timer_inconsistency({"eager": eager, "candidate": cand}) == ""
 
 
 def test_continuous_reads_past_an_integral_first_block() -> None:

@@ -8,7 +8,6 @@ itself runs inside the workers (:mod:`kerneljudge.worker.measure`).
 
 from __future__ import annotations
 
-import secrets
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -20,117 +19,66 @@ from kerneljudge.check import compare_outputs
 from kerneljudge.hostload import LoadMonitor, timing_cores
 from kerneljudge.reference import ReferenceSession
 from kerneljudge.roofline import FLOOR_MARGIN
+from kerneljudge.timer_rule import Batch, TimerCheck, timer_check
 from kerneljudge.timing import BatchLimit, measure_judged, median_ci, summarise
 from kerneljudge.verdict import DeviceInfo, Roofline, Status, TimingResult
 from kerneljudge.worker import WorkerProcess, measure
+from kerneljudge.worker.stamps import BatchObservation, Observer, Reservoir, output_digest
 
 if TYPE_CHECKING:
     from kerneljudge.judge import JudgeConfig
 
 __all__ = [
     "AUDITED_CALLS",
+    "Batch",
+    "TimerCheck",
     "below_floor",
     "roofline_of",
     "time_candidate",
     "timer_inconsistency",
 ]
 
-#: Kept timed calls of the candidate checked again against the reference, at most (drawn at
-#: random from those the worker kept: the last call on each input set and a random sample).
-AUDITED_CALLS = 4
-#: Timer consistency (see :func:`timer_inconsistency`): how far the candidate's per-call wall
-#: time outside its reported windows may stray from the reference's.
-OVERHEAD_MAX_FACTOR = 2.0
-OVERHEAD_SLACK_MS = 0.5
-OVERHEAD_MIN_FACTOR = 0.2
-#: The lower bound counts only batches of at least this many calls.
-LOW_BOUND_MIN_CALLS = 8
-
-
-@dataclass(frozen=True)
-class Batch:
-    """One ``time`` request: calls, untimed warm-up calls, the wall time of the whole request
-    on the supervisor's clock, the times the worker reported and the wall time it reported
-    for its timed calls' iterations (trusted for the reference's worker only), milliseconds."""
-
-    n: int
-    warmup: int
-    wall_ms: float
-    times_ms: tuple[float, ...]
-    loop_wall_ms: float = float("nan")
-
-
-def _per_call_ms(batches: list[Batch], wall: str) -> float | None:
-    """Wall time per call outside the reported windows, over all batches but the first (its
-    calls include first-use costs).
-
-    ``wall="supervisor"``: the request's wall time on the supervisor's clock, warm-up calls
-    counted at the batch's median. ``"supervisor_low"``: the same over batches of at least
-    :data:`LOW_BOUND_MIN_CALLS` calls, warm-up calls counted at the batch's fastest call (an
-    estimate that errs high, so that a warm-up call faster than the timed ones cannot make an
-    honest loop look empty). ``"loop"``: the loop's own wall time for its timed calls.
-    """
-    later = batches[1:]
-    if wall == "loop":
-        later = [b for b in later if np.isfinite(b.loop_wall_ms)]
-        calls = sum(b.n for b in later)
-        extra = sum(b.loop_wall_ms - sum(b.times_ms) for b in later)
-    else:
-        low = wall == "supervisor_low"
-        if low:
-            later = [b for b in later if b.n >= LOW_BOUND_MIN_CALLS]
-        calls = sum(b.n + b.warmup for b in later)
-        extra = sum(
-            b.wall_ms
-            - sum(b.times_ms)
-            - b.warmup * float(np.min(b.times_ms) if low else np.median(b.times_ms))
-            for b in later
-        )
-    return extra / calls if later and calls else None
+#: Timed calls of the candidate kept for the audit (a uniform sample over all its timed calls,
+#: drawn here after each call's outputs were committed), each checked against the reference.
+AUDITED_CALLS = 8
 
 
 def timer_inconsistency(batches: dict[str, list[Batch]], candidate: str = "candidate") -> str:
-    """Why the candidate's reported times cannot be its calls' times ("" when they can be).
+    """Why the candidate's reported times cannot be its calls' times ("" when they can be, or
+    when the evidence is not conclusive): :func:`kerneljudge.timer_rule.timer_check`."""
+    found = timer_check(batches, candidate)
+    return found.reason if found.status == "rejected" else ""
 
-    Reference and candidate run the same timed loop (:mod:`kerneljudge.worker.measure`), so
-    the wall time per call outside the reported windows (input preparation, poisoning, the
-    L2 flush, synchronisation) is about the same for both; the reference's worker is trusted.
-    The candidate's is taken from the supervisor's clock (which also holds the request's
-    round trip and warm-up calls, so it can only be larger). A candidate whose time outside
-    the windows is far larger than the reference's (on the supervisor's clock too) reported
-    less than it ran: a rescaled or replaced clock. One whose is far smaller than the
-    reference's loop alone did not run the loop: a replaced timing handler. Bounds: at most
-    ``OVERHEAD_MAX_FACTOR`` x the reference's + ``OVERHEAD_SLACK_MS`` + twice its own mean
-    reported time (so a rescaled clock gains at most about 3x); at least
-    ``OVERHEAD_MIN_FACTOR`` x the reference's loop's, over the candidate's batches of
-    :data:`LOW_BOUND_MIN_CALLS` calls or more.
-    """
-    ref_name = next((k for k in batches if k != candidate), None)
-    if ref_name is None or candidate not in batches:
-        return ""
-    ref = _per_call_ms(batches[ref_name], "supervisor")
-    ref_loop = _per_call_ms(batches[ref_name], "loop")
-    cand = _per_call_ms(batches[candidate], "supervisor")
-    cand_low = _per_call_ms(batches[candidate], "supervisor_low")
-    if ref is None or cand is None:
-        return ""
-    mean_c = float(np.mean([t for b in batches[candidate] for t in b.times_ms]))
-    if cand > OVERHEAD_MAX_FACTOR * max(ref, 0.0) + OVERHEAD_SLACK_MS + 2 * mean_c:
-        return (
-            f"the candidate's calls took {cand:.3g} ms each on the supervisor's clock beyond "
-            f"the {mean_c:.3g} ms they reported ({ref_name}: {ref:.3g} ms)"
+
+@dataclass(frozen=True)
+class KeptCall:
+    """A candidate call kept for the audit: its call index in its batch, the batch's input
+    set count, its inputs' seed and its committed ``(kind, digest)`` per output."""
+
+    index: int
+    n_sets: int
+    seed: int
+    digests: tuple[tuple[int, bytes], ...]
+
+
+def _observed(obs: BatchObservation) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Windows of the timed calls and the worker's time between consecutive calls, warm-up
+    ones included (the same loop), in ms."""
+    total = obs.warmup + obs.n
+    calls = obs.calls
+    timed = range(obs.warmup, total)
+    windows = tuple((calls[i].end_ns - calls[i].start_ns) / 1e6 for i in timed)  # type: ignore[operator]
+    gaps = tuple(
+        (
+            (calls[i].commit_ns - calls[i].end_ns)  # type: ignore[operator]
+            + calls[i + 1].start_ns  # type: ignore[operator]
+            - max(calls[i].commit_ns, calls[i].next_seed_ns)  # type: ignore[type-var]
         )
-    if (
-        ref_loop is not None
-        and cand_low is not None
-        and ref_loop > 0
-        and cand_low < OVERHEAD_MIN_FACTOR * ref_loop
-    ):
-        return (
-            f"the candidate's timed loop took {cand_low:.3g} ms per call beyond its reported "
-            f"times, less than the loop's own work ({ref_name}: {ref_loop:.3g} ms)"
-        )
-    return ""
+        / 1e6
+        for i in range(total - 1)
+        if calls[i].next_seed_ns is not None
+    )
+    return windows, gaps
 
 
 def time_candidate(
@@ -146,11 +94,15 @@ def time_candidate(
 ) -> tuple[TimingResult, Status, str]:
     """Time baselines and candidate alternately, then audit what was timed.
 
-    The candidate's reported times must fit in the wall time the supervisor saw for each
-    batch and agree with it as the reference's do (:func:`timer_inconsistency`; else its
-    clock was tampered with); up to :data:`AUDITED_CALLS` outputs of its timed calls, on
-    inputs perturbed per call, are compared with the reference run again on the same
-    inputs (rebuilt here from the trial inputs and the call's seed); the upper 95% bound of its
+    Every timed call is observed through the workers' stamp sockets
+    (:mod:`kerneljudge.worker.stamps`): its inputs' seed and whether it is kept for the audit
+    are drawn here, after the worker committed to its outputs. The candidate's reported times
+    must fit in the wall time of each batch and agree with the kernel-stamped windows of its
+    calls as the reference's do (:func:`kerneljudge.timer_rule.timer_check`; when that is
+    inconclusive, everything is timed again once, and a second inconclusive answer is accepted
+    with a note in ``timer_note``); the kept outputs of up to :data:`AUDITED_CALLS` timed
+    calls must match their committed digests and the reference run again on the same inputs
+    (rebuilt here from the trial inputs and the call's seed); the upper 95% bound of its
     median must not be below the device's physical floor (:func:`below_floor`).
 
     Both workers are pinned to the same timing cores with the same thread count
@@ -177,40 +129,71 @@ def time_candidate(
     seen: dict[str, list[Batch]] = {}
     roll = ref.problem.roll_timed_inputs
     bases = trial_inputs if trial_inputs is not None else [inputs]
+    reservoir = Reservoir(AUDITED_CALLS)
+    unstamped: list[str] = []
+    pace: dict[str, float] = {}  # wall ms per call of each contestant's last request
 
-    def sampler(request, name: str):  # type: ignore[no-untyped-def]
+    def sampler(request, process, name: str):  # type: ignore[no-untyped-def]
+        cand = name == "candidate"
+
         def sample(n: int, warmup: int) -> list[float]:
-            if name != "candidate":
+            # A request holds at most a quarter of the request limit at the wall time per call
+            # seen so far (the loop's own work per call, outside the timed window, can be far
+            # above a fast call's time); more calls go in further requests.
+            per_call = pace.get(name)
+            most = max(1, int(cfg.run_timeout_s * 250.0 / per_call)) if per_call else n
+            times: list[float] = []
+            done = 0
+            while done < n:
+                chunk = min(most, n - done)
+                got = _one_request(chunk, warmup if done == 0 else 0)
+                if len(got) != chunk:
+                    return got if got else [float("nan")]
+                times += got
+                done += chunk
+            return times
+
+        def _one_request(n: int, warmup: int) -> list[float]:
+            if not cand:
                 worker.pause(True)  # nothing of the candidate runs while the reference is timed
             t0 = time.perf_counter()
             try:
-                reply = request(
-                    "time",
+                reply, obs = Observer(process().stamps).run(
+                    request,
                     cfg.run_timeout_s,
                     n=n,
                     warmup=warmup,
+                    keep=(lambda i: reservoir.offer()) if cand else (lambda i: -1),
                     flush_bytes=flush,
                     target=name,
                     roll=roll,
                 )
             finally:
-                if name != "candidate":
+                if not cand:
                     worker.pause(False)
             wall_ms = (time.perf_counter() - t0) * 1e3
+            pace[name] = wall_ms / max(1, n + warmup)
             times = [float(x) for x in reply["times_ms"]]
+            n_sets = reply.get("n_sets")
             if len(times) != n or not all(0 < x < float("inf") for x in times):
                 tampered.append(f"{name} reported {len(times)} invalid times for {n} calls")
             elif sum(times) > wall_ms + 1.0:
                 tampered.append(
                     f"{name} reported {sum(times):.3f} ms of calls in {wall_ms:.3f} ms of wall time"
                 )
+            elif not obs.complete():
+                tampered.append(f"{name}'s timed calls were not marked on the stamp socket")
             else:
-                try:
-                    loop_ms = float(reply.get("wall_s", float("nan"))) * 1e3
-                except (TypeError, ValueError):
-                    loop_ms = float("nan")
-                seen.setdefault(name, []).append(Batch(n, warmup, wall_ms, tuple(times), loop_ms))
-
+                windows, gaps = _observed(obs) if obs.stamped else ((), ())
+                if not obs.stamped:
+                    unstamped.append(name)
+                seen.setdefault(name, []).append(
+                    Batch(n, warmup, wall_ms, tuple(times), windows, gaps)
+                )
+                for i, rec in obs.calls.items():
+                    if cand and rec.slot >= 0 and type(n_sets) is int:
+                        digests = tuple(rec.digests or ())
+                        reservoir.kept[rec.slot] = KeptCall(i, n_sets, rec.seed, digests)
             return times if times else [float("nan")]
 
         return sample
@@ -226,13 +209,24 @@ def time_candidate(
         request("pin", cfg.run_timeout_s, cpus=list(cores), threads=threads)
     contestants = {}
     if "eager" in cfg.baselines:
-        contestants["eager"] = sampler(_batch_limited(ref.request), "eager")
-    contestants["candidate"] = sampler(_batch_limited(worker.request), "candidate")
+        contestants["eager"] = sampler(_batch_limited(ref.request), lambda: ref.worker, "eager")
+    contestants["candidate"] = sampler(_batch_limited(worker.request), lambda: worker, "candidate")
     if compiled:
-        contestants["compile"] = sampler(_batch_limited(ref.request), "compile")
-    monitor = LoadMonitor([ref.worker.proc.pid, worker.proc.pid], cores)
-    judged = measure_judged(contestants, cfg.timing_config, monitor, cores, threads)
-    samples = judged.samples
+        contestants["compile"] = sampler(_batch_limited(ref.request), lambda: ref.worker, "compile")
+    monitor = LoadMonitor([ref.worker.worker_pid(), worker.worker_pid()], cores)
+    note = ""
+    for attempt in range(2):
+        judged = measure_judged(contestants, cfg.timing_config, monitor, cores, threads)
+        samples = judged.samples
+        found = timer_check(seen) if not tampered else TimerCheck("ok")
+        if found.status != "inconclusive":
+            break
+        if attempt == 0:
+            seen.clear()  # measured again: judged on the new batches alone
+        else:
+            note = f"inconclusive, measured again and accepted: {found.reason}"
+    if unstamped:
+        note = "this kernel does not stamp datagrams: the calls' windows were not checked"
     roofline = roofline_of(ref, samples["candidate"], info, inputs, expectations[-1][0])
     timing = TimingResult(
         clock="cuda_event" if info.kind == "cuda" else "monotonic",
@@ -251,14 +245,13 @@ def time_candidate(
         passes=judged.passes,
         threads=threads,
         cores=cores,
+        timer_note=note,
     )
-    if not tampered:
-        why = timer_inconsistency(seen)
-        if why:
-            tampered.append(why)
+    if not tampered and found.status == "rejected":
+        tampered.append(found.reason)
     if tampered:
         return timing, Status.REJECTED, "the timer was tampered with: " + tampered[0]
-    status, why = _audit_timed_calls(cfg, worker, ref, bases, atol, rtol, roll)
+    status, why = _audit_timed_calls(cfg, worker, ref, bases, atol, rtol, roll, reservoir.kept)
     if status is not Status.CORRECT:
         return timing, status, why
     cand = timing.measurement("candidate")
@@ -312,33 +305,37 @@ def _audit_timed_calls(
     bases: list[list[Any]],
     atol: float,
     rtol: float,
-    roll: bool = True,
+    roll: bool,
+    kept: dict[int, KeptCall],
 ) -> tuple[Status, str]:
-    """Check kept outputs of the candidate's timed calls against the reference run on the
-    same perturbed inputs (:func:`kerneljudge.worker.measure.perturb`)."""
+    """Check the kept outputs of the candidate's timed calls: each must be what the worker
+    committed to at the call's end mark (its digests) and match the reference run on the same
+    perturbed inputs (:func:`kerneljudge.worker.measure.perturb`)."""
+    if not kept:
+        return Status.REJECTED, "no timed call of the candidate was kept for the audit"
     timed = worker.request("timed_outputs", cfg.run_timeout_s)
-    calls: list[tuple[int, int, list[Any]]] = []
-    try:
-        n_sets = timed["n_sets"]
-        for c in timed["calls"]:
-            k, seed, outs = c["set"], c["seed"], c["outputs"]
-            if type(k) is not int or type(seed) is not int or not 0 <= seed < 2**62:
-                raise ValueError(f"bad call record {k!r}, {seed!r}")
-            if not isinstance(outs, list) or not all(type(t) is torch.Tensor for t in outs):
-                raise ValueError("outputs are not a list of tensors")
-            calls.append((k, seed, list(outs)))
-        if type(n_sets) is not int:
-            raise ValueError(f"bad set count {n_sets!r}")
-    except (KeyError, TypeError, ValueError):
+    slots = timed.get("slots")
+    if not isinstance(slots, dict):
         return Status.REJECTED, "the worker's record of its timed calls was tampered with"
-    sets = bases[-n_sets:] if 0 < n_sets <= len(bases) else []
-    if not calls or any(not (0 <= k < len(sets)) for k, _, _ in calls):
-        return Status.REJECTED, "the worker reported outputs of unknown timed calls"
-    count = min(AUDITED_CALLS, len(calls))
-    picked = [calls.pop(secrets.randbelow(len(calls))) for _ in range(count)]
-    flags = {k: [measure.continuous(x) for x in sets[k]] for k in {k for k, _, _ in picked}}
-    for k, seed, outputs in picked:
-        args = measure.perturb(sets[k], flags[k], seed, roll)
+    for slot, call in sorted(kept.items()):
+        outputs = slots.get(slot)
+        if not isinstance(outputs, list) or not all(type(t) is torch.Tensor for t in outputs):
+            return Status.REJECTED, "the worker did not keep the outputs of an audited call"
+        try:
+            shown = [output_digest(t, kind) for t, (kind, _) in zip(outputs, call.digests)]
+        except ValueError:
+            shown = []
+        if len(outputs) != len(call.digests) or shown != list(call.digests):
+            return (
+                Status.REJECTED,
+                "the outputs shown for an audited timed call are not those the worker "
+                "committed to when the call ended",
+            )
+        sets = bases[-call.n_sets :] if 0 < call.n_sets <= len(bases) else []
+        if not sets:
+            return Status.REJECTED, "the worker reported outputs of unknown timed calls"
+        k = call.index % len(sets)
+        args = measure.perturb(sets[k], [measure.continuous(x) for x in sets[k]], call.seed, roll)
         expected = ref.request(
             "run", cfg.run_timeout_s, inputs=args, oracle=cfg.tolerance == "oracle", keep=False
         )

@@ -287,6 +287,8 @@ class TimingResult:
         threads: torch intra-op threads of both timed workers (0: not set). Added in 1.3.
         cores: the CPU cores both timed workers were pinned to (empty: not pinned). Added in
             schema 1.3.
+        timer_note: why the timer audit (``kerneljudge.timer_rule``) was undecided twice and
+            the times were accepted anyway; empty when it decided. Added in schema 1.3.
     """
 
     clock: str
@@ -301,6 +303,7 @@ class TimingResult:
     passes: int = 1
     threads: int = 0
     cores: tuple[int, ...] = ()
+    timer_note: str = ""
 
     def measurement(self, name: str) -> Measurement | None:
         return next((m for m in self.measurements if m.name == name), None)

@@ -1,32 +1,54 @@
 """The timed loop run inside a worker, identical for the reference and the candidate.
 
 Per call, outside the timed window: new inputs made from one of the input sets (rotating) by
-:func:`perturb` under a per-call seed drawn from the operating system's entropy (each continuous
-floating input rolled by a random shift along its first dimension longer than one, then one
-element nudged by one unit in the last place; inputs whose values are all integers, such as
-masks and ids, are copied unchanged), so that calls do not see the same content (short of a
-chance repeat among (rows - 1) x elements choices) and a result cached on content, shape or
-address is the answer to other inputs; freed memory poisoned with NaN bit patterns (so that an
-output the call did not write is wrong); and the L2 cache flushed by writing a buffer twice its
-size. Inside the window: the call, then a device-wide synchronisation, so work left on any
-stream is counted.
+:func:`perturb` under a per-call seed (each continuous floating input rolled by a random shift
+along its first dimension longer than one, then one element nudged by one unit in the last
+place; inputs whose values are all integers, such as masks and ids, are copied unchanged), so
+that calls do not see the same content (short of a chance repeat among (rows - 1) x elements
+choices) and a result cached on content, shape or address is the answer to other inputs; freed
+memory poisoned with NaN bit patterns (so that an output the call did not write is wrong); and
+the L2 cache flushed by writing a buffer twice its size. Inside the window: the call, then a
+device-wide synchronisation, so work left on any stream is counted.
 
-After each call, a draw from the operating system's entropy decides whether its output is kept,
-with its set and seed, for the supervisor to check against the reference run on the same
-perturbed inputs (and the last call on each set always is). The draw happens after the call
-returns, so code under test cannot know whether a call will be checked.
+In a verdict the loop is observed through the worker's stamp socket
+(:mod:`kerneljudge.worker.stamps`): a datagram right before the start mark and one right after
+the end mark (the kernel stamps both), then the digests of copies of the outputs taken at the
+end mark; the supervisor answers with the next call's seed (drawn once the window closed) and
+whether this call is kept for the audit (drawn after the commit). A Python thread started by the
+call and still alive at the end mark fails the call at once.
 """
 
 from __future__ import annotations
 
 import secrets
+import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-__all__ = ["flatten_tensors", "nudge", "perturb", "poison", "time_calls"]
+from kerneljudge.worker.sandbox import thread_idents
+from kerneljudge.worker.stamps import (
+    COMMIT_HEAD,
+    COMMIT_ITEM,
+    MARK,
+    MAX_OUTPUTS,
+    SEED,
+    SLOT,
+    output_digest,
+)
+
+__all__ = [
+    "Link",
+    "ThreadLeftRunning",
+    "flatten_tensors",
+    "nudge",
+    "perturb",
+    "poison",
+    "time_calls",
+]
 
 # Captured when the worker starts, before candidate code can patch them: the C-level event
 # methods cannot be replaced from Python, and a later patch of the Python names does not reach
@@ -39,13 +61,16 @@ _record = torch._C._CudaEventBase.record
 _elapsed = torch._C._CudaEventBase.elapsed_time
 _event_sync = torch._C._CudaEventBase.synchronize
 _perf_counter_ns = time.perf_counter_ns
-_randbelow = secrets.randbelow
 _randbits = secrets.randbits
 _roll = torch.roll
-#: One timed call in this many has its output kept for checking (plus the last on each set).
-AUDIT_ONE_IN = 8
-#: Kept outputs per input set, at most (older ones are replaced at random).
-AUDIT_KEEP = 3
+_send = socket.socket.send
+_recv = socket.socket.recv
+_thread_idents = thread_idents
+_output_digest = output_digest
+_MARK, _HEAD, _ITEM, _SEED, _SLOT = MARK, COMMIT_HEAD, COMMIT_ITEM, SEED, SLOT
+_MAX_OUTPUTS = MAX_OUTPUTS
+#: Committed calls whose outputs the loop holds while their audit slot is on its way.
+PIPELINE_DEPTH = 2
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
@@ -146,6 +171,51 @@ def poison(nbytes: int, device: torch.device) -> None:
         del block
 
 
+class ThreadLeftRunning(Exception):
+    """A Python thread started during a timed call was still alive at its end mark."""
+
+
+class Link:
+    """The worker's end of the stamp socket (:mod:`kerneljudge.worker.stamps`) for one batch:
+    sends the ``S``/``E`` marks and the ``C`` commits, reads the ``N`` seeds and ``K`` slots."""
+
+    def __init__(self, sock: socket.socket, batch: int) -> None:
+        self.sock = sock
+        self.batch = batch
+        self.seeds: dict[int, int] = {}
+        self.slots: dict[int, int] = {}
+
+    def mark(self, tag: bytes, i: int) -> None:
+        _send(self.sock, _MARK.pack(tag, self.batch, i))
+
+    def commit(self, i: int, digests: list[tuple[int, bytes]]) -> None:
+        items = b"".join(_ITEM.pack(kind, d) for kind, d in digests)
+        _send(self.sock, _HEAD.pack(b"C", self.batch, i, len(digests)) + items)
+
+    def _read(self) -> None:
+        data = _recv(self.sock, 64)
+        if len(data) == _SEED.size and data[:1] == b"N":
+            _, batch, i, seed = _SEED.unpack(data)
+            if batch == self.batch:
+                self.seeds[i] = seed
+        elif len(data) == _SLOT.size and data[:1] == b"K":
+            _, batch, i, slot = _SLOT.unpack(data)
+            if batch == self.batch:
+                self.slots[i] = slot
+
+    def seed(self, i: int) -> int:
+        """The seed of call ``i`` (blocks until the supervisor sent it)."""
+        while i not in self.seeds:
+            self._read()
+        return self.seeds.pop(i)
+
+    def slot(self, i: int) -> int:
+        """The audit slot of call ``i``, -1 for none (blocks until the supervisor sent it)."""
+        while i not in self.slots:
+            self._read()
+        return self.slots.pop(i)
+
+
 def time_calls(
     fn: Callable[..., Any],
     input_sets: list[list[Any]],
@@ -158,7 +228,10 @@ def time_calls(
     nudgeable: list[list[bool]] | None = None,
     check_call: Callable[[Any], None] | None = None,
     roll: bool = True,
-) -> tuple[list[float], dict[int, list[tuple[int, list[torch.Tensor]]]], float]:
+    link: Link | None = None,
+    seed: int | None = None,
+    threads_before: set[int] | None = None,
+) -> tuple[list[float], dict[int, list[torch.Tensor]], float]:
     """Time ``n`` calls of ``fn`` (after ``warmup`` untimed ones), rotating over ``input_sets``.
 
     Args:
@@ -172,13 +245,20 @@ def time_calls(
             None: all continuous floating arguments, decided here.
         check_call: called with each output right after its end mark (may raise).
         roll: passed to :func:`perturb`.
+        link: the stamp socket of the batch (see :mod:`kerneljudge.worker.stamps`): each
+            call's window is marked on it, its outputs' digests committed, its seed read from
+            the supervisor (sent when the previous call's window closed) and its audit slot
+            read after the commit (up to ``PIPELINE_DEPTH`` calls later). None: seeds from
+            this process's entropy, nothing marked or kept (for use outside a verdict).
+        seed: the first call's :func:`perturb` seed (with ``link``).
+        threads_before: Python threads that may be alive at an end mark (None: not checked);
+            any other raises :class:`ThreadLeftRunning` at once, with no grace.
 
     Returns:
-        ``(times_ms, kept, wall_s)``: one time per timed call in milliseconds; by set index,
-        ``(seed, copies of the outputs)`` of the calls kept for checking (the last timed call
-        on each set and a random sample of the others), ``seed`` being the :func:`perturb` seed
-        of the call's inputs; the host wall time of the timed calls' iterations (from the first
-        timed call's input preparation to the end), in seconds.
+        ``(times_ms, kept, wall_s)``: one time per timed call in milliseconds; by audit slot,
+        copies of the outputs (taken right after the end mark) of the calls the supervisor
+        chose to keep, latest per slot; the host wall time of the timed calls' iterations
+        (from the first timed call's input preparation to the end), in seconds.
     """
     if nudgeable is None:
         nudgeable = [[continuous(x) for x in args] for args in input_sets]
@@ -186,43 +266,73 @@ def time_calls(
     start_ev = _Event(enable_timing=True) if cuda else None
     end_ev = _Event(enable_timing=True) if cuda else None
     times: list[float] = []
-    kept: dict[int, list[tuple[int, list[torch.Tensor]]]] = {}
+    kept: dict[int, list[torch.Tensor]] = {}
     stream = _current_stream() if cuda else None
+    total = warmup + n
+    pending: list[tuple[int, list[torch.Tensor]]] = []  # committed, slot not yet known
+    seed = _randbits(62) if link is None or seed is None else seed
     wall0 = _perf_counter_ns()
-    for i in range(warmup + n):
+    for i in range(total):
         if i == warmup:
             wall0 = _perf_counter_ns()
         k = i % len(input_sets)
-        seed = _randbits(62)
-        args = perturb(input_sets[k], nudgeable[k], seed, roll)
         poison(poison_bytes, device)
+        if i:
+            seed = link.seed(i) if link is not None else _randbits(62)
+        args = perturb(input_sets[k], nudgeable[k], seed, roll)
         with torch.no_grad():
             if cuda:
                 if flush is not None:
                     flush.fill_(i & 0xFF)
                 _synchronize()
+                if link is not None:
+                    link.mark(b"S", i)
                 _record(start_ev, stream)
                 out = fn(*args)
                 _synchronize()
                 _record(end_ev, stream)
                 _event_sync(end_ev)
+                if link is not None:
+                    link.mark(b"E", i)
                 elapsed = float(_elapsed(start_ev, end_ev))
             else:
+                if link is not None:
+                    link.mark(b"S", i)
                 t0 = _perf_counter_ns()
                 out = fn(*args)
-                elapsed = (_perf_counter_ns() - t0) / 1e6
+                t1 = _perf_counter_ns()
+                if link is not None:
+                    link.mark(b"E", i)
+                elapsed = (t1 - t0) / 1e6
+            # Taken at the end mark: a result finished later (a thread, a lazy tensor) is not
+            # in the copy that is committed and audited.
+            copies = [t.detach().clone() for t in flatten_tensors(out)]
+        if threads_before is not None:
+            alive = _thread_idents() - threads_before
+            if alive:
+                named = {t.ident: t.name for t in threading.enumerate()}
+                names = [
+                    named.get(t) or f"thread {t}, started outside the threading module"
+                    for t in sorted(alive)
+                ]
+                raise ThreadLeftRunning(
+                    f"the candidate left {len(alive)} thread(s) running after the call (a thread "
+                    f"started by the call was still running when forward returned: "
+                    f"{', '.join(names[:3])})"
+                )
         if check_call is not None:
             check_call(out)
         if i >= warmup:
             times.append(elapsed)
-            if i >= warmup + n - len(input_sets) or _randbelow(AUDIT_ONE_IN) == 0:
-                # Copied right away: a result finished later (another thread, a lazy tensor)
-                # is not in the copy.
-                copy = (seed, [t.detach().clone() for t in flatten_tensors(out)])
-                bucket = kept.setdefault(k, [])
-                if len(bucket) < AUDIT_KEEP:
-                    bucket.append(copy)
-                else:
-                    bucket[_randbelow(AUDIT_KEEP)] = copy
-        del out, args
+        if link is not None:
+            if len(copies) > _MAX_OUTPUTS:
+                raise ValueError(f"forward returned {len(copies)} tensors; at most {_MAX_OUTPUTS}")
+            link.commit(i, [_output_digest(t) for t in copies])
+            pending.append((i, copies))
+            while len(pending) > (PIPELINE_DEPTH if i + 1 < total else 0):
+                j, held = pending.pop(0)
+                slot = link.slot(j)
+                if slot >= 0:
+                    kept[slot] = held
+        del out, args, copies
     return times, kept, (_perf_counter_ns() - wall0) / 1e9

@@ -25,6 +25,7 @@ from kerneljudge.errors import WorkerError
 from kerneljudge.worker import confine
 from kerneljudge.worker.protocol import Channel, ChannelClosed, ChannelTimeout
 from kerneljudge.worker.sandbox import LOG_LIMIT_BYTES, candidate_environment, child_pids
+from kerneljudge.worker.stamps import socket_pair
 
 __all__ = ["CandidateFault", "WorkerDied", "WorkerPool", "WorkerProcess", "WorkerTimeout"]
 
@@ -135,6 +136,8 @@ class WorkerProcess:
         self.log_path = self.scratch / "worker.log"
         to_worker_r, to_worker_w = os.pipe()
         from_worker_r, from_worker_w = os.pipe()
+        # The timed calls' stamp socket (kerneljudge.worker.stamps): the worker's end is passed.
+        self.stamps, stamp_end = socket_pair()
         full_env = (
             candidate_environment(dict(os.environ)) if role == "candidate" else dict(os.environ)
         )
@@ -157,6 +160,8 @@ class WorkerProcess:
             str(to_worker_r),
             "--write-fd",
             str(from_worker_w),
+            "--stamp-fd",
+            str(stamp_end.fileno()),
             "--threads",
             str(threads),
             *(["--record-ops"] if record_ops else []),
@@ -170,7 +175,7 @@ class WorkerProcess:
             self.proc = confine.spawn(
                 confine.command(args, self._writable(full_env, writable), _GPU_DEVICES),
                 cpus=cpus,
-                pass_fds=(to_worker_r, from_worker_w),
+                pass_fds=(to_worker_r, from_worker_w, stamp_end.fileno()),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -180,8 +185,11 @@ class WorkerProcess:
             )
         os.close(to_worker_r)
         os.close(from_worker_w)
+        stamp_end.close()
         self.chan = Channel(from_worker_r, to_worker_w)
         self.ready = False
+        self._own_pid: int | None = None  # as the worker sees itself (its namespace's pid)
+        self._host_pid: int | None = None
         self.id = uuid.uuid4().hex[:8]
 
     def _writable(self, env: dict[str, str], extra: tuple[str, ...]) -> list[str] | None:
@@ -210,7 +218,26 @@ class WorkerProcess:
         if msg.get("op") != "ready":
             self.kill()
             raise WorkerDied(None, "unexpected first message from worker")
+        pid = msg.get("pid")
+        self._own_pid = pid if type(pid) is int else None
         self.ready = True
+
+    def worker_pid(self) -> int:
+        """The host pid of the Python worker process itself (the process the supervisor
+        started is a launcher above it where the worker runs in its own PID namespace): the
+        descendant whose innermost namespace pid (``NSpid`` in ``/proc/PID/status``) is the pid
+        the worker reported when it came up. Falls back to the started process's pid."""
+        if self._host_pid is None and self._own_pid is not None:
+            for pid in [self.proc.pid, *child_pids(self.proc.pid)]:
+                try:
+                    with open(f"/proc/{pid}/status") as f:
+                        line = next(ln for ln in f if ln.startswith("NSpid:"))
+                except (OSError, StopIteration):
+                    continue
+                if int(line.split()[-1]) == self._own_pid:
+                    self._host_pid = pid
+                    break
+        return self._host_pid or self.proc.pid
 
     def alive(self) -> bool:
         return self.proc.poll() is None

@@ -13,6 +13,7 @@ import copy
 import errno
 import importlib.util
 import os
+import socket
 import sys
 import time
 import traceback
@@ -155,8 +156,11 @@ def align_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> 
 class Worker:
     """State of one worker process and its request handlers (``op_<name>``)."""
 
-    def __init__(self, role: str, device: torch.device) -> None:
+    def __init__(
+        self, role: str, device: torch.device, stamp_sock: socket.socket | None = None
+    ) -> None:
         self.role = role
+        self.stamp_sock = stamp_sock
         self.device = device
         self.model: torch.nn.Module | None = None
         self.compiled: Callable[..., Any] | None = None
@@ -336,9 +340,12 @@ class Worker:
     def op_time(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Time ``n`` calls over the kept input sets (see :mod:`kerneljudge.worker.measure`).
 
-        Returns ``times_ms`` (one per call) and ``wall_s`` (the timed calls' iterations, host
-        clock); the outputs of the last call on each set and of a random sample of the others
-        are kept, with their inputs' seeds, for :meth:`op_timed_outputs`.
+        With ``link = {"batch", "seed"}`` (and a stamp socket) every call is marked and
+        committed on the socket, its seed and audit slot come from the supervisor, and the
+        outputs of the calls it keeps are stored by slot for :meth:`op_timed_outputs`.
+        Returns ``times_ms`` (one per call), ``wall_s`` (the timed calls' iterations, host
+        clock) and ``n_sets``. A Python thread started by a call and alive at its end mark
+        is a rejecting Fault.
         """
         fn = self.compiled if msg.get("target") == "compile" else self.model
         if fn is None or not self.sets:
@@ -348,20 +355,14 @@ class Worker:
             if self.flush is None or self.flush.numel() != flush_bytes:
                 self.flush = torch.empty(flush_bytes, dtype=torch.uint8, device=self.device)
         before = thread_idents()
-
-        def check(out: Any) -> None:  # per call; child processes are checked per batch
-            self._check_output(out)
-            threads = lingering_threads(before) if self.sandbox is not None else []
-            if threads:
-                raise Fault(
-                    f"the candidate left {len(threads)} thread(s) running after the call "
-                    f"({', '.join(threads[:3])})",
-                    status="rejected",
-                )
+        spec = msg.get("link")
+        link = None
+        if isinstance(spec, dict) and self.stamp_sock is not None:
+            link = measure.Link(self.stamp_sock, int(spec["batch"]))
 
         try:
             with self._confined():
-                times, snaps, wall = _time_calls(
+                times, kept, wall = _time_calls(
                     fn,
                     self.sets,
                     n=int(msg["n"]),
@@ -370,19 +371,23 @@ class Worker:
                     flush=self.flush,
                     poison_bytes=self.poison_bytes,
                     nudgeable=self.nudgeable,
-                    check_call=check,
+                    check_call=self._check_output,
                     roll=bool(msg.get("roll", True)),
+                    link=link,
+                    seed=int(spec["seed"]) if link is not None else None,
+                    threads_before=before if self.sandbox is not None else None,
                 )
         except Fault:
             raise
+        except measure.ThreadLeftRunning as exc:
+            raise Fault(str(exc), status="rejected") from None
         except BaseException as exc:  # noqa: BLE001
             raise Fault(
                 _candidate_traceback(exc, self.source_path),
                 _candidate_lineno(exc, self.source_path),
             ) from None
-        for k, outs in snaps.items():
-            self.snapshots[k] = (self.snapshots.get(k, []) + outs)[-measure.AUDIT_KEEP :]
-        return {"times_ms": times, "wall_s": wall}
+        self.snapshots.update(kept)
+        return {"times_ms": times, "wall_s": wall, "n_sets": len(self.sets)}
 
     def op_pin(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Move every thread of this process onto the CPU cores ``cpus`` (a list; ``cpu``, one
@@ -401,18 +406,13 @@ class Worker:
         return {}
 
     def op_timed_outputs(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Outputs of timed calls kept for checking: ``{"calls": [{"set", "seed", "outputs"}]}``
-        (set 0 being the oldest kept trial's inputs, ``seed`` the call's
-        :func:`~kerneljudge.worker.measure.perturb` seed) and ``n_sets``."""
+        """Outputs of the timed calls the supervisor kept: ``{"slots": {slot: outputs}}`` (CPU
+        copies of those taken at the call's end mark) and ``n_sets``."""
         try:
-            calls = [
-                {"set": int(k), "seed": int(seed), "outputs": _to_cpu(outs)}
-                for k, kept in self.snapshots.items()
-                for seed, outs in kept
-            ]
+            slots = {int(s): _to_cpu(list(outs)) for s, outs in self.snapshots.items()}
         except (TypeError, ValueError):  # the record was replaced by code under test
-            return {"calls": None, "n_sets": len(self.sets)}
-        return {"calls": calls, "n_sets": len(self.sets)}
+            return {"slots": None, "n_sets": len(self.sets)}
+        return {"slots": slots, "n_sets": len(self.sets)}
 
     def _check_aftermath(self, threads_before: set[int]) -> None:
         """Raise a rejecting Fault for threads or processes that outlived the call."""
@@ -582,6 +582,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--read-fd", type=int, required=True)
     parser.add_argument("--write-fd", type=int, required=True)
+    parser.add_argument("--stamp-fd", type=int, default=-1, help="the timed calls' stamp socket")
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--record-ops", action="store_true", help="its trials record operators")
     args = parser.parse_args(argv)
@@ -604,7 +605,8 @@ def main(argv: list[str] | None = None) -> int:
         limit_output()
     else:
         set_undumpable()  # the reference holds the reference outputs
-    return serve(chan, Worker(args.role, device))
+    stamps = socket.socket(fileno=args.stamp_fd) if args.stamp_fd >= 0 else None
+    return serve(chan, Worker(args.role, device, stamps))
 
 
 if __name__ == "__main__":  # pragma: no cover

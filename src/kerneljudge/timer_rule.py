@@ -1,0 +1,144 @@
+"""Whether a candidate's reported call times are its calls' times, judged from the kernel's
+stamps of each call's boundaries (:mod:`kerneljudge.worker.stamps`).
+
+Per timed call ``i`` the supervisor has the window ``W_i = E_i - S_i`` between the kernel stamps
+of the datagrams sent right before the start mark and right after the end mark, and the time
+``r_i`` the worker reported; per pair of consecutive timed calls, the worker's own time between
+them, ``h_i = (C_i - E_i) + (S_{i+1} - max(C_i, N_i))`` (end mark to commit, then from the commit or
+the sending of the next call's seed, whichever is later, to the next start mark; work on the
+next call needs its seed; warm-up calls included: copying, digesting and checking the outputs,
+poisoning, perturbing the next inputs). The reference runs the same loop in a trusted worker,
+at the same moment (alternating batches), on the same inputs.
+
+* **Rescaled clock.** Both clocks see the whole call, so ``e_i = W_i - r_i`` is the loop's own
+  fixed cost between a stamp and a clock read (a system call and a clock read on the CPU; event
+  launch and completion latency on a GPU), whatever the load: preemption inside the window
+  lengthens ``W_i`` and ``r_i`` alike. A clock slowed by a factor ``s`` adds
+  ``W_i (1 - 1/s)``. Per candidate call, the share ``(e_i - U - RESCALE_SLACK_MS) / W_i``, with
+  ``U`` the upper confidence bound of the reference's median ``e``; rejected when the lower
+  bound of its median exceeds ``RESCALE_FRACTION``. A 1.2x clock makes the share about
+  ``1/6 - (U + slack) / W`` on every call, however long load makes it, so it is caught for calls
+  with ``W (1/6 - 0.08) > U + RESCALE_SLACK_MS``: from about 0.3 ms on an idle CPU (``U`` is a
+  few microseconds there), about 0.7 ms on a 2-core machine at load 20 (``U`` near 0.04 ms).
+* **Work moved out of the windows** (a replaced timing handler, or a loop that computes a call's
+  outputs after its end mark or before its start mark): it lengthens ``h``. Rejected when the
+  lower bound of the candidate's median ``h`` exceeds the upper bound of the reference's by
+  ``GAP_REF_FACTOR`` times the reference's median ``h``, plus ``GAP_FRACTION`` of the
+  candidate's median window, plus ``GAP_SLACK_MS``.
+
+Medians, with distribution-free confidence bounds from order statistics (:func:`median_bounds`),
+ignore stalls of fewer than half the calls. When the point estimate is past a bound but the
+interval is not, the answer is ``inconclusive``: the caller measures again and, if it stays
+undecided, accepts with a note. Noise widens the intervals; it does not move them apart.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["Batch", "TimerCheck", "median_bounds", "timer_check"]
+
+RESCALE_FRACTION = 0.08
+RESCALE_SLACK_MS = 0.02
+GAP_REF_FACTOR = 1.0
+GAP_FRACTION = 0.1
+GAP_SLACK_MS = 0.05
+#: Normal quantile of the two-sided bounds (about 99.7 %).
+Z = 3.0
+#: Calls (or gaps) each side needs before a rule decides anything. With few, the bounds are
+#: the sample's extremes: every candidate value must be past every reference value.
+MIN_CALLS = 3
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One ``time`` request as the supervisor saw it, milliseconds: calls, untimed warm-up
+    calls, the request's wall time, the reported time of each timed call, its kernel-stamped
+    window, and the worker's own time between consecutive timed calls (one fewer)."""
+
+    n: int
+    warmup: int
+    wall_ms: float
+    times_ms: tuple[float, ...]
+    windows_ms: tuple[float, ...] = ()
+    gaps_ms: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class TimerCheck:
+    """``status``: ``"ok"``, ``"rejected"`` or ``"inconclusive"``; ``reason`` says why."""
+
+    status: str
+    reason: str = ""
+
+
+def median_bounds(values: list[float] | np.ndarray, z: float = Z) -> tuple[float, float, float]:
+    """``(low, median, high)``: the sample median and distribution-free bounds on the true
+    median (order statistics ``m/2 -+ z sqrt(m)/2``, clipped to the sample's extremes)."""
+    x = np.sort(np.asarray(values, dtype=float))
+    m = len(x)
+    half = z * math.sqrt(m) / 2
+    lo = int(max(0, math.floor(m / 2 - half)))
+    hi = int(min(m - 1, math.ceil(m / 2 + half) - 1))
+    return float(x[lo]), float(np.median(x)), float(x[hi])
+
+
+def _pool(batches: list[Batch], what: str) -> np.ndarray:
+    rows: list[float] = []
+    for b in batches:
+        if what == "excess":
+            rows += [w - r for w, r in zip(b.windows_ms, b.times_ms)]
+        elif what == "window":
+            rows += list(b.windows_ms)
+        else:
+            rows += list(b.gaps_ms)
+    return np.asarray([v for v in rows if math.isfinite(v)], dtype=float)
+
+
+def timer_check(batches: dict[str, list[Batch]], candidate: str = "candidate") -> TimerCheck:
+    """Judge the candidate's reported times against its stamped windows, next to the other
+    contestants' (the reference's worker, pooled); see the module's description."""
+    refs = [b for name, bs in batches.items() if name != candidate for b in bs]
+    cand = batches.get(candidate, [])
+    if not refs or not cand:
+        return TimerCheck("ok")
+    ref_batches = {name: bs for name, bs in batches.items() if name != candidate}
+    e_ref = np.concatenate([_pool(bs, "excess") for bs in ref_batches.values()])
+    h_ref = np.concatenate([_pool(bs, "gap") for bs in ref_batches.values()])
+    e_c, w_c, h_c = _pool(cand, "excess"), _pool(cand, "window"), _pool(cand, "gap")
+    undecided: list[str] = []
+    if len(e_c) >= MIN_CALLS and len(e_ref) >= MIN_CALLS:
+        _, med_r, hi_r = median_bounds(e_ref)
+        # per call: the share of the window not covered by the reported time beyond the loop's
+        # own cost (the reference's, at its upper bound, plus the slack); a slowed clock makes
+        # it 1 - 1/s on every call, whatever the call's length under load
+        share = (e_c - hi_r - RESCALE_SLACK_MS) / np.maximum(w_c, 1e-9)
+        lo_c, med_c, _ = median_bounds(share)
+        why = (
+            f"its calls' windows on the kernel's clock exceed the times it reported by "
+            f"{float(np.median(e_c)):.4g} ms (median; the reference's: {med_r:.4g} ms) in "
+            f"calls of {float(np.median(w_c)):.4g} ms: a clock running slow"
+        )
+        if lo_c > RESCALE_FRACTION:
+            return TimerCheck("rejected", why)
+        if med_c > RESCALE_FRACTION:
+            undecided.append(why)
+    if len(h_c) >= MIN_CALLS and len(h_ref) >= MIN_CALLS:
+        lo_c, med_c, _ = median_bounds(h_c)
+        _, med_r, hi_r = median_bounds(h_ref)
+        window = float(np.median(w_c)) if len(w_c) else 0.0
+        bound = GAP_REF_FACTOR * med_r + GAP_FRACTION * window + GAP_SLACK_MS
+        why = (
+            f"its loop spent {med_c:.4g} ms between timed calls (median; the reference's "
+            f"same loop: {med_r:.4g} ms): work done outside the timed windows"
+        )
+        if lo_c - hi_r > bound:
+            return TimerCheck("rejected", why)
+        if med_c - med_r > bound:
+            undecided.append(why)
+    if undecided:
+        return TimerCheck("inconclusive", undecided[0])
+    return TimerCheck("ok")

@@ -1,0 +1,303 @@
+"""Timed calls observed from outside the worker: kernel-stamped call boundaries, committed
+digests, and audit choices and input seeds drawn by the supervisor.
+
+Each worker gets one end of an ``AF_UNIX``/``SOCK_DGRAM`` socket pair; the supervisor keeps the
+other with ``SO_TIMESTAMPNS`` set, so the kernel stamps every datagram the worker sends with the
+time of the send (``CLOCK_REALTIME``, the clock of :func:`time.time_ns`), a clock no code in the
+worker can reach. Per timed call ``i`` of a batch the worker's loop
+(:func:`kerneljudge.worker.measure.time_calls`) sends:
+
+* ``S`` right before its start mark and ``E`` right after its end mark, so the supervisor sees
+  the window ``E_i - S_i`` that holds the reported time;
+* ``C`` with the digests (:mod:`kerneljudge.worker.digest`) of copies of the outputs taken at the
+  end mark: the worker is committed to them.
+
+On ``E_i`` the supervisor answers ``N`` with the :func:`~kerneljudge.worker.measure.perturb` seed
+of call ``i + 1``, drawn here: the worker learns a call's inputs only after the previous call's
+window closed, so it cannot compute ahead inside a window. On ``C_i`` it answers ``K``: the audit
+slot of call ``i`` (or -1), also drawn here, after the commit. The worker holds the copies of the
+last few calls until their ``K`` arrives (it rarely waits: the answers travel while it copies,
+digests and prepares the next call), then keeps or drops them.
+
+Datagrams carry a batch id; those of another batch are dropped on both sides. Layouts
+(little-endian): ``S``/``E``: ``c I I`` (tag, batch, call); ``C``: ``c I I H`` + per output
+``B 16s`` (digest kind, digest); ``N``: ``c I I Q`` (tag, batch, next call, its seed); ``K``:
+``c I I h`` (tag, batch, call, slot).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import secrets
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from kerneljudge.worker.digest import digest as tree_digest
+
+__all__ = [
+    "SO_TIMESTAMPNS",
+    "BatchObservation",
+    "CallRecord",
+    "Observer",
+    "output_digest",
+    "kernel_stamps",
+    "socket_pair",
+]
+
+#: ``SO_TIMESTAMPNS`` on Linux (not exported by Python's socket module).
+SO_TIMESTAMPNS = 35
+SCM_TIMESTAMPNS = SO_TIMESTAMPNS
+MARK = struct.Struct("<cII")
+COMMIT_HEAD = struct.Struct("<cIIH")
+COMMIT_ITEM = struct.Struct("<B16s")
+SEED = struct.Struct("<cIIQ")
+SLOT = struct.Struct("<cIIh")
+#: Digest kinds: SHA-256 (first 16 bytes) of the bytes (CPU tensors), or the tree of torch
+#: integer ops of :mod:`~kerneljudge.worker.digest` on the tensor's device (GPU tensors).
+KIND_SHA256 = 1
+KIND_TREE = 2
+#: Device tensors up to this size are digested on the host (:func:`output_digest`).
+HOST_DIGEST_BYTES = 4 << 20
+#: Outputs per call a commit can describe.
+MAX_OUTPUTS = 1024
+
+
+def output_digest(t: torch.Tensor, kind: int | None = None) -> tuple[int, bytes]:
+    """``(kind, 16 digest bytes)`` of a tensor's bytes (C order). ``kind`` None: SHA-256 for CPU
+    tensors (torch's CPU int64 ops are slower than hashing) and for device tensors of at most
+    :data:`HOST_DIGEST_BYTES` (one copy to the host costs less than the tree's few hundred
+    kernel launches); the torch tree on the device for larger ones."""
+    if kind is None:
+        small = t.numel() * t.element_size() <= HOST_DIGEST_BYTES
+        kind = KIND_SHA256 if t.device.type == "cpu" or small else KIND_TREE
+    if kind == KIND_SHA256:
+        flat = t.detach().contiguous().reshape(-1).cpu()
+        data = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+        return kind, hashlib.sha256(data).digest()[:16]
+    if kind == KIND_TREE:
+        a, b = tree_digest(t)
+        return kind, struct.pack("<QQ", a, b)
+    raise ValueError(f"unknown digest kind {kind}")
+
+
+@functools.cache
+def kernel_stamps() -> bool:
+    """Whether this kernel stamps ``AF_UNIX`` datagrams (``SO_TIMESTAMPNS``); some sandboxed
+    kernels (gVisor) may not. Probed once per process with a throw-away socket pair."""
+    sup, wrk = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        sup.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        wrk.send(b"?")
+        sup.settimeout(1.0)
+        _, anc, _, _ = sup.recvmsg(8, socket.CMSG_SPACE(16))
+        return any(lvl == socket.SOL_SOCKET and kind == SCM_TIMESTAMPNS for lvl, kind, _ in anc)
+    except OSError:
+        return False
+    finally:
+        sup.close()
+        wrk.close()
+
+
+def socket_pair() -> tuple[socket.socket, socket.socket]:
+    """``(supervisor end, worker end)``: the supervisor's has kernel receive stamps on."""
+    sup, wrk = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sup.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    return sup, wrk
+
+
+@dataclass
+class CallRecord:
+    """What the supervisor saw of one call: kernel stamps (ns, ``CLOCK_REALTIME``) of its
+    ``S``, ``E`` and ``C`` datagrams, the send time (the supervisor's own clock) of the next
+    call's seed, its committed digests, the slot it was kept in (-1: not) and its inputs' seed."""
+
+    seed: int
+    start_ns: int | None = None
+    end_ns: int | None = None
+    commit_ns: int | None = None
+    next_seed_ns: int | None = None
+    digests: list[tuple[int, bytes]] | None = None
+    slot: int = -1
+    duplicate: bool = False
+
+
+@dataclass
+class BatchObservation:
+    """The calls of one ``time`` request, by index (warm-up calls first)."""
+
+    n: int
+    warmup: int
+    calls: dict[int, CallRecord] = field(default_factory=dict)
+    junk: int = 0  # datagrams that fit no call of this batch
+    #: False where the kernel does not stamp datagrams: the times are the supervisor's receipt
+    #: times, which hold its own latency, and say nothing about the windows.
+    stamped: bool = True
+
+    def complete(self) -> bool:
+        """Whether every call was seen whole, once: ``S``, ``E`` and ``C``, in that order."""
+        total = self.n + self.warmup
+        if self.junk or len(self.calls) != total:
+            return False
+        for rec in self.calls.values():
+            if rec.duplicate or None in (rec.start_ns, rec.end_ns, rec.commit_ns):
+                return False
+            if not rec.start_ns <= rec.end_ns <= rec.commit_ns:  # type: ignore[operator]
+                return False
+        return True
+
+
+class Observer:
+    """The supervisor's end of one worker's stamp socket.
+
+    :meth:`run` sends a ``time`` request and, on a thread, receives the worker's datagrams while
+    the batch runs, answering each commit with the audit choice of ``keep`` and the next seed.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def _drain_stale(self) -> None:
+        self.sock.setblocking(False)
+        try:
+            while True:
+                self.sock.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:
+            pass
+
+    def run(
+        self,
+        request: Callable[..., dict[str, Any]],
+        timeout_s: float,
+        *,
+        n: int,
+        warmup: int,
+        keep: Callable[[int], int],
+        **fields: Any,
+    ) -> tuple[dict[str, Any], BatchObservation]:
+        """Send ``request("time", timeout_s, n=n, warmup=warmup, link=..., **fields)`` and
+        observe its calls. ``keep(i)`` (timed call index from 0) returns the slot call ``i``
+        is kept in, or -1; it is asked only after the call's commit arrived. Each next call's
+        seed is drawn when the previous call's ``E`` arrives.
+
+        Returns the reply and the observation; exceptions of ``request`` propagate.
+        """
+        self._drain_stale()
+        batch = secrets.randbits(32)
+        obs = BatchObservation(n, warmup, stamped=kernel_stamps())
+        total = n + warmup
+        seeds = [secrets.randbits(62)]
+        obs.calls[0] = CallRecord(seeds[0])
+        stop = threading.Event()
+
+        def send(data: bytes) -> None:
+            try:
+                self.sock.send(data)
+            except OSError:
+                obs.junk += 1
+
+        def on_datagram(data: bytes, stamp: int | None) -> None:
+            tag = data[:1]
+            if tag in (b"S", b"E") and len(data) == MARK.size:
+                _, b, i = MARK.unpack(data)
+                rec = obs.calls.get(i) if b == batch else None
+                if rec is None or stamp is None:
+                    obs.junk += 1
+                    return
+                attr = "start_ns" if tag == b"S" else "end_ns"
+                if getattr(rec, attr) is not None:
+                    rec.duplicate = True
+                    return
+                setattr(rec, attr, stamp)
+                if tag == b"E" and i + 1 < total:
+                    nxt = secrets.randbits(62)
+                    obs.calls[i + 1] = CallRecord(nxt)
+                    rec.next_seed_ns = time.time_ns()
+                    send(SEED.pack(b"N", batch, i + 1, nxt))
+                return
+            if tag == b"C" and len(data) >= COMMIT_HEAD.size:
+                _, b, i, k = COMMIT_HEAD.unpack_from(data)
+                rec = obs.calls.get(i) if b == batch else None
+                if rec is None or stamp is None or rec.commit_ns is not None:
+                    obs.junk += 1
+                    return
+                if len(data) != COMMIT_HEAD.size + k * COMMIT_ITEM.size or k > MAX_OUTPUTS:
+                    obs.junk += 1
+                    return
+                rec.commit_ns = stamp
+                rec.digests = [
+                    COMMIT_ITEM.unpack_from(data, COMMIT_HEAD.size + j * COMMIT_ITEM.size)
+                    for j in range(k)
+                ]
+                rec.slot = keep(i - warmup) if i >= warmup else -1
+                send(SLOT.pack(b"K", batch, i, rec.slot))
+                return
+            obs.junk += 1
+
+        def receive() -> None:
+            space = socket.CMSG_SPACE(16)
+            self.sock.settimeout(0.05)
+            while True:
+                try:
+                    data, anc, _, _ = self.sock.recvmsg(
+                        COMMIT_HEAD.size + MAX_OUTPUTS * COMMIT_ITEM.size + 1, space
+                    )
+                except TimeoutError:
+                    if stop.is_set():
+                        return
+                    continue
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError:
+                    return
+                stamp = None
+                for level, kind, raw in anc:
+                    if level == socket.SOL_SOCKET and kind == SCM_TIMESTAMPNS and len(raw) >= 16:
+                        sec, nsec = struct.unpack_from("qq", raw)
+                        stamp = sec * 1_000_000_000 + nsec
+                if stamp is None and not obs.stamped:
+                    stamp = time.time_ns()
+                on_datagram(data, stamp)
+
+        thread = threading.Thread(target=receive, name="kj-stamps", daemon=True)
+        thread.start()
+        try:
+            reply = request(
+                "time",
+                timeout_s,
+                n=n,
+                warmup=warmup,
+                link={"batch": batch, "seed": seeds[0]},
+                **fields,
+            )
+        finally:
+            stop.set()
+            thread.join()
+        return reply, obs
+
+
+class Reservoir:
+    """Uniform sample of ``size`` timed calls over every call offered (reservoir sampling):
+    :meth:`offer` returns the slot the ``m``-th call goes to, or -1, from this process's
+    entropy. ``kept[slot]`` is whatever the caller stores with the slot."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.seen = 0
+        self.kept: dict[int, Any] = {}
+
+    def offer(self) -> int:
+        self.seen += 1
+        if self.seen <= self.size:
+            return self.seen - 1
+        j = secrets.randbelow(self.seen)
+        return j if j < self.size else -1

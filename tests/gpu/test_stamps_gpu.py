@@ -1,0 +1,84 @@
+"""The timed calls' observation on a GPU: the tree digest gives the same bits on the device as
+on the CPU, the loop marks and commits CUDA calls, and the kernel stamps datagrams here."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+
+import pytest
+import torch
+
+from kerneljudge.stage_timing import _observed
+from kerneljudge.worker import measure
+from kerneljudge.worker.stamps import KIND_TREE, Observer, output_digest, socket_pair
+
+pytestmark = pytest.mark.gpu
+
+
+def test_the_kernel_stamps_datagrams_at_their_send() -> None:
+    sup, wrk = socket_pair()
+    sent = time.time_ns()
+    wrk.send(b"x")
+    time.sleep(0.1)
+    _, anc, _, _ = sup.recvmsg(16, socket.CMSG_SPACE(16))
+    assert anc, "no SO_TIMESTAMPNS stamp on an AF_UNIX datagram"
+    sec, nsec = struct.unpack_from("qq", anc[0][2])
+    assert abs(sec * 10**9 + nsec - sent) < 50_000_000  # the send, not the read 100 ms later
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.bool, torch.uint8]
+)
+def test_the_tree_digest_is_the_same_on_the_gpu_and_the_cpu(dtype: torch.dtype) -> None:
+    x = torch.randn(1001, 33) * 100
+    x = (x > 0) if dtype is torch.bool else x.to(dtype)
+    assert output_digest(x.cuda(), KIND_TREE) == output_digest(x, KIND_TREE)
+
+
+def test_the_digest_of_a_large_output_is_fast_on_the_gpu() -> None:
+    x = torch.randn(64 << 20 >> 2, device="cuda")  # 64 MiB: digested on the device
+    assert output_digest(x)[0] == KIND_TREE
+    output_digest(x)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(5):
+        output_digest(x)
+    per_ms = (time.perf_counter() - t0) / 5 * 1e3
+    print(f"tree digest of 64 MiB on the GPU: {per_ms:.2f} ms")
+    assert per_ms < 1000
+
+
+def test_cuda_calls_are_marked_committed_and_kept() -> None:
+    dev = torch.device("cuda")
+    sets = [[torch.randn(512, 512, device=dev)]]
+    sup, wrk = socket_pair()
+    box: dict = {}
+
+    def request(op, timeout_s, **fields):  # type: ignore[no-untyped-def]
+        link = fields["link"]
+        box["r"] = measure.time_calls(
+            lambda x: x @ x,
+            sets,
+            n=fields["n"],
+            warmup=fields["warmup"],
+            device=dev,
+            flush=torch.empty(1 << 20, dtype=torch.uint8, device=dev),
+            poison_bytes=1 << 20,
+            link=measure.Link(wrk, link["batch"]),
+            seed=link["seed"],
+        )
+        return {"times_ms": box["r"][0]}
+
+    _, obs = Observer(sup).run(request, 60, n=20, warmup=2, keep=lambda i: 0 if i == 5 else -1)
+    times, kept, _ = box["r"]
+    assert obs.complete()
+    windows, _ = _observed(obs)
+    assert all(w >= t for w, t in zip(windows, times))
+    excess = sorted(w - t for w, t in zip(windows, times))
+    print(f"window minus CUDA event time, median {excess[len(excess) // 2] * 1e3:.1f} us")
+    rec = obs.calls[2 + 5]
+    args = measure.perturb(sets[0], [True], rec.seed)
+    assert torch.equal(kept[0][0], args[0] @ args[0])
+    assert [output_digest(t, k) for t, (k, _) in zip(kept[0], rec.digests)] == rec.digests

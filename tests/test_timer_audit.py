@@ -1,0 +1,313 @@
+"""The timer audit: kernel-stamped call windows, the rescale and gap rules, output digests, and
+commit-then-choose of audited calls (kerneljudge.timer_rule, kerneljudge.worker.stamps)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from kerneljudge.stage_timing import KeptCall, _audit_timed_calls, _observed
+from kerneljudge.timer_rule import Batch, median_bounds, timer_check
+from kerneljudge.verdict import Status
+from kerneljudge.worker import measure
+from kerneljudge.worker.digest import digest
+from kerneljudge.worker.stamps import (
+    KIND_SHA256,
+    KIND_TREE,
+    Observer,
+    output_digest,
+    socket_pair,
+)
+
+ADV = Path(__file__).resolve().parent / "adversarial"
+
+
+# ------------------------------------------------------------------ the rules, synthetic samples
+def _batches(
+    rng: np.random.Generator,
+    call_ms: float,
+    *,
+    scale: float = 1.0,
+    moved_ms: float = 0.0,
+    noise: bool = True,
+    rounds: int = 8,
+    n: int = 10,
+    fixed_ms: float = 0.004,
+    gap_ms: float = 0.3,
+) -> list[Batch]:
+    """Batches of a loop whose calls take ``call_ms`` (plus heavy-tailed preemption that both
+    clocks see), ``fixed_ms`` between a stamp and a clock read (plus rare stalls there), a
+    clock slowed by ``scale`` and ``moved_ms`` of each call's work done between calls."""
+    out = []
+    for _ in range(rounds):
+        true = np.full(n, call_ms)
+        fixed = np.full(n, fixed_ms)
+        gaps = np.full(n, gap_ms + moved_ms)
+        if noise:
+            true = true * rng.lognormal(0, 0.5, n) + rng.exponential(call_ms, n) * (
+                rng.random(n) < 0.4
+            )  # 40% of calls preempted, for up to several call times
+            fixed = fixed + rng.exponential(0.5, n) * (rng.random(n) < 0.2)  # 20% stalled
+            gaps = gaps * rng.lognormal(0, 0.7, n) + rng.exponential(2, n) * (rng.random(n) < 0.3)
+        windows = true + fixed
+        reported = true / scale
+        out.append(
+            Batch(n, 1, float(windows.sum() + gaps.sum()), tuple(reported), tuple(windows),
+                  tuple(gaps[:-1]))
+        )  # fmt: skip
+    return out
+
+
+def test_honest_loops_under_heavy_noise_are_never_rejected() -> None:
+    rng = np.random.default_rng(0)
+    statuses = []
+    for _ in range(400):
+        cand_ms = float(rng.choice([0.02, 0.3, 3.0, 40.0]))
+        seen = {
+            "eager": _batches(rng, float(rng.choice([0.05, 3.0])), rounds=int(rng.integers(1, 9))),
+            "candidate": _batches(rng, cand_ms, rounds=int(rng.integers(1, 9))),
+        }
+        statuses.append(timer_check(seen).status)
+    assert "rejected" not in statuses
+    assert statuses.count("ok") > 0.9 * len(statuses)
+
+
+@pytest.mark.parametrize("call_ms", [0.3, 1.0, 3.0, 30.0])
+def test_a_clock_slowed_1_2x_is_caught_from_a_few_hundred_microseconds(call_ms: float) -> None:
+    rng = np.random.default_rng(1)
+    seen = {
+        "eager": _batches(rng, 2.0, noise=False),
+        "candidate": _batches(rng, call_ms, scale=1.2, noise=False),
+    }
+    found = timer_check(seen)
+    assert found.status == "rejected" and "clock running slow" in found.reason
+
+
+@pytest.mark.parametrize("call_ms", [1.0, 3.0, 30.0])
+def test_a_clock_slowed_1_2x_is_caught_under_load(call_ms: float) -> None:
+    rng = np.random.default_rng(2)
+    seen = {
+        "eager": _batches(rng, 2.0, rounds=8),
+        "candidate": _batches(rng, call_ms, scale=1.2, rounds=8),
+    }
+    assert timer_check(seen).status == "rejected"
+
+
+def test_work_moved_between_calls_is_caught() -> None:
+    rng = np.random.default_rng(3)
+    seen = {
+        "eager": _batches(rng, 3.0, noise=False),
+        "candidate": _batches(rng, 0.3, moved_ms=2.7, noise=False),
+    }
+    found = timer_check(seen)
+    assert found.status == "rejected" and "outside the timed windows" in found.reason
+
+
+def test_a_borderline_difference_is_inconclusive_not_rejected() -> None:
+    eager = [Batch(4, 1, 0.0, (1.0,) * 4, (1.01,) * 4, (0.2,) * 4)]
+    # the candidate's e: half far out, half like the reference's: the point estimate is past
+    # the bound, the interval is not
+    cand = [Batch(6, 1, 0.0, (1.0,) * 6, (1.01, 1.01, 1.01, 1.5, 1.5, 1.5), (0.2,) * 6)]
+    found = timer_check({"eager": eager, "candidate": cand})
+    assert found.status == "inconclusive"
+
+
+def test_median_bounds_hold_the_median() -> None:
+    lo, med, hi = median_bounds(list(range(101)))
+    assert lo < med == 50 < hi
+    assert median_bounds([3.0]) == (3.0, 3.0, 3.0)
+
+
+# ------------------------------------------------------------------ digests
+DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int8,
+    torch.uint8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.bool,
+]
+
+
+@pytest.mark.parametrize("kind", [KIND_SHA256, KIND_TREE])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_any_single_bit_change_changes_the_digest(kind: int, dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(5)
+    x = (torch.randn(7, 5, generator=gen) * 50).to(dtype)  # 35 elements: not whole words
+    if dtype is torch.bool:
+        x = torch.rand(7, 5, generator=gen) > 0.5
+    base = output_digest(x, kind)
+    assert output_digest(x.clone(), kind) == base
+    raw = x.reshape(-1).view(torch.uint8)
+    for byte in range(raw.numel()):
+        for bit in range(8):
+            y = raw.clone()
+            y[byte] ^= 1 << bit
+            changed = y.view(dtype).reshape(x.shape)
+            assert output_digest(changed, kind) != base, (byte, bit)
+    # the tree digest changes in both lanes
+    if kind == KIND_TREE:
+        y = raw.clone()
+        y[0] ^= 1
+        a, b = digest(y.view(dtype))
+        assert a != digest(x)[0] and b != digest(x)[1]
+
+
+def test_digest_covers_length_and_layout() -> None:
+    x = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    assert output_digest(x.t(), KIND_TREE) == output_digest(x.t().contiguous(), KIND_TREE)
+    assert output_digest(x, KIND_TREE) != output_digest(x.t().contiguous(), KIND_TREE)
+    assert output_digest(torch.zeros(4), KIND_TREE) != output_digest(torch.zeros(5), KIND_TREE)
+    assert output_digest(torch.zeros(0), KIND_SHA256) == output_digest(
+        torch.zeros(0, dtype=torch.int8), KIND_SHA256
+    )
+
+
+# ------------------------------------------------------------------ the loop and the observer
+def _observe(fn, sets, n: int, warmup: int, keep, threads_before=None):  # type: ignore[no-untyped-def]
+    sup, wrk = socket_pair()
+    box: dict = {}
+
+    def request(op, timeout_s, **fields):  # type: ignore[no-untyped-def]
+        link = fields["link"]
+        box["result"] = measure.time_calls(
+            fn,
+            sets,
+            n=fields["n"],
+            warmup=fields["warmup"],
+            device=torch.device("cpu"),
+            flush=None,
+            poison_bytes=0,
+            link=measure.Link(wrk, link["batch"]),
+            seed=link["seed"],
+            threads_before=threads_before,
+        )
+        return {"times_ms": box["result"][0]}
+
+    try:
+        reply, obs = Observer(sup).run(request, 30, n=n, warmup=warmup, keep=keep)
+    finally:
+        sup.close()
+        wrk.close()
+    return box["result"], obs
+
+
+def test_observed_calls_hold_their_reported_times_and_kept_outputs_bind() -> None:
+    sets = [[torch.randn(64, 32)], [torch.randn(64, 32)]]
+    (times, kept, _), obs = _observe(lambda x: torch.tanh(x @ x.T), sets, 12, 2, lambda i: i % 3)
+    assert obs.complete()
+    windows, gaps = _observed(obs)
+    assert len(windows) == 12 and len(gaps) == 13
+    assert all(w >= t for w, t in zip(windows, times))  # the stamps enclose the clock reads
+    assert sorted(kept) == [0, 1, 2]
+    for slot, outs in kept.items():
+        i = max(j for j, rec in obs.calls.items() if rec.slot == slot)
+        rec = obs.calls[i]
+        assert [output_digest(t, kind) for t, (kind, _) in zip(outs, rec.digests)] == rec.digests
+        args = measure.perturb(sets[i % 2], [True], rec.seed)
+        assert torch.equal(outs[0], torch.tanh(args[0] @ args[0].T))
+    assert len({rec.seed for rec in obs.calls.values()}) == 14  # drawn by the observer
+
+
+def test_a_thread_alive_at_the_end_mark_fails_the_call_without_grace() -> None:
+    from kerneljudge.worker.sandbox import thread_idents
+
+    release = threading.Event()
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        threading.Thread(target=release.wait, daemon=True).start()
+        return x * 2
+
+    try:
+        with pytest.raises(measure.ThreadLeftRunning, match="still running when forward"):
+            _observe(fn, [[torch.randn(8)]], 3, 0, lambda i: -1, threads_before=thread_idents())
+    finally:
+        release.set()
+
+
+class _Revealing:
+    """A candidate worker's ``timed_outputs`` answer, as code in its process may rewrite it."""
+
+    def __init__(self, slots: dict) -> None:
+        self.slots = slots
+
+    def request(self, op: str, timeout_s: float, **fields):  # type: ignore[no-untyped-def]
+        assert op == "timed_outputs"
+        return {"slots": self.slots, "n_sets": 1}
+
+
+def test_an_output_revealed_other_than_the_one_committed_is_rejected() -> None:
+    from kerneljudge import JudgeConfig
+
+    committed = torch.zeros(16)  # what the call returned (and the worker digested)
+    honest = torch.randn(16)  # what it shows once it knows the call is audited
+    call = KeptCall(index=3, n_sets=1, seed=7, digests=(output_digest(committed),))
+    cfg = JudgeConfig(run_timeout_s=10.0)
+    status, why = _audit_timed_calls(
+        cfg,
+        _Revealing({0: [honest]}),  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        [[torch.randn(16)]],
+        1e-3,
+        1e-3,
+        True,
+        {0: call},
+    )
+    assert status is Status.REJECTED and "not those the worker committed to" in why
+    cfg = JudgeConfig(run_timeout_s=10.0)
+    status, why = _audit_timed_calls(
+        cfg,
+        _Revealing({}),  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        [[torch.randn(16)]],
+        1e-3,
+        1e-3,
+        True,
+        {0: call},
+    )
+    assert status is Status.REJECTED and "did not keep" in why
+
+
+# ------------------------------------------------------------------ verdicts on the CPU
+@pytest.fixture(scope="module")
+def cpu_judge(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    from kerneljudge import Judge, JudgeConfig
+    from kerneljudge.timing import TimingConfig
+
+    config = JudgeConfig(
+        cache_dir=tmp_path_factory.mktemp("cache"),
+        run_timeout_s=60.0,
+        baselines=("eager",),
+        timing_config=TimingConfig(max_time_s=1.0),
+    )
+    with Judge(ADV / "problem_cpu.py", config) as j:
+        yield j
+
+
+@pytest.mark.parametrize(
+    "name, statuses, words",
+    [
+        ("cheat_rescaled_clock_2_7x.py", {Status.REJECTED}, "clock running slow"),
+        ("cheat_rescaled_clock_1_2x.py", {Status.REJECTED}, "clock running slow"),
+        ("cheat_thread_deferral.py", {Status.REJECTED}, "still running when forward returned"),
+        ("cheat_audit_steering.py", {Status.REJECTED, Status.INCORRECT}, ""),
+        ("cheat_patch_op_time.py", {Status.REJECTED}, "not marked on the stamp socket"),
+    ],
+)
+def test_timing_cheats_are_caught(cpu_judge, name: str, statuses: set, words: str) -> None:  # type: ignore[no-untyped-def]
+    v = cpu_judge.evaluate(ADV / "cpu" / name)
+    assert v.status in statuses, (v.status, v.reason)
+    assert words in v.reason
+
+
+def test_the_honest_baseline_passes_the_timer_audit(cpu_judge) -> None:  # type: ignore[no-untyped-def]
+    v = cpu_judge.evaluate(ADV / "cpu" / "correct_baseline.py")
+    assert v.status is Status.CORRECT, v.reason
