@@ -35,6 +35,10 @@ step() {
 # Packed every 20 s as well: a run killed in the middle of a step keeps that step's output.
 ( while sleep 20; do pack; done ) &
 PACKER=$!
+# The runnable threads every 5 s (what the verdicts' run-queue readings counted).
+( while sleep 5; do date -u +%T; ps -eLo stat,pid,tid,comm | awk '$1 ~ /^R/'; done ) \
+    > "$WORK/runnable.txt" 2>&1 &
+SAMPLER=$!
 LOADERS=()
 if [ "$LOAD" = 1 ]; then
     # Spinners and a bandwidth hog end by themselves after an hour if this script is killed.
@@ -47,7 +51,7 @@ a = np.ones(64 << 20); b = np.empty_like(a)
 while True: np.copyto(b, a)" & LOADERS+=($!)
     echo "load: $(nproc) spinners and a memory-bandwidth hog" | tee "$WORK/load.txt"
 fi
-trap 'kill $PACKER "${LOADERS[@]}" 2>/dev/null; pack' EXIT
+trap 'kill $PACKER $SAMPLER "${LOADERS[@]}" 2>/dev/null; pack' EXIT
 
 { date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu \
     --format=csv; python3 -c "import torch; print('torch', torch.__version__)"; nproc; } \
