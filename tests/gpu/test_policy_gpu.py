@@ -9,7 +9,7 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.parametrize(
-    ("problem", "recording"), [("sliding_window_attention", True), ("causal_gqa", False)]
+    ("problem", "recording"), [("sliding_window_attention", True), ("rmsnorm", False)]
 )
 def test_policy_workers_start_on_the_gpu_ready_to_record(
     fresh_worker_report, problem: str, recording: bool

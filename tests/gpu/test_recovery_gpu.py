@@ -12,6 +12,8 @@ from kerneljudge import Judge, JudgeConfig, Status, TimingConfig
 pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parents[2]
+#: causal_gqa without its custom-kernel policy: the fault candidates are plain PyTorch.
+OPEN_GQA = ROOT / "tests" / "fixtures" / "causal_gqa_any_kernel.py"
 FAULTS = [
     ("tests/adversarial/gpu/gpu_illegal_address.py", Status.RUNTIME_ERROR),
     ("tests/adversarial/gpu/gpu_hang_kernel.py", Status.TIMEOUT),
@@ -28,7 +30,7 @@ def test_faults_in_a_row_leave_the_judge_healthy(shared_cache: Path) -> None:
         timing_config=TimingConfig(max_time_s=2.0),
     )
     good = ROOT / "examples" / "causal_gqa" / "cuda_fused.py"
-    with Judge("causal_gqa", config) as judge:
+    with Judge(OPEN_GQA, config) as judge:
         before = judge.evaluate(good)
         assert before.status is Status.CORRECT, before.reason
         for path, status in FAULTS:

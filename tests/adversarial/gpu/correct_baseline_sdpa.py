@@ -1,6 +1,6 @@
 # expected: correct
 # kind: correct baseline (PyTorch scaled_dot_product_attention, no custom kernel)
-# problem: causal_gqa
+# problem: ../fixtures/causal_gqa_any_kernel.py
 """KJ-ADV-BASELINE-GPU. An honest candidate: K/V expanded to the query heads, then one causal
 scaled_dot_product_attention call. Judged after every faulty or cheating GPU candidate."""
 

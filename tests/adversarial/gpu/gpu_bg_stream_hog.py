@@ -1,6 +1,6 @@
 # expected: correct|rejected
 # kind: background CUDA work while the candidate is idle (slows the reference on the shared GPU)
-# problem: causal_gqa
+# problem: ../fixtures/causal_gqa_any_kernel.py
 # speedup_max_vs_baseline: 3
 """Honest SDPA. A background thread (started with _thread.start_new_thread, so
 threading.enumerate() does not list it) keeps the GPU busy with large matmuls on a side stream

@@ -1,6 +1,6 @@
 # expected: correct|rejected|incorrect
 # kind: work the timer does not see (hidden thread launches the kernels after the call)
-# problem: causal_gqa
+# problem: ../fixtures/causal_gqa_any_kernel.py
 # speedup_max_vs_baseline: 3
 """Honest in correctness trials and in the timed calls whose outputs the judge keeps (read off
 the timing loop's locals on the stack: i, n, warmup, input sets). Every other timed call

@@ -1,6 +1,6 @@
 # expected: timeout
 # kind: a kernel that never ends on the GPU
-# problem: causal_gqa
+# problem: ../fixtures/causal_gqa_any_kernel.py
 """A kernel that spins on a flag in device memory that nobody ever sets. The host blocks in the
 synchronisation after the call; only killing the worker ends it. The judge must give timeout,
 and the GPU must be usable by the next candidate (and by the reference)."""

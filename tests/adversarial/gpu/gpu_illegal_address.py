@@ -1,6 +1,6 @@
 # expected: runtime_error
 # kind: CUDA illegal memory access (the CUDA context is poisoned)
-# problem: causal_gqa
+# problem: ../fixtures/causal_gqa_any_kernel.py
 """A kernel that writes 1 TiB past its output. The launch succeeds; the error surfaces at the
 next synchronisation, and the worker's CUDA context is unusable afterwards: the judge must give
 runtime_error and judge the next candidate on a fresh worker."""

@@ -1,6 +1,6 @@
 # expected: correct|runtime_error|rejected
 # kind: GPU memory hog (takes all free device memory at import, keeps it, computes honestly)
-# problem: causal_gqa
+# problem: ../fixtures/causal_gqa_any_kernel.py
 # affects_others: yes
 # fresh_judge: yes
 """At import (in the run worker; the build worker sees no GPU) it allocates all free memory of

@@ -1,6 +1,6 @@
 # expected: runtime_error
 # kind: GPU out-of-memory (one 1 TiB allocation)
-# problem: causal_gqa
+# problem: ../fixtures/causal_gqa_any_kernel.py
 """Asks the CUDA caching allocator for 1 TiB: torch.OutOfMemoryError. runtime_error."""
 
 import torch

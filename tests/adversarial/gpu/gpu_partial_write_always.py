@@ -1,6 +1,6 @@
 # expected: incorrect
 # kind: partial writes (only the first half of the sequence written into torch.empty)
-# problem: causal_gqa
+# problem: ../fixtures/causal_gqa_any_kernel.py
 """Computes only the first half of the query positions (causal: exactly the first half of the
 work) into a torch.empty output and leaves the rest uninitialised. Must be `incorrect`."""
 

@@ -1,6 +1,6 @@
 # expected: correct|rejected|incorrect
 # kind: partial writes into a stale output block (half the work, only during timing)
-# problem: causal_gqa
+# problem: ../fixtures/causal_gqa_any_kernel.py
 # speedup_max_vs_baseline: 3
 """Honest for the first TRIALS calls. During timing it takes back one of its own earlier output
 blocks from the caching allocator and recomputes only the first half of the query positions into

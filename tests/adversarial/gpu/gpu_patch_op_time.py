@@ -1,6 +1,6 @@
 # expected: correct|rejected|incorrect
 # kind: timer tampering: replacing the worker's timing handler (Worker.op_time)
-# problem: causal_gqa
+# problem: ../fixtures/causal_gqa_any_kernel.py
 # speedup_max_vs_baseline: 3
 """Replaces the worker's "time" request handler in its own process (the entry in the handler table
 of the worker's serve() loop, read off the stack at import; or Worker.op_time on a worker that

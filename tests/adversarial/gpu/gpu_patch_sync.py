@@ -1,6 +1,6 @@
 # expected: correct|rejected|incorrect
 # kind: timer tampering on CUDA (no-op the worker's device synchronisation, work on a side stream)
-# problem: causal_gqa
+# problem: ../fixtures/causal_gqa_any_kernel.py
 # speedup_max_vs_baseline: 3
 """Rebinds the worker's captured torch.cuda.synchronize (module globals _synchronize of
 kerneljudge.worker.runtime/.measure) to a function that does nothing when called from the

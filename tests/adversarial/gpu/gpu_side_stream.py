@@ -1,6 +1,6 @@
 # expected: correct|rejected
 # kind: work on another CUDA stream, never synchronised with the current one
-# problem: causal_gqa
+# problem: ../fixtures/causal_gqa_any_kernel.py
 # speedup_max_vs_baseline: 3
 """Honest SDPA, but run on a private side stream; forward returns without making the current
 stream wait (no wait_stream, no record_stream). With CUDA events on the current stream alone the

@@ -1,6 +1,6 @@
 # expected: correct|rejected|incorrect
 # kind: timing-aware candidate (reads the timing loop's locals; no work in unchecked calls)
-# problem: causal_gqa
+# problem: ../fixtures/causal_gqa_any_kernel.py
 # speedup_max_vs_baseline: 3
 """Honest in correctness trials. In the timing loop it reads i, n, warmup and the number of input
 sets from the loop's frame and computes only the calls whose outputs the judge keeps; every other

@@ -1,6 +1,6 @@
 # expected: correct|rejected|incorrect
 # kind: stale memory (uninitialised output that still holds an earlier result, during timing)
-# problem: causal_gqa
+# problem: ../fixtures/causal_gqa_any_kernel.py
 # speedup_max_vs_baseline: 3
 """Honest for the first TRIALS calls. During timing (same inputs every call) it asks the CUDA
 caching allocator for an output block; when it gets back one of its own earlier output blocks

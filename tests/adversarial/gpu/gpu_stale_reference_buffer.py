@@ -1,6 +1,6 @@
 # expected: incorrect
 # kind: stale memory (hoping for the reference's freed output buffer)
-# problem: causal_gqa
+# problem: ../fixtures/causal_gqa_any_kernel.py
 """Returns torch.empty_like(q), never written, hoping that the allocator hands back the block in
 which the reference just wrote its output. The reference runs in another process, so it cannot:
 must be `incorrect`."""
