@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kerneljudge.policy import CUSTOM_KERNEL_REQUIRED
+from kerneljudge.render import noise_line
 from kerneljudge.verdict import BuildResult, CheckResult, Status, Verdict
 
 __all__ = [
@@ -208,6 +209,11 @@ def _timing_lines(verdict: Verdict) -> list[str]:
         )
     for baseline, why in timing.baseline_errors.items():
         out.append(f"Speedup over {_BASELINE_NAMES.get(baseline, baseline)}: {why}")
+    noise = noise_line(timing)
+    if noise:
+        out.append(noise[0].upper() + noise[1:])
+    if timing.timer_note:
+        out.append(f"Timer audit: {timing.timer_note}")
     r = timing.roofline
     if r is not None and (r.achieved_gbps or r.achieved_tflops):
         text = f"Throughput: {r.achieved_gbps or 0:.1f} GB/s, {r.achieved_tflops or 0:.3g} TFLOP/s"
