@@ -13,6 +13,7 @@ import dataclasses
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -115,7 +116,16 @@ def clear_stale_batons(cache: BuildCache, key: str, older_than_s: float = STALE_
 
     Returns the number of files removed.
     """
-    from torch.utils import cpp_extension
+    # Imported here only to read which loader this torch has: its import warns "No CUDA
+    # runtime is found" on every machine without a GPU, about a toolkit this process never uses
+    # (builds run in the build worker, with CUDA_HOME from kerneljudge.toolchain).
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        from torch.utils import cpp_extension
+    finally:
+        logger.setLevel(level)
 
     if hasattr(cpp_extension, "FileLock"):
         return 0
