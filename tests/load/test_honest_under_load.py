@@ -197,9 +197,6 @@ def test_honest_correct_under_load(bench: _Bench, case: Honest) -> None:
         )
 
 
-@pytest.mark.xfail(
-    reason="today a torch.compile candidate is rejected for starting a process", strict=False
-)
 def test_torch_compile_correct_under_load(bench: _Bench) -> None:
     c = COMPILED
     verdicts = bench.evaluate(c.name, c.problem, c.path, c.times)
