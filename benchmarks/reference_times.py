@@ -54,7 +54,7 @@ def time_reference(
     compiled = ref.compile_error is None
     try:
         if device.startswith("cuda"):
-            ref.request("pin", 60, cpu=timing_cpu())
+            ref.request("pin", 60, cpus=[timing_cpu()])
         flush = 2 * (describe_device(device).l2_bytes or 128 << 20) if device != "cpu" else 0
 
         def sampler(target: str):

@@ -35,19 +35,11 @@ __all__ = [
     "below_floor",
     "roofline_of",
     "time_candidate",
-    "timer_inconsistency",
 ]
 
 #: Timed calls of the candidate kept for the audit (a uniform sample over all its timed calls,
 #: drawn here after each call's outputs were committed), each checked against the reference.
 AUDITED_CALLS = 8
-
-
-def timer_inconsistency(batches: dict[str, list[Batch]], candidate: str = "candidate") -> str:
-    """Why the candidate's reported times cannot be its calls' times ("" when they can be, or
-    when the evidence is not conclusive): :func:`kerneljudge.timer_rule.timer_check`."""
-    found = timer_check(batches, candidate)
-    return found.reason if found.status == "rejected" else ""
 
 
 @dataclass(frozen=True)

@@ -390,13 +390,13 @@ class Worker:
         return {"times_ms": times, "wall_s": wall, "n_sets": len(self.sets)}
 
     def op_pin(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Move every thread of this process onto the CPU cores ``cpus`` (a list; ``cpu``, one
-        core, is read when ``cpus`` is absent) for timing, and set torch's intra-op threads to
-        ``threads`` (default: one per core of the set). More threads than cores turns every
+        """Move every thread of this process onto the CPU cores ``cpus`` (a list) for timing,
+        and set torch's intra-op threads to ``threads`` (default: one per core of the set).
+        More threads than cores turns every
         parallel CPU op into a wait for each thread's turn (seconds for a few small ops on one
         core). Threads started later inherit the set from the thread that starts them. The
         worker keeps both from then on, whatever ``threads`` it was started with."""
-        cpus = {int(c) for c in msg["cpus"]} if "cpus" in msg else {int(msg["cpu"])}
+        cpus = {int(c) for c in msg["cpus"]}
         for task in os.listdir("/proc/self/task"):
             try:
                 os.sched_setaffinity(int(task), cpus)
