@@ -38,15 +38,19 @@ def _batches(
     n: int = 10,
     fixed_ms: float = 0.004,
     gap_ms: float = 0.3,
+    preempted_ms: float = 0.0,
+    cpu_counted: bool = False,
 ) -> list[Batch]:
     """Batches of a loop whose calls take ``call_ms`` (plus heavy-tailed preemption that both
     clocks see), ``fixed_ms`` between a stamp and a clock read (plus rare stalls there), a
-    clock slowed by ``scale`` and ``moved_ms`` of each call's work done between calls."""
+    clock slowed by ``scale`` and ``moved_ms`` of each call's work done between calls;
+    ``preempted_ms``: time off the CPU added to every gap; ``cpu_counted``: the batches carry
+    the kernel's count of the CPU time in the gaps (their work, not the preemption)."""
     out = []
     for _ in range(rounds):
         true = np.full(n, call_ms)
         fixed = np.full(n, fixed_ms)
-        gaps = np.full(n, gap_ms + moved_ms)
+        gaps = np.full(n, gap_ms + moved_ms + preempted_ms)
         if noise:
             true = true * rng.lognormal(0, 0.5, n) + rng.exponential(call_ms, n) * (
                 rng.random(n) < 0.4
@@ -57,7 +61,8 @@ def _batches(
         reported = true / scale
         out.append(
             Batch(n, 1, float(windows.sum() + gaps.sum()), tuple(reported), tuple(windows),
-                  tuple(gaps[:-1]))
+                  tuple(gaps[:-1]),
+                  (gap_ms + moved_ms) * (n - 1) if cpu_counted else None)
         )  # fmt: skip
     return out
 
@@ -105,6 +110,32 @@ def test_work_moved_between_calls_is_caught() -> None:
     }
     found = timer_check(seen)
     assert found.status == "rejected" and "outside the timed windows" in found.reason
+
+
+def test_work_moved_between_calls_is_caught_by_the_cpu_count_too() -> None:
+    rng = np.random.default_rng(3)
+    seen = {
+        "eager": _batches(rng, 3.0, noise=False),
+        "candidate": _batches(rng, 0.3, moved_ms=2.7, noise=False, cpu_counted=True),
+    }
+    found = timer_check(seen)
+    assert found.status == "rejected" and "CPU time in each" in found.reason
+
+
+def test_gaps_long_only_off_the_cpu_are_inconclusive_not_rejected() -> None:
+    """Every gap of the candidate 8 ms longer on the wall clock (the host preempted it there)
+    while the kernel counted only the loop's own work in them: not a timer cheat."""
+    rng = np.random.default_rng(4)
+    seen = {
+        "eager": _batches(rng, 0.25, noise=False, gap_ms=0.45),
+        "candidate": _batches(rng, 2.0, noise=False, gap_ms=0.6, preempted_ms=8.0,
+                              cpu_counted=True),
+    }  # fmt: skip
+    found = timer_check(seen)
+    assert found.status == "inconclusive" and "taken the CPU" in found.reason
+    # without the count the same gaps are rejected
+    seen["candidate"] = _batches(rng, 2.0, noise=False, gap_ms=0.6, preempted_ms=8.0)
+    assert timer_check(seen).status == "rejected"
 
 
 def test_a_borderline_difference_is_inconclusive_not_rejected() -> None:

@@ -73,6 +73,18 @@ def _observed(obs: BatchObservation) -> tuple[tuple[float, ...], tuple[float, ..
     return windows, gaps
 
 
+def gap_cpu_floor(obs: BatchObservation, gaps: tuple[float, ...], cores: int) -> float | None:
+    """A lower bound (ms) on the CPU time the worker used inside the gaps ``gaps`` (ms, from
+    :func:`_observed`) of one batch, from the kernel's count of its CPU time over the request
+    (``obs.cpu_ns``): its threads run on ``cores`` CPU cores, so outside the gaps they used at
+    most ``cores`` times the rest of the request's wall time. None where the CPU time was not
+    read."""
+    if obs.cpu_ns is None or obs.request_ns is None or obs.reply_ns is None:
+        return None
+    rest_ms = (obs.reply_ns - obs.request_ns) / 1e6 - sum(gaps)
+    return obs.cpu_ns / 1e6 - cores * max(0.0, rest_ms)
+
+
 def time_candidate(
     config: JudgeConfig,
     info: DeviceInfo,
@@ -150,12 +162,13 @@ def time_candidate(
                 worker.pause(True)  # nothing of the candidate runs while the reference is timed
             t0 = time.perf_counter()
             try:
-                reply, obs = Observer(process().stamps).run(
+                reply, obs = Observer(process().stamps, cores).run(
                     request,
                     cfg.run_timeout_s,
                     n=n,
                     warmup=warmup,
                     keep=(lambda i: reservoir.offer()) if cand else (lambda i: -1),
+                    cpu_pid=process().worker_pid() if cand else None,
                     flush_bytes=flush,
                     target=name,
                     roll=roll,
@@ -180,7 +193,16 @@ def time_candidate(
                 if not obs.stamped:
                     unstamped.append(name)
                 seen.setdefault(name, []).append(
-                    Batch(n, warmup, wall_ms, tuple(times), windows, gaps)
+                    Batch(
+                        n,
+                        warmup,
+                        wall_ms,
+                        tuple(times),
+                        windows,
+                        gaps,
+                        gap_cpu_floor(obs, gaps, len(cores)) if obs.stamped else None,
+                        len(cores),
+                    )
                 )
                 for i, rec in obs.calls.items():
                     if cand and rec.slot >= 0 and type(n_sets) is int:

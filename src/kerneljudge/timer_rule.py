@@ -24,7 +24,16 @@ at the same moment (alternating batches), on the same inputs.
   outputs after its end mark or before its start mark): it lengthens ``h``. Rejected when the
   lower bound of the candidate's median ``h`` exceeds the upper bound of the reference's by
   ``GAP_REF_FACTOR`` times the reference's median ``h``, plus ``GAP_FRACTION`` of the
-  candidate's median window, plus ``GAP_SLACK_MS``.
+  candidate's median window, plus ``GAP_SLACK_MS``, and the kernel's count of the worker's CPU
+  time shows the work: a loaded host preempts a worker inside its gaps too, which lengthens
+  them on the wall clock with no work in them (on 2 busy cores, for more than half of them).
+  The count is a lower bound on the CPU time used inside the gaps, per gap
+  (:attr:`Batch.gap_cpu_floor_ms`): the process's CPU time over the request minus what its
+  ``cores`` pinned cores could have run outside the gaps. Past the same bound, times
+  ``cores``, the candidate is rejected; below it, the long gaps are ``inconclusive``. On a
+  quiet host the floor is the work itself; on a loaded one it is lowered by the time the host
+  took the CPU away outside the gaps, so work moved out of the windows that is smaller than
+  that is accepted with a note (docs/security.md).
 
 Medians, with distribution-free confidence bounds from order statistics (:func:`median_bounds`),
 ignore stalls of fewer than half the calls. When the point estimate is past a bound but the
@@ -57,7 +66,7 @@ MIN_CALLS = 3
 class Batch:
     """One ``time`` request as the supervisor saw it, milliseconds: calls, untimed warm-up
     calls, the request's wall time, the reported time of each timed call, its kernel-stamped
-    window, and the worker's own time between consecutive timed calls (one fewer)."""
+    window, and the worker's own time between consecutive calls (warm-up ones included)."""
 
     n: int
     warmup: int
@@ -65,6 +74,11 @@ class Batch:
     times_ms: tuple[float, ...]
     windows_ms: tuple[float, ...] = ()
     gaps_ms: tuple[float, ...] = ()
+    #: A lower bound on the CPU time the worker used inside those gaps, all of them together,
+    #: by the kernel's count (:func:`kerneljudge.stage_timing.gap_cpu_floor`); None: not read.
+    gap_cpu_floor_ms: float | None = None
+    #: CPU cores the worker's threads were pinned to.
+    cores: int = 1
 
 
 @dataclass(frozen=True)
@@ -136,8 +150,26 @@ def timer_check(batches: dict[str, list[Batch]], candidate: str = "candidate") -
             f"same loop: {med_r:.4g} ms): work done outside the timed windows"
         )
         if lo_c - hi_r > bound:
-            return TimerCheck("rejected", why)
-        if med_c - med_r > bound:
+            floors = [b.gap_cpu_floor_ms for b in cand]
+            if any(f is None for f in floors):
+                return TimerCheck("rejected", why)
+            # Long gaps on the wall clock; rejected only if the kernel's count of the worker's
+            # CPU time shows the work in them too. A worker the host took the CPU from in its
+            # gaps used no CPU there; one that computes there did.
+            cores = max(b.cores for b in cand)
+            per_gap = sum(floors) / max(1, len(h_c))  # type: ignore[arg-type]
+            if per_gap > cores * (hi_r + bound):
+                return TimerCheck(
+                    "rejected",
+                    f"{why} (the kernel counted at least {per_gap:.4g} ms of its CPU time in each)",
+                )
+            undecided.append(
+                f"its loop spent {med_c:.4g} ms between timed calls (median; the reference's "
+                f"same loop: {med_r:.4g} ms), but the kernel's count of its CPU time shows only "
+                f"{max(0.0, per_gap):.4g} ms of work in each for sure: the host may have taken "
+                "the CPU from it there"
+            )
+        elif med_c - med_r > bound:
             undecided.append(why)
     if undecided:
         return TimerCheck("inconclusive", undecided[0])

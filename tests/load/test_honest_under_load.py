@@ -69,7 +69,12 @@ HONEST = [
     Honest("identity_tiny", TINY, HERE / "candidates" / "identity_tiny_linear_gate.py", 8, True),
 ]
 COMPILED = Honest("torch_compile", PROBLEM_CPU, HERE / "candidates" / "compiled_linear_gelu.py", 1)
-TIMER_CHEATS = ["cheat_timer_patch_torch", "cheat_timer_patch_worker", "cheat_patch_op_time"]
+TIMER_CHEATS = [
+    "cheat_timer_patch_torch",
+    "cheat_timer_patch_worker",
+    "cheat_patch_op_time",
+    "cheat_precompute_between_calls",
+]
 #: The verdict loop that runs beside the load test's own verdicts (on a judge of its own).
 BESIDE = (PROBLEM_CPU, str(ADV / "cpu" / "correct_baseline.py"))
 

@@ -65,6 +65,9 @@ _randbits = secrets.randbits
 _roll = torch.roll
 _send = socket.socket.send
 _recv = socket.socket.recv
+_DONTWAIT = socket.MSG_DONTWAIT
+#: How long the worker polls for the supervisor's answer before it sleeps on the socket (ns).
+SPIN_NS = 50_000_000
 _thread_idents = thread_idents
 _output_digest = output_digest
 _MARK, _HEAD, _ITEM, _SEED, _SLOT = MARK, COMMIT_HEAD, COMMIT_ITEM, SEED, SLOT
@@ -193,7 +196,19 @@ class Link:
         _send(self.sock, _HEAD.pack(b"C", self.batch, i, len(digests)) + items)
 
     def _read(self) -> None:
-        data = _recv(self.sock, 64)
+        # Polled without sleeping for up to SPIN_NS, then blocking: a worker that sleeps while
+        # the answer travels waits, once woken, for its turn on a busy core (a scheduler slice,
+        # milliseconds, longer the more CPU its calls used), and that wait would land in the
+        # time between its timed calls that the supervisor measures.
+        deadline = _perf_counter_ns() + SPIN_NS
+        while True:
+            try:
+                data = _recv(self.sock, 64, _DONTWAIT)
+                break
+            except BlockingIOError:
+                if _perf_counter_ns() > deadline:
+                    data = _recv(self.sock, 64)
+                    break
         if len(data) == _SEED.size and data[:1] == b"N":
             _, batch, i, seed = _SEED.unpack(data)
             if batch == self.batch:

@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import secrets
 import socket
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +49,7 @@ __all__ = [
     "CallRecord",
     "Observer",
     "output_digest",
+    "process_cpu_ns",
     "kernel_stamps",
     "socket_pair",
 ]
@@ -140,6 +142,12 @@ class BatchObservation:
     #: False where the kernel does not stamp datagrams: the times are the supervisor's receipt
     #: times, which hold its own latency, and say nothing about the windows.
     stamped: bool = True
+    #: The kernel's count of the CPU time all the worker's threads used (ns) from right before
+    #: the request was sent (``request_ns``, ``CLOCK_REALTIME``) to right after its reply came
+    #: (``reply_ns``); None where it could not be read.
+    cpu_ns: int | None = None
+    request_ns: int | None = None
+    reply_ns: int | None = None
 
     def complete(self) -> bool:
         """Whether every call was seen whole, once: ``S``, ``E`` and ``C``, in that order."""
@@ -154,15 +162,29 @@ class BatchObservation:
         return True
 
 
+def process_cpu_ns(pid: int) -> int | None:
+    """CPU time (ns) all threads of process ``pid`` used so far, ended ones included, by the
+    kernel's count: its process CPU clock (``clock_gettime`` on the clock id
+    ``(~pid << 3) | 2``, ``CPUCLOCK_SCHED`` of the pid, as ``clock_getcpuclockid`` makes it),
+    which Linux lets any process read. None where it cannot be read."""
+    try:
+        return time.clock_gettime_ns(((~pid) << 3) | 2)
+    except (OSError, OverflowError):
+        return None
+
+
 class Observer:
     """The supervisor's end of one worker's stamp socket.
 
     :meth:`run` sends a ``time`` request and, on a thread, receives the worker's datagrams while
     the batch runs, answering each commit with the audit choice of ``keep`` and the next seed.
+    That thread runs off the CPU cores in ``avoid_cpus`` (the timed worker's), where it has
+    others: woken there by a datagram, it would take the core from the worker it observes.
     """
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, avoid_cpus: Iterable[int] = ()) -> None:
         self.sock = sock
+        self.avoid_cpus = frozenset(avoid_cpus)
 
     def _drain_stale(self) -> None:
         self.sock.setblocking(False)
@@ -182,12 +204,14 @@ class Observer:
         n: int,
         warmup: int,
         keep: Callable[[int], int],
+        cpu_pid: int | None = None,
         **fields: Any,
     ) -> tuple[dict[str, Any], BatchObservation]:
         """Send ``request("time", timeout_s, n=n, warmup=warmup, link=..., **fields)`` and
         observe its calls. ``keep(i)`` (timed call index from 0) returns the slot call ``i``
         is kept in, or -1; it is asked only after the call's commit arrived. Each next call's
-        seed is drawn when the previous call's ``E`` arrives.
+        seed is drawn when the previous call's ``E`` arrives. ``cpu_pid``: the worker's host
+        pid, whose CPU time over the request is read into the observation's ``cpu_ns``.
 
         Returns the reply and the observation; exceptions of ``request`` propagate.
         """
@@ -244,6 +268,9 @@ class Observer:
             obs.junk += 1
 
         def receive() -> None:
+            others = os.sched_getaffinity(0) - self.avoid_cpus
+            if others and self.avoid_cpus:
+                os.sched_setaffinity(0, others)  # this thread only (Linux)
             space = socket.CMSG_SPACE(16)
             self.sock.settimeout(0.05)
             while True:
@@ -270,6 +297,8 @@ class Observer:
 
         thread = threading.Thread(target=receive, name="kj-stamps", daemon=True)
         thread.start()
+        cpu0 = process_cpu_ns(cpu_pid) if cpu_pid is not None else None
+        obs.request_ns = time.time_ns()
         try:
             reply = request(
                 "time",
@@ -280,6 +309,10 @@ class Observer:
                 **fields,
             )
         finally:
+            obs.reply_ns = time.time_ns()
+            cpu1 = process_cpu_ns(cpu_pid) if cpu_pid is not None else None
+            if cpu0 is not None and cpu1 is not None:
+                obs.cpu_ns = cpu1 - cpu0
             stop.set()
             thread.join()
         return reply, obs
