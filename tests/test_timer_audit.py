@@ -45,7 +45,8 @@ def _batches(
     clocks see), ``fixed_ms`` between a stamp and a clock read (plus rare stalls there), a
     clock slowed by ``scale`` and ``moved_ms`` of each call's work done between calls;
     ``preempted_ms``: time off the CPU added to every gap; ``cpu_counted``: the batches carry
-    the kernel's count of the CPU time in the gaps (their work, not the preemption)."""
+    the kernel's count of the CPU time between calls (their work, not the preemption) and a
+    trusted worker's own count (the same, used only from the reference's batches)."""
     out = []
     for _ in range(rounds):
         true = np.full(n, call_ms)
@@ -62,7 +63,8 @@ def _batches(
         out.append(
             Batch(n, 1, float(windows.sum() + gaps.sum()), tuple(reported), tuple(windows),
                   tuple(gaps[:-1]),
-                  (gap_ms + moved_ms) * (n - 1) if cpu_counted else None)
+                  (gap_ms + moved_ms) * n if cpu_counted else None, 1,
+                  (gap_ms,) * n if cpu_counted else ())
         )  # fmt: skip
     return out
 
@@ -115,11 +117,18 @@ def test_work_moved_between_calls_is_caught() -> None:
 def test_work_moved_between_calls_is_caught_by_the_cpu_count_too() -> None:
     rng = np.random.default_rng(3)
     seen = {
-        "eager": _batches(rng, 3.0, noise=False),
+        "eager": _batches(rng, 3.0, noise=False, cpu_counted=True),
         "candidate": _batches(rng, 0.3, moved_ms=2.7, noise=False, cpu_counted=True),
     }
     found = timer_check(seen)
-    assert found.status == "rejected" and "CPU time in each" in found.reason
+    assert found.status == "rejected" and "CPU time between timed calls" in found.reason
+    # the same under heavy preemption of both sides' gaps: the CPU count does not move
+    seen = {
+        "eager": _batches(rng, 3.0, preempted_ms=9.0, cpu_counted=True),
+        "candidate": _batches(rng, 0.3, moved_ms=2.7, preempted_ms=9.0, cpu_counted=True),
+    }
+    found = timer_check(seen)
+    assert found.status == "rejected" and "CPU time between timed calls" in found.reason
 
 
 def test_gaps_long_only_off_the_cpu_are_inconclusive_not_rejected() -> None:
@@ -127,12 +136,12 @@ def test_gaps_long_only_off_the_cpu_are_inconclusive_not_rejected() -> None:
     while the kernel counted only the loop's own work in them: not a timer cheat."""
     rng = np.random.default_rng(4)
     seen = {
-        "eager": _batches(rng, 0.25, noise=False, gap_ms=0.45),
+        "eager": _batches(rng, 0.25, noise=False, gap_ms=0.45, cpu_counted=True),
         "candidate": _batches(rng, 2.0, noise=False, gap_ms=0.6, preempted_ms=8.0,
                               cpu_counted=True),
     }  # fmt: skip
     found = timer_check(seen)
-    assert found.status == "inconclusive" and "taken the CPU" in found.reason
+    assert found.status == "inconclusive" and "off the CPU" in found.reason
     # without the count the same gaps are rejected
     seen["candidate"] = _batches(rng, 2.0, noise=False, gap_ms=0.6, preempted_ms=8.0)
     assert timer_check(seen).status == "rejected"

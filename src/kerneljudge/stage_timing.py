@@ -73,16 +73,24 @@ def _observed(obs: BatchObservation) -> tuple[tuple[float, ...], tuple[float, ..
     return windows, gaps
 
 
-def gap_cpu_floor(obs: BatchObservation, gaps: tuple[float, ...], cores: int) -> float | None:
-    """A lower bound (ms) on the CPU time the worker used inside the gaps ``gaps`` (ms, from
-    :func:`_observed`) of one batch, from the kernel's count of its CPU time over the request
-    (``obs.cpu_ns``): its threads run on ``cores`` CPU cores, so outside the gaps they used at
-    most ``cores`` times the rest of the request's wall time. None where the CPU time was not
-    read."""
+def gap_cpu_floor(obs: BatchObservation, cores: int) -> float | None:
+    """A lower bound (ms) on the CPU time the worker's process tree used between its calls'
+    windows in one batch (the gaps of :func:`_observed` and the waits for the supervisor's
+    seeds, all together), from the kernel's count over the request (``obs.cpu_ns``): its
+    threads run on ``cores`` CPU cores, so before the first window, inside the windows and
+    after the last one they used at most ``cores`` times that wall time. A call whose work was
+    moved out of its window has a short window, so the bound is close to that work even when
+    the host keeps the worker off the CPU inside the windows. None where the CPU time or a
+    stamp is missing."""
     if obs.cpu_ns is None or obs.request_ns is None or obs.reply_ns is None:
         return None
-    rest_ms = (obs.reply_ns - obs.request_ns) / 1e6 - sum(gaps)
-    return obs.cpu_ns / 1e6 - cores * max(0.0, rest_ms)
+    calls = [obs.calls.get(i) for i in range(obs.warmup + obs.n)]
+    if not calls or any(c is None or c.start_ns is None or c.end_ns is None for c in calls):
+        return None
+    inside = sum(c.end_ns - c.start_ns for c in calls)  # type: ignore[operator,union-attr]
+    before = calls[0].start_ns - obs.request_ns  # type: ignore[operator,union-attr]
+    after = obs.reply_ns - calls[-1].end_ns  # type: ignore[operator,union-attr]
+    return (obs.cpu_ns - cores * max(0, inside + before + after)) / 1e6
 
 
 def time_candidate(
@@ -168,7 +176,7 @@ def time_candidate(
                     n=n,
                     warmup=warmup,
                     keep=(lambda i: reservoir.offer()) if cand else (lambda i: -1),
-                    cpu_pid=process().worker_pid() if cand else None,
+                    cpu_root=process().proc.pid if cand and info.kind != "cuda" else None,
                     flush_bytes=flush,
                     target=name,
                     roll=roll,
@@ -192,6 +200,10 @@ def time_candidate(
                 windows, gaps = _observed(obs) if obs.stamped else ((), ())
                 if not obs.stamped:
                     unstamped.append(name)
+                # CPU workers only: a GPU worker polls for the supervisor's answers and waits
+                # for the device between calls, on the CPU.
+                on_cpu = info.kind != "cuda" and obs.stamped
+                trusted = tuple(float(x) for x in reply.get("between_cpu_ms") or ())
                 seen.setdefault(name, []).append(
                     Batch(
                         n,
@@ -200,8 +212,9 @@ def time_candidate(
                         tuple(times),
                         windows,
                         gaps,
-                        gap_cpu_floor(obs, gaps, len(cores)) if obs.stamped else None,
+                        gap_cpu_floor(obs, len(cores)) if on_cpu and cand else None,
                         len(cores),
+                        trusted if on_cpu and not cand else (),
                     )
                 )
                 for i, rec in obs.calls.items():

@@ -21,19 +21,26 @@ at the same moment (alternating batches), on the same inputs.
   with ``W (1/6 - 0.08) > U + RESCALE_SLACK_MS``: from about 0.3 ms on an idle CPU (``U`` is a
   few microseconds there), about 0.7 ms on a 2-core machine at load 20 (``U`` near 0.04 ms).
 * **Work moved out of the windows** (a replaced timing handler, or a loop that computes a call's
-  outputs after its end mark or before its start mark): it lengthens ``h``. Rejected when the
-  lower bound of the candidate's median ``h`` exceeds the upper bound of the reference's by
-  ``GAP_REF_FACTOR`` times the reference's median ``h``, plus ``GAP_FRACTION`` of the
-  candidate's median window, plus ``GAP_SLACK_MS``, and the kernel's count of the worker's CPU
-  time shows the work: a loaded host preempts a worker inside its gaps too, which lengthens
-  them on the wall clock with no work in them (on 2 busy cores, for more than half of them).
-  The count is a lower bound on the CPU time used inside the gaps, per gap
-  (:attr:`Batch.gap_cpu_floor_ms`): the process's CPU time over the request minus what its
-  ``cores`` pinned cores could have run outside the gaps. Past the same bound, times
-  ``cores``, the candidate is rejected; below it, the long gaps are ``inconclusive``. On a
-  quiet host the floor is the work itself; on a loaded one it is lowered by the time the host
-  took the CPU away outside the gaps, so work moved out of the windows that is smaller than
-  that is accepted with a note (docs/security.md).
+  outputs after its end mark or before its start mark). Two yardsticks.
+
+  - *CPU time* (CPU workers): the kernel's count of the CPU time the candidate's worker and
+    every process it started used between its windows, per call
+    (:attr:`Batch.gap_cpu_floor_ms`, a lower bound: the tree's CPU time over the request minus
+    what its ``cores`` pinned cores could have run inside the windows and before and after
+    them), against the reference worker's own count of its CPU time there
+    (:attr:`Batch.between_cpu_ms`, trusted). Rejected when it exceeds ``cores`` times
+    (``1 + GAP_REF_FACTOR``) times the reference's mean, plus ``GAP_FRACTION`` of the
+    candidate's median window, plus ``GAP_SLACK_MS``. CPU workers sleep while they wait for
+    the supervisor, so an honest loop's count holds its own work only, whatever the load; and
+    work moved out of a window shortens that window, so the time the host kept the worker off
+    the CPU inside the windows, which lowers the bound, is small exactly where work moved.
+  - *Wall time*: ``h``. Past the bound when the lower bound of the candidate's median ``h``
+    exceeds the upper bound of the reference's by ``GAP_REF_FACTOR`` times the reference's
+    median ``h``, plus the same fraction and slack. Rejected where there is no CPU count (GPU
+    workers, which poll for the supervisor and wait for the device on the CPU); with one, long
+    gaps that the CPU count does not confirm are ``inconclusive``: a loaded host preempts a
+    worker, and wakes it late, inside its gaps too (on 2 busy cores, in more than half of a
+    candidate's gaps while the reference's were short).
 
 Medians, with distribution-free confidence bounds from order statistics (:func:`median_bounds`),
 ignore stalls of fewer than half the calls. When the point estimate is past a bound but the
@@ -74,11 +81,15 @@ class Batch:
     times_ms: tuple[float, ...]
     windows_ms: tuple[float, ...] = ()
     gaps_ms: tuple[float, ...] = ()
-    #: A lower bound on the CPU time the worker used inside those gaps, all of them together,
-    #: by the kernel's count (:func:`kerneljudge.stage_timing.gap_cpu_floor`); None: not read.
+    #: A lower bound on the CPU time the worker's process tree used between its calls' windows
+    #: (the gaps and the waits for the supervisor, all of them together), by the kernel's count
+    #: (:func:`kerneljudge.stage_timing.gap_cpu_floor`); None: not read.
     gap_cpu_floor_ms: float | None = None
     #: CPU cores the worker's threads were pinned to.
     cores: int = 1
+    #: A trusted worker's own CPU time between consecutive calls' windows (the reference's;
+    #: empty for a candidate, whose word is not taken).
+    between_cpu_ms: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -140,36 +151,45 @@ def timer_check(batches: dict[str, list[Batch]], candidate: str = "candidate") -
             return TimerCheck("rejected", why)
         if med_c > RESCALE_FRACTION:
             undecided.append(why)
+    window = float(np.median(w_c)) if len(w_c) else 0.0
+    floors = [b.gap_cpu_floor_ms for b in cand]
+    cpu_ref = [x for bs in ref_batches.values() for b in bs for x in b.between_cpu_ms]
+    counted = bool(floors) and all(f is not None for f in floors) and len(cpu_ref) >= MIN_CALLS
+    per_gap = 0.0
+    if counted:
+        # The kernel's count of the CPU time the candidate's processes used between its
+        # windows, against what the reference's loop used there by its own (trusted) count.
+        cores = max(b.cores for b in cand)
+        per_gap = sum(floors) / max(1, sum(b.n + b.warmup - 1 for b in cand))  # type: ignore[arg-type]
+        yard = float(np.mean(cpu_ref))
+        limit = (1.0 + GAP_REF_FACTOR) * yard + GAP_FRACTION * window + GAP_SLACK_MS
+        if per_gap > cores * limit:
+            return TimerCheck(
+                "rejected",
+                f"its processes used at least {per_gap:.4g} ms of CPU time between timed calls "
+                f"(per call, the kernel's count; the reference's same loop: {yard:.4g} ms): "
+                "work done outside the timed windows",
+            )
     if len(h_c) >= MIN_CALLS and len(h_ref) >= MIN_CALLS:
         lo_c, med_c, _ = median_bounds(h_c)
         _, med_r, hi_r = median_bounds(h_ref)
-        window = float(np.median(w_c)) if len(w_c) else 0.0
         bound = GAP_REF_FACTOR * med_r + GAP_FRACTION * window + GAP_SLACK_MS
         why = (
             f"its loop spent {med_c:.4g} ms between timed calls (median; the reference's "
             f"same loop: {med_r:.4g} ms): work done outside the timed windows"
         )
+        if lo_c - hi_r > bound and not counted:
+            return TimerCheck("rejected", why)
         if lo_c - hi_r > bound:
-            floors = [b.gap_cpu_floor_ms for b in cand]
-            if any(f is None for f in floors):
-                return TimerCheck("rejected", why)
-            # Long gaps on the wall clock; rejected only if the kernel's count of the worker's
-            # CPU time shows the work in them too. A worker the host took the CPU from in its
-            # gaps used no CPU there; one that computes there did.
-            cores = max(b.cores for b in cand)
-            per_gap = sum(floors) / max(1, len(h_c))  # type: ignore[arg-type]
-            if per_gap > cores * (hi_r + bound):
-                return TimerCheck(
-                    "rejected",
-                    f"{why} (the kernel counted at least {per_gap:.4g} ms of its CPU time in each)",
-                )
+            # Long on the wall clock with no matching CPU time: a loaded host preempts and
+            # wakes a worker late inside its gaps too.
             undecided.append(
                 f"its loop spent {med_c:.4g} ms between timed calls (median; the reference's "
-                f"same loop: {med_r:.4g} ms), but the kernel's count of its CPU time shows only "
-                f"{max(0.0, per_gap):.4g} ms of work in each for sure: the host may have taken "
-                "the CPU from it there"
+                f"same loop: {med_r:.4g} ms), but the kernel's count of its CPU time shows "
+                f"only {max(0.0, per_gap):.4g} ms of work there: the host may have kept it "
+                "off the CPU"
             )
-        elif med_c - med_r > bound:
+        elif med_c - med_r > bound and not counted:
             undecided.append(why)
     if undecided:
         return TimerCheck("inconclusive", undecided[0])

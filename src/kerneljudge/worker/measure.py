@@ -61,12 +61,13 @@ _record = torch._C._CudaEventBase.record
 _elapsed = torch._C._CudaEventBase.elapsed_time
 _event_sync = torch._C._CudaEventBase.synchronize
 _perf_counter_ns = time.perf_counter_ns
+_process_time_ns = time.process_time_ns
 _randbits = secrets.randbits
 _roll = torch.roll
 _send = socket.socket.send
 _recv = socket.socket.recv
 _DONTWAIT = socket.MSG_DONTWAIT
-#: How long the worker polls for the supervisor's answer before it sleeps on the socket (ns).
+#: How long a GPU worker polls for the supervisor's answer before it sleeps on the socket (ns).
 SPIN_NS = 50_000_000
 _thread_idents = thread_idents
 _output_digest = output_digest
@@ -182,11 +183,15 @@ class Link:
     """The worker's end of the stamp socket (:mod:`kerneljudge.worker.stamps`) for one batch:
     sends the ``S``/``E`` marks and the ``C`` commits, reads the ``N`` seeds and ``K`` slots."""
 
-    def __init__(self, sock: socket.socket, batch: int) -> None:
+    def __init__(self, sock: socket.socket, batch: int, spin_ns: int = 0) -> None:
         self.sock = sock
         self.batch = batch
+        self.spin_ns = spin_ns
         self.seeds: dict[int, int] = {}
         self.slots: dict[int, int] = {}
+        #: CPU time (ms) this process used from each call's end mark to the next call's start
+        #: mark, waits for the supervisor included (a CPU worker sleeps through them).
+        self.between_cpu_ms: list[float] = []
 
     def mark(self, tag: bytes, i: int) -> None:
         _send(self.sock, _MARK.pack(tag, self.batch, i))
@@ -196,11 +201,13 @@ class Link:
         _send(self.sock, _HEAD.pack(b"C", self.batch, i, len(digests)) + items)
 
     def _read(self) -> None:
-        # Polled without sleeping for up to SPIN_NS, then blocking: a worker that sleeps while
+        # Polled without sleeping for up to spin_ns, then blocking. A worker that sleeps while
         # the answer travels waits, once woken, for its turn on a busy core (a scheduler slice,
-        # milliseconds, longer the more CPU its calls used), and that wait would land in the
-        # time between its timed calls that the supervisor measures.
-        deadline = _perf_counter_ns() + SPIN_NS
+        # milliseconds, longer the more CPU its calls used), and that wait lands in the time
+        # between its timed calls that the supervisor measures; one that polls spends CPU time
+        # there, which the supervisor counts on the CPU (timer_rule). GPU workers poll, CPU
+        # workers sleep.
+        deadline = _perf_counter_ns() + self.spin_ns
         while True:
             try:
                 data = _recv(self.sock, 64, _DONTWAIT)
@@ -286,6 +293,7 @@ def time_calls(
     total = warmup + n
     pending: list[tuple[int, list[torch.Tensor]]] = []  # committed, slot not yet known
     seed = _randbits(62) if link is None or seed is None else seed
+    cpu_end = 0
     wall0 = _perf_counter_ns()
     for i in range(total):
         if i == warmup:
@@ -301,6 +309,8 @@ def time_calls(
                     flush.fill_(i & 0xFF)
                 _synchronize()
                 if link is not None:
+                    if i:
+                        link.between_cpu_ms.append((_process_time_ns() - cpu_end) / 1e6)
                     link.mark(b"S", i)
                 _record(start_ev, stream)
                 out = fn(*args)
@@ -309,15 +319,19 @@ def time_calls(
                 _event_sync(end_ev)
                 if link is not None:
                     link.mark(b"E", i)
+                    cpu_end = _process_time_ns()
                 elapsed = float(_elapsed(start_ev, end_ev))
             else:
                 if link is not None:
+                    if i:
+                        link.between_cpu_ms.append((_process_time_ns() - cpu_end) / 1e6)
                     link.mark(b"S", i)
                 t0 = _perf_counter_ns()
                 out = fn(*args)
                 t1 = _perf_counter_ns()
                 if link is not None:
                     link.mark(b"E", i)
+                    cpu_end = _process_time_ns()
                 elapsed = (t1 - t0) / 1e6
             # Taken at the end mark: a result finished later (a thread, a lazy tensor) is not
             # in the copy that is committed and audited.

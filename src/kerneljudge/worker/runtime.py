@@ -344,8 +344,9 @@ class Worker:
         committed on the socket, its seed and audit slot come from the supervisor, and the
         outputs of the calls it keeps are stored by slot for :meth:`op_timed_outputs`.
         Returns ``times_ms`` (one per call), ``wall_s`` (the timed calls' iterations, host
-        clock) and ``n_sets``. A Python thread started by a call and alive at its end mark
-        is a rejecting Fault.
+        clock), ``n_sets`` and, with a link, ``between_cpu_ms``: this process's CPU time from
+        each call's end mark to the next one's start mark (warm-up calls included). A Python
+        thread started by a call and alive at its end mark is a rejecting Fault.
         """
         fn = self.compiled if msg.get("target") == "compile" else self.model
         if fn is None or not self.sets:
@@ -358,7 +359,8 @@ class Worker:
         spec = msg.get("link")
         link = None
         if isinstance(spec, dict) and self.stamp_sock is not None:
-            link = measure.Link(self.stamp_sock, int(spec["batch"]))
+            spin = measure.SPIN_NS if self.device.type == "cuda" else 0
+            link = measure.Link(self.stamp_sock, int(spec["batch"]), spin)
 
         try:
             with self._confined():
@@ -387,7 +389,13 @@ class Worker:
                 _candidate_lineno(exc, self.source_path),
             ) from None
         self.snapshots.update(kept)
-        return {"times_ms": times, "wall_s": wall, "n_sets": len(self.sets)}
+        between = link.between_cpu_ms if link is not None else []
+        return {
+            "times_ms": times,
+            "wall_s": wall,
+            "n_sets": len(self.sets),
+            "between_cpu_ms": between,
+        }
 
     def op_pin(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Move every thread of this process onto the CPU cores ``cpus`` (a list) for timing,

@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from kerneljudge.worker.digest import digest as tree_digest
+from kerneljudge.worker.sandbox import child_pids
 
 __all__ = [
     "SO_TIMESTAMPNS",
@@ -50,6 +51,7 @@ __all__ = [
     "Observer",
     "output_digest",
     "process_cpu_ns",
+    "tree_cpu_ns",
     "kernel_stamps",
     "socket_pair",
 ]
@@ -142,7 +144,7 @@ class BatchObservation:
     #: False where the kernel does not stamp datagrams: the times are the supervisor's receipt
     #: times, which hold its own latency, and say nothing about the windows.
     stamped: bool = True
-    #: The kernel's count of the CPU time all the worker's threads used (ns) from right before
+    #: The kernel's count of the CPU time the worker's process tree used (ns) from right before
     #: the request was sent (``request_ns``, ``CLOCK_REALTIME``) to right after its reply came
     #: (``reply_ns``); None where it could not be read.
     cpu_ns: int | None = None
@@ -171,6 +173,29 @@ def process_cpu_ns(pid: int) -> int | None:
         return time.clock_gettime_ns(((~pid) << 3) | 2)
     except (OSError, OverflowError):
         return None
+
+
+_TICK_NS = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_ns(root: int) -> int | None:
+    """CPU time (ns) used so far by process ``root`` and every live descendant, plus what
+    their children that ended and were reaped had used (``cutime + cstime`` of
+    ``/proc/PID/stat``, in clock ticks of ``1 / SC_CLK_TCK`` s). Work handed to another process
+    of the tree is counted wherever it runs. None where ``root`` cannot be read."""
+    total = process_cpu_ns(root)
+    if total is None:
+        return None
+    for pid in [root, *child_pids(root)]:
+        if pid != root:
+            total += process_cpu_ns(pid) or 0
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[13]) + int(fields[14])) * _TICK_NS  # cutime, cstime
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
 
 
 class Observer:
@@ -204,14 +229,15 @@ class Observer:
         n: int,
         warmup: int,
         keep: Callable[[int], int],
-        cpu_pid: int | None = None,
+        cpu_root: int | None = None,
         **fields: Any,
     ) -> tuple[dict[str, Any], BatchObservation]:
         """Send ``request("time", timeout_s, n=n, warmup=warmup, link=..., **fields)`` and
         observe its calls. ``keep(i)`` (timed call index from 0) returns the slot call ``i``
         is kept in, or -1; it is asked only after the call's commit arrived. Each next call's
-        seed is drawn when the previous call's ``E`` arrives. ``cpu_pid``: the worker's host
-        pid, whose CPU time over the request is read into the observation's ``cpu_ns``.
+        seed is drawn when the previous call's ``E`` arrives. ``cpu_root``: the host pid at the
+        root of the worker's process tree, whose CPU time (:func:`tree_cpu_ns`) over the request
+        is read into the observation's ``cpu_ns``.
 
         Returns the reply and the observation; exceptions of ``request`` propagate.
         """
@@ -297,7 +323,7 @@ class Observer:
 
         thread = threading.Thread(target=receive, name="kj-stamps", daemon=True)
         thread.start()
-        cpu0 = process_cpu_ns(cpu_pid) if cpu_pid is not None else None
+        cpu0 = tree_cpu_ns(cpu_root) if cpu_root is not None else None
         obs.request_ns = time.time_ns()
         try:
             reply = request(
@@ -310,7 +336,7 @@ class Observer:
             )
         finally:
             obs.reply_ns = time.time_ns()
-            cpu1 = process_cpu_ns(cpu_pid) if cpu_pid is not None else None
+            cpu1 = tree_cpu_ns(cpu_root) if cpu_root is not None else None
             if cpu0 is not None and cpu1 is not None:
                 obs.cpu_ns = cpu1 - cpu0
             stop.set()
