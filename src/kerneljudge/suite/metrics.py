@@ -270,8 +270,13 @@ def compute_metrics(
         else:
             for tag in tags or ("-",):
                 keys.setdefault(f"tag {tag}", []).append(name)
+
+    def order(key: str) -> tuple[int, int, str]:
+        tail = key.split(" ", 1)[1]
+        return (0, int(tail), "") if tail.isdigit() else (1, 0, tail)
+
     out = []
-    for key in sorted(keys):
+    for key in sorted(keys, key=order):
         members = set(keys[key])
         out.append(_group(key, keys[key], [s for s in samples if s.problem in members], ps, ks))
     return out
