@@ -201,7 +201,11 @@ def suite_run(
         markup=False,
     )
     if summary.unmatched:
-        console.print(f"{len(summary.unmatched)} candidate files match no problem", style="dim")
+        console.print(
+            f"{len(summary.unmatched)} candidate files match no problem",
+            style="dim",
+            highlight=False,
+        )
     if summary.not_judged:
         console.print(
             f"[yellow]{len(summary.not_judged)} pairs not judged[/] (resume to retry): "
