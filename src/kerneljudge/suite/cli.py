@@ -142,6 +142,8 @@ def suite_run(
             run_timeout_s=run_timeout,
             cache_dir=str(cache_dir.resolve()) if cache_dir else None,
         )
+        if resume is not None and options != SuiteOptions(baselines=("eager",)):
+            _fail("--resume judges with the options stored with the run; give none")
         if dry_run:
             assert suite is not None and candidates is not None
             spec = {"suite": suite, "candidates": str(candidates), "layout": layout}
