@@ -191,3 +191,74 @@ def test_a_pair_that_cannot_run_here_is_left_for_a_resume(tmp_path: Path) -> Non
         assert "CUDA GPU" in summary.not_judged["causal_gqa/cuda_fused"]
         assert events == ["start", "pair", "skip", "end"]
         assert store.run(run).state == "interrupted" and not store.done(run)
+
+
+_KB_PROBLEM = """import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super(Model, self).__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x)
+
+
+batch_size = 16
+dim = 4096
+
+
+def get_inputs():
+    return [torch.randn(batch_size, dim)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+_KB_KERNEL = """import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return {expr}
+"""
+
+
+def test_a_kernelbench_level_folder_and_run_folder_are_judged_timed_and_scored(
+    tmp_path: Path,
+) -> None:
+    """KernelBench's own layouts, end to end: a timed correct sample and a wrong one; the
+    stored speedup interval is what the metrics classify."""
+    from kerneljudge.suite.metrics import Outcome, classify, compute_metrics
+
+    level = tmp_path / "KernelBench" / "level1"
+    level.mkdir(parents=True)
+    (level / "19_ReLU.py").write_text(_KB_PROBLEM)
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "level_1_problem_19_sample_0_kernel.py").write_text(
+        _KB_KERNEL.format(expr="x.clamp_min(0.0)")
+    )
+    (runs / "level_1_problem_19_sample_1_kernel.py").write_text(_KB_KERNEL.format(expr="x.abs()"))
+    with ResultsStore(tmp_path / "r.db") as store:
+        run = start_run(
+            store,
+            suite=[str(level)],
+            candidates=runs,
+            options=SuiteOptions(device="cpu", trials=2, max_time_s=0.3),
+            model="kb",
+        )
+        summary = run_pairs(store, run)
+        assert summary.statuses == {"correct": 1, "incorrect": 1}
+        rows = {r.sample: r for r in store.verdicts(run)}
+        assert rows["0"].level == 1 and rows["0"].problem == "19_ReLU"
+        good = rows["0"]
+        assert good.speedup is not None and good.speedup_lo <= good.speedup <= good.speedup_hi
+        sample = good.as_sample()
+        (g,) = compute_metrics(store.problems(run), store.samples(run), ps=(0.0, 1.0), ks=(1, 2))
+    assert g.correctness == 0.5 and g.pass_at_k[2] == 1.0
+    outcome = classify(sample, 1.0)
+    expected = {Outcome.WIN: (0.5, 0.0), Outcome.TIE: (0.0, 0.5), Outcome.LOSS: (0.0, 0.0)}
+    assert (g.fast_p[1].wins, g.fast_p[1].ties) == expected[outcome]
