@@ -19,9 +19,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from kerneljudge.candidate import Candidate
 from kerneljudge.errors import CandidateError, DeviceError, KernelJudgeError, ProblemError
+from kerneljudge.judge import Judge, JudgeConfig
 from kerneljudge.suite.layout import Pair, SuiteProblem, find_candidates, load_suite
 from kerneljudge.suite.store import ResultsStore, StoreError
+from kerneljudge.timing import TimingConfig
 
 __all__ = ["RunSummary", "SuiteOptions", "host_versions", "plan", "run_pairs", "start_run"]
 
@@ -53,10 +56,7 @@ class SuiteOptions:
                 known[key] = tuple(known[key])
         return cls(**known)
 
-    def judge_config(self) -> Any:
-        from kerneljudge.judge import JudgeConfig
-        from kerneljudge.timing import TimingConfig
-
+    def judge_config(self) -> JudgeConfig:
         timing = TimingConfig(max_time_s=self.max_time_s) if self.max_time_s else TimingConfig()
         return JudgeConfig(
             device=self.device,
@@ -212,9 +212,6 @@ def run_pairs(store: ResultsStore, run: str, reporter: Reporter | None = None) -
         KernelJudgeError: the suite or candidates folder is unusable.
         KeyboardInterrupt: passed on after the run is marked ``interrupted``.
     """
-    from kerneljudge.candidate import Candidate
-    from kerneljudge.judge import Judge
-
     info = store.run(run)
     run_id = info.run_id
     if info.state == "running" and _alive(info.owner):
@@ -235,7 +232,7 @@ def run_pairs(store: ResultsStore, run: str, reporter: Reporter | None = None) -
         by_problem.setdefault(p.problem.name, []).append(p)
     try:
         for group in by_problem.values():
-            _judge_problem(store, run_id, group, config, Judge, Candidate, summary, report)
+            _judge_problem(store, run_id, group, config, summary, report)
     except KeyboardInterrupt:
         summary.interrupted = True
         store.set_state(run_id, "interrupted")
@@ -250,9 +247,7 @@ def _judge_problem(
     store: ResultsStore,
     run_id: str,
     group: list[Pair],
-    config: Any,
-    judge_cls: Any,
-    candidate_cls: Any,
+    config: JudgeConfig,
     summary: RunSummary,
     report: Reporter,
 ) -> None:
@@ -264,7 +259,7 @@ def _judge_problem(
         report("skip", pair, why)
 
     try:
-        judge = judge_cls(problem.path, config)
+        judge = Judge(problem.path, config)
     except ProblemError as exc:
         for pair in group:
             skip(pair, f"problem failed to load: {exc}")
@@ -273,7 +268,7 @@ def _judge_problem(
         for i, pair in enumerate(group):
             report("pair", pair, None)
             try:
-                cand = candidate_cls.from_file(pair.path)
+                cand = Candidate.from_file(pair.path)
                 t0 = time.monotonic()
                 verdict = judge.evaluate(cand)
             except (CandidateError, DeviceError) as exc:

@@ -11,6 +11,7 @@ makes a second verdict for a done pair an error rather than a silent duplicate.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sqlite3
@@ -328,8 +329,6 @@ class ResultsStore:
         Raises:
             StoreError: the pair (run, problem, sample) already has a verdict.
         """
-        import hashlib
-
         data = verdict.to_dict()
         med, lo, hi = speedup_columns(data)
         try:
