@@ -262,3 +262,23 @@ def test_a_kernelbench_level_folder_and_run_folder_are_judged_timed_and_scored(
     outcome = classify(sample, 1.0)
     expected = {Outcome.WIN: (0.5, 0.0), Outcome.TIE: (0.0, 0.5), Outcome.LOSS: (0.0, 0.0)}
     assert (g.fast_p[1].wins, g.fast_p[1].ties) == expected[outcome]
+
+
+def test_a_run_owned_by_a_live_process_is_not_resumed_beside_it(tmp_path: Path) -> None:
+    import socket
+
+    import pytest
+
+    from kerneljudge.suite.store import StoreError
+
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with ResultsStore(tmp_path / "r.db") as store:
+            store.create_run(
+                "busy", spec={}, owner=f"{socket.gethostname()}:{sleeper.pid}"
+            )  # state: running
+            with pytest.raises(StoreError, match=f"being judged by process .*:{sleeper.pid}"):
+                run_pairs(store, "busy")
+    finally:
+        sleeper.kill()
+        sleeper.wait()
