@@ -233,8 +233,8 @@ def run_pairs(store: ResultsStore, run: str, reporter: Reporter | None = None) -
     try:
         for group in by_problem.values():
             _judge_problem(store, run_id, group, config, summary, report)
-    except KeyboardInterrupt:
-        summary.interrupted = True
+    except BaseException as exc:  # Ctrl-C, or a harness failure: the run stays resumable
+        summary.interrupted = isinstance(exc, KeyboardInterrupt)
         store.set_state(run_id, "interrupted")
         raise
     finished = len(store.done(run_id) & {p.key for p in pairs}) == len(pairs)
