@@ -1,0 +1,297 @@
+"""Suite runs: judge every (problem, candidate) pair of a suite and store each verdict.
+
+A run is planned from its *spec* (the suite, the candidates folder, the layout and the judge
+options, stored with the run), so a resumed run plans the same pairs again and judges those
+without a stored verdict. Each problem gets one warm :class:`~kerneljudge.judge.Judge` for all
+its candidates; each verdict is committed before the next pair starts, so a run stopped at any
+moment (Ctrl-C, ``kill -9``, a power cut) loses at most the pair in flight.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from kerneljudge.candidate import Candidate
+from kerneljudge.errors import CandidateError, DeviceError, KernelJudgeError, ProblemError
+from kerneljudge.judge import Judge, JudgeConfig
+from kerneljudge.suite.layout import Pair, SuiteProblem, find_candidates, load_suite
+from kerneljudge.suite.store import ResultsStore, StoreError
+from kerneljudge.timing import TimingConfig
+
+__all__ = ["RunSummary", "SuiteOptions", "host_versions", "plan", "run_pairs", "start_run"]
+
+
+@dataclass(frozen=True)
+class SuiteOptions:
+    """The judge's options for every pair of a run (stored with it; a resume reuses them).
+
+    Field meanings are :class:`~kerneljudge.judge.JudgeConfig`'s; ``max_time_s`` is the
+    timing budget per candidate in seconds (None: the timing protocol's default).
+    """
+
+    device: str = "auto"
+    trials: int = 5
+    tolerance: str = "oracle"
+    timing: bool = True
+    baselines: tuple[str, ...] = ("eager",)
+    shape_sets: tuple[str, ...] = ("public",)
+    max_time_s: float | None = None
+    build_timeout_s: float = 300.0
+    run_timeout_s: float = 120.0
+    cache_dir: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SuiteOptions:
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        for key in ("baselines", "shape_sets"):
+            if key in known:
+                known[key] = tuple(known[key])
+        return cls(**known)
+
+    def judge_config(self) -> JudgeConfig:
+        timing = TimingConfig(max_time_s=self.max_time_s) if self.max_time_s else TimingConfig()
+        return JudgeConfig(
+            device=self.device,
+            trials=self.trials,
+            tolerance=self.tolerance,
+            timing=self.timing,
+            baselines=self.baselines,
+            shape_sets=self.shape_sets,
+            timing_config=timing,
+            build_timeout_s=self.build_timeout_s,
+            run_timeout_s=self.run_timeout_s,
+            cache_dir=Path(self.cache_dir) if self.cache_dir else None,
+        )
+
+
+@dataclass
+class RunSummary:
+    """What one call of :func:`run_pairs` did.
+
+    Attributes:
+        planned: pairs in the plan; already: pairs done before this call; judged: verdicts
+            stored by this call; not_judged: pair label -> why it was left for a later resume
+            (a harness error: no GPU for a CUDA candidate, an unreadable file, a failing
+            reference); statuses: status -> count of this call's verdicts.
+    """
+
+    run_id: str
+    planned: int = 0
+    already: int = 0
+    judged: int = 0
+    not_judged: dict[str, str] = field(default_factory=dict)
+    statuses: dict[str, int] = field(default_factory=dict)
+    unmatched: list[str] = field(default_factory=list)
+    interrupted: bool = False
+
+
+def host_versions() -> dict[str, str]:
+    """kerneljudge, Python, torch and CUDA (torch's build) versions of this process."""
+    import platform
+
+    import torch
+
+    from kerneljudge import __version__
+
+    return {
+        "kerneljudge": __version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": str(torch.version.cuda),
+    }
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _alive(owner: str) -> bool:
+    """Whether ``host:pid`` names a live process on this host (other than this one)."""
+    host, _, pid = owner.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def plan(spec: dict[str, Any]) -> tuple[list[SuiteProblem], list[Pair], list[Path]]:
+    """The problems, pairs and unmatched candidate files of a run spec.
+
+    Raises:
+        KernelJudgeError: the suite or candidates folder is unusable (see
+            :func:`~kerneljudge.suite.layout.load_suite`, :func:`find_candidates`).
+    """
+    problems = load_suite(spec["suite"])
+    pairs, unmatched = find_candidates(
+        Path(spec["candidates"]), problems, spec.get("layout", "auto")
+    )
+    return problems, pairs, unmatched
+
+
+def new_run_id() -> str:
+    """``YYYYmmdd-HHMMSS-xxxx``: UTC time of creation and 4 random hex digits."""
+    return datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
+
+
+def start_run(
+    store: ResultsStore,
+    *,
+    suite: list[str],
+    candidates: Path,
+    layout: str = "auto",
+    options: SuiteOptions | None = None,
+    run_id: str | None = None,
+    model: str = "",
+    sampling: dict[str, Any] | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> str:
+    """Plan a new run, record it and its problems in ``store``; return its id.
+
+    Raises:
+        KernelJudgeError: the suite or candidates are unusable; StoreError: the id is taken.
+    """
+    options = options or SuiteOptions()
+    suite = [s if s == "bundled" or not Path(s).exists() else str(Path(s).resolve()) for s in suite]
+    spec = {
+        "suite": suite,
+        "candidates": str(candidates.resolve()),
+        "layout": layout,
+        "options": asdict(options),
+    }
+    problems, pairs, _ = plan(spec)
+    run_id = run_id or new_run_id()
+    store.create_run(
+        run_id,
+        spec=spec,
+        model=model,
+        sampling=sampling,
+        metadata=metadata,
+        device=options.device,
+        versions=host_versions(),
+        owner=_owner(),
+    )
+    _record_problems(store, run_id, problems, pairs)
+    return run_id
+
+
+def _record_problems(
+    store: ResultsStore, run_id: str, problems: list[SuiteProblem], pairs: list[Pair]
+) -> None:
+    counts: dict[str, int] = {}
+    for p in pairs:
+        counts[p.problem.name] = counts.get(p.problem.name, 0) + 1
+    store.set_problems(run_id, [p.to_dict(counts.get(p.name, 0)) for p in problems])
+
+
+Reporter = Callable[[str, Pair | None, Any], None]
+"""``reporter(event, pair, data)``: ``start`` (data: (pairs to judge, already done)), ``pair``
+(a pair begins; data None), ``verdict`` (data: the Verdict), ``skip`` (data: why), ``end``."""
+
+
+def run_pairs(store: ResultsStore, run: str, reporter: Reporter | None = None) -> RunSummary:
+    """Judge the pairs of run ``run`` that have no stored verdict yet, storing each verdict.
+
+    The run's state is ``running`` while this works, ``finished`` when every planned pair has a
+    verdict, ``interrupted`` otherwise (Ctrl-C, or pairs left for a later resume).
+
+    Raises:
+        StoreError: no such run, or another live process on this host is running it.
+        KernelJudgeError: the suite or candidates folder is unusable.
+        KeyboardInterrupt: passed on after the run is marked ``interrupted``.
+    """
+    info = store.run(run)
+    run_id = info.run_id
+    if info.state == "running" and _alive(info.owner):
+        raise StoreError(f"run {run_id} is being judged by process {info.owner}")
+    problems, pairs, unmatched = plan(info.spec)
+    _record_problems(store, run_id, problems, pairs)
+    options = SuiteOptions.from_dict(info.spec.get("options", {}))
+    config = options.judge_config()
+    done = store.done(run_id)
+    todo = [p for p in pairs if p.key not in done]
+    summary = RunSummary(run_id, planned=len(pairs), already=len(pairs) - len(todo))
+    summary.unmatched = [str(p) for p in unmatched]
+    report = reporter or (lambda *a: None)
+    store.set_state(run_id, "running", owner=_owner())
+    report("start", None, (len(todo), summary.already))
+    by_problem: dict[str, list[Pair]] = {}
+    for p in todo:
+        by_problem.setdefault(p.problem.name, []).append(p)
+    try:
+        for group in by_problem.values():
+            _judge_problem(store, run_id, group, config, summary, report)
+    except BaseException as exc:  # Ctrl-C, or a harness failure: the run stays resumable
+        summary.interrupted = isinstance(exc, KeyboardInterrupt)
+        store.set_state(run_id, "interrupted")
+        raise
+    finished = len(store.done(run_id) & {p.key for p in pairs}) == len(pairs)
+    store.set_state(run_id, "finished" if finished else "interrupted")
+    report("end", None, summary)
+    return summary
+
+
+def _judge_problem(
+    store: ResultsStore,
+    run_id: str,
+    group: list[Pair],
+    config: JudgeConfig,
+    summary: RunSummary,
+    report: Reporter,
+) -> None:
+    """Judge one problem's pending pairs with one warm judge."""
+    problem = group[0].problem
+
+    def skip(pair: Pair, why: str) -> None:
+        summary.not_judged[f"{pair.problem.name}/{pair.sample}"] = why
+        report("skip", pair, why)
+
+    try:
+        judge = Judge(problem.path, config)
+    except ProblemError as exc:
+        for pair in group:
+            skip(pair, f"problem failed to load: {exc}")
+        return
+    with judge:
+        for i, pair in enumerate(group):
+            report("pair", pair, None)
+            try:
+                cand = Candidate.from_file(pair.path)
+                t0 = time.monotonic()
+                verdict = judge.evaluate(cand)
+            except (CandidateError, DeviceError) as exc:
+                skip(pair, str(exc))
+                continue
+            except ProblemError as exc:
+                for rest in group[i:]:
+                    skip(rest, f"the reference failed: {exc}")
+                return
+            except KernelJudgeError as exc:  # a harness failure: leave the pair for a resume
+                skip(pair, f"{type(exc).__name__}: {exc}")
+                continue
+            store.add_verdict(
+                run_id,
+                problem=problem.name,
+                sample=pair.sample,
+                source=cand.source,
+                verdict=verdict,
+                level=problem.level,
+                tags=problem.tags,
+                candidate_path=str(pair.path),
+            )
+            summary.judged += 1
+            status = verdict.status.value
+            summary.statuses[status] = summary.statuses.get(status, 0) + 1
+            report("verdict", pair, (verdict, time.monotonic() - t0))

@@ -1,0 +1,230 @@
+"""The results store: verdicts round-trip, a done pair cannot be stored twice, runs resolve by
+prefix, episode transcripts, exports, and a file of schema version 1 migrates to the latest."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from kerneljudge.cli import app
+from kerneljudge.suite.migrations import LATEST, migrate
+from kerneljudge.suite.store import ResultsStore, StoreError
+from kerneljudge.verdict import Measurement, Speedup, Status, TimingResult, Verdict
+
+
+def _verdict(status: Status, speedup: tuple[float, float, float] | None = None) -> Verdict:
+    timing = None
+    if speedup is not None:
+        med, lo, hi = speedup
+        m = Measurement("candidate", 20, 1.0, 0.9, 1.1, 0.8, 1.0, (0.95, 1.05))
+        timing = TimingResult(
+            clock="monotonic",
+            measurements=(m,),
+            speedups=(Speedup("eager", med, (lo, hi)),),
+            rounds=8,
+            stop_reason="max_time",
+        )
+    return Verdict(
+        status=status,
+        reason="" if status is Status.CORRECT else "wrong output",
+        problem="p",
+        candidate_sha256="0" * 64,
+        backend="cpp",
+        timing=timing,
+        versions={"torch": "2.x", "kerneljudge": "0.1.0"},
+    )
+
+
+def _run(store: ResultsStore, run_id: str = "r1") -> None:
+    store.create_run(
+        run_id, spec={"suite": ["x"]}, model="m", sampling={"temperature": 0.7}, metadata={"a": 1}
+    )
+    store.set_problems(
+        run_id,
+        [
+            {"problem": "p", "level": 1, "tags": ["t"], "planned": 2},
+            {"problem": "q", "level": 2, "tags": [], "planned": 0},
+        ],
+    )
+
+
+def test_verdicts_round_trip_and_a_pair_is_stored_once(tmp_path: Path) -> None:
+    with ResultsStore(tmp_path / "r.db") as store:
+        assert store.version == LATEST
+        _run(store)
+        v = _verdict(Status.CORRECT, (1.4, 1.1, 1.9))
+        vid = store.add_verdict(
+            "r1", problem="p", sample="0", source="src", verdict=v, level=1, tags=("t",)
+        )
+        store.add_verdict(
+            "r1", problem="p", sample="1", source="s2", verdict=_verdict(Status.INCORRECT)
+        )
+        with pytest.raises(StoreError, match="already has a verdict"):
+            store.add_verdict("r1", problem="p", sample="0", source="src", verdict=v)
+        rows = list(store.verdicts("r1"))
+        assert [r.id for r in rows][0] == vid and len(rows) == 2
+        assert rows[0].verdict == v  # the full verdict comes back typed
+        assert rows[0].candidate_sha256 == __import__("hashlib").sha256(b"src").hexdigest()
+        assert (rows[0].speedup, rows[0].speedup_lo, rows[0].speedup_hi) == (1.4, 1.1, 1.9)
+        assert rows[1].speedup is None and rows[1].status == "incorrect"
+        assert store.done("r1") == {("p", "0"), ("p", "1")}
+        info = store.run("r1")
+        assert (info.planned, info.judged, info.correct) == (2, 2, 1)
+        assert info.sampling == {"temperature": 0.7} and info.metadata == {"a": 1}
+        assert store.problems("r1") == {"p": (1, ("t",)), "q": (2, ())}
+        samples = store.samples("r1")
+        assert samples[0].ci95 == (1.1, 1.9) and samples[1].ci95 is None
+
+
+def test_runs_resolve_by_id_prefix_and_latest(tmp_path: Path) -> None:
+    with ResultsStore(tmp_path / "r.db") as store:
+        _run(store, "20260101-a")
+        _run(store, "20260102-b")
+        assert store.resolve("20260101") == "20260101-a"
+        assert store.resolve("latest") == "20260102-b"
+        with pytest.raises(StoreError, match="matches 2 runs"):
+            store.resolve("2026")
+        with pytest.raises(StoreError, match="no run"):
+            store.resolve("x")
+        with pytest.raises(StoreError, match="already in"):
+            _run(store, "20260101-a")
+
+
+def test_an_episode_transcript_is_stored_with_its_verdict(tmp_path: Path) -> None:
+    with ResultsStore(tmp_path / "r.db") as store:
+        _run(store)
+        transcript = [{"role": "user", "content": "write a kernel"}, {"tool": "submit_kernel"}]
+        store.add_verdict(
+            "r1",
+            problem="p",
+            sample="ep0",
+            source="s",
+            verdict=_verdict(Status.CORRECT),
+            transcript=transcript,
+            summary={"reward": 1.0},
+        )
+        store.add_verdict(
+            "r1", problem="p", sample="plain", source="s", verdict=_verdict(Status.CORRECT)
+        )
+        by_sample = {r.sample: r for r in store.verdicts("r1")}
+        assert by_sample["ep0"].transcript == transcript
+        assert by_sample["plain"].transcript is None
+
+
+def _v1_file(path: Path) -> None:
+    """A store as version 1 wrote it: no speedup columns, no episodes table."""
+    db = sqlite3.connect(path, isolation_level=None)
+    assert migrate(db, target=1) == 1
+    verdict = _verdict(Status.CORRECT, (2.5, 2.0, 3.0)).to_dict()
+    db.execute(
+        "INSERT INTO runs (run_id, created_at, updated_at, state) "
+        "VALUES ('old', 't', 't', 'finished')"
+    )
+    db.execute(
+        "INSERT INTO verdicts (run_id, problem, sample, candidate_source, candidate_sha256, "
+        "status, verdict, stored_at) VALUES ('old', 'p', '0', 'src', 'h', 'correct', ?, 't')",
+        (json.dumps(verdict),),
+    )
+    columns = {row[1] for row in db.execute("PRAGMA table_info(verdicts)")}
+    assert "speedup" not in columns
+    db.close()
+
+
+def test_a_version_1_file_migrates_and_keeps_its_verdicts(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    _v1_file(path)
+    with ResultsStore(path) as store:
+        assert store.version == LATEST
+        (row,) = store.verdicts("old")
+        # Step 2 filled the new columns from the stored verdict JSON.
+        assert (row.speedup, row.speedup_lo, row.speedup_hi) == (2.5, 2.0, 3.0)
+        assert row.verdict.status is Status.CORRECT
+        store.add_verdict(
+            "old",
+            problem="p",
+            sample="1",
+            source="s",
+            verdict=_verdict(Status.CORRECT),
+            transcript=[],
+        )
+    db = sqlite3.connect(path)
+    versions = [v for (v,) in db.execute("SELECT version FROM schema_version ORDER BY version")]
+    assert versions == list(range(1, LATEST + 1))
+    db.close()
+
+
+def test_a_newer_file_is_refused_in_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "new.db"
+    ResultsStore(path).close()
+    db = sqlite3.connect(path)
+    db.execute("INSERT INTO schema_version VALUES (?, 't')", (LATEST + 1,))
+    db.commit()
+    db.close()
+    with pytest.raises(StoreError, match="newer than this kerneljudge supports"):
+        ResultsStore(path)
+
+
+def test_export_jsonl_and_parquet(tmp_path: Path) -> None:
+    db_path = tmp_path / "r.db"
+    with ResultsStore(db_path) as store:
+        _run(store)
+        store.add_verdict(
+            "r1",
+            problem="p",
+            sample="0",
+            source="src",
+            verdict=_verdict(Status.CORRECT, (1.2, 1.0, 1.5)),
+        )
+    runner = CliRunner()
+    out = tmp_path / "r.jsonl"
+    res = runner.invoke(app, ["results", "export", "r1", "--store", str(db_path), "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    (line,) = out.read_text().splitlines()
+    record = json.loads(line)
+    assert record["model"] == "m" and record["sampling"] == {"temperature": 0.7}
+    assert record["verdict"]["status"] == "correct" and record["candidate_source"] == "src"
+    pq_out = tmp_path / "r.parquet"
+    res = runner.invoke(
+        app,
+        ["results", "export", "r1", "--store", str(db_path), "-f", "parquet", "-o", str(pq_out)],
+    )
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        assert res.exit_code == 2
+        assert "pip install 'kerneljudge[parquet]'" in res.output
+        assert len(res.output.strip().splitlines()) == 1 and "Traceback" not in res.output
+    else:
+        assert res.exit_code == 0, res.output
+        table = pq.read_table(pq_out)
+        assert table.column("status").to_pylist() == ["correct"]
+        assert table.column("speedup").to_pylist() == [1.2]
+
+
+def test_results_commands_print_and_fail_in_one_line(tmp_path: Path) -> None:
+    db_path = tmp_path / "r.db"
+    with ResultsStore(db_path) as store:
+        _run(store)
+        store.add_verdict(
+            "r1",
+            problem="p",
+            sample="0",
+            source="s",
+            verdict=_verdict(Status.CORRECT, (1.2, 0.9, 1.5)),
+        )
+    runner = CliRunner()
+    res = runner.invoke(app, ["results", "metrics", "r1", "--store", str(db_path), "--json"])
+    assert res.exit_code == 0, res.output
+    (group,) = json.loads(res.output)["groups"]
+    # p: correct with CI (0.9, 1.5) -> tie at p=1; q has no candidate -> counts as a failure
+    assert group["correctness"] == 0.5
+    assert group["fast_p"][1]["ties"] == 0.5 and group["fast_p"][1]["wins"] == 0.0
+    for cmd in (["runs"], ["show", "r1"], ["metrics", "r1", "--by", "level"]):
+        res = runner.invoke(app, ["results", *cmd, "--store", str(db_path)])
+        assert res.exit_code == 0, (cmd, res.output)
+    res = runner.invoke(app, ["results", "show", "nope", "--store", str(db_path)])
+    assert res.exit_code == 2 and "no run 'nope'" in res.output and "Traceback" not in res.output
