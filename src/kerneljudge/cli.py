@@ -269,10 +269,11 @@ from kerneljudge.lint_cli import lint as _lint  # noqa: E402 - typer command, to
 
 problems_app.command("lint")(_lint)
 
-from kerneljudge.suite.cli import results_app, suite_app  # noqa: E402 - suites and the store
+from kerneljudge.suite.cli import report_command, results_app, suite_app  # noqa: E402
 
 app.add_typer(suite_app, name="suite")
 app.add_typer(results_app, name="results")
+app.command("report")(report_command)
 
 
 def main() -> None:

@@ -1,6 +1,7 @@
-"""``kerneljudge suite run`` and ``kerneljudge results ...``: suite runs and the results store.
+"""``kerneljudge suite run``, ``kerneljudge results ...`` and ``kerneljudge report``: suite runs,
+the results store and its HTML report.
 
-Registered on the root command by :mod:`kerneljudge.cli` (``app.add_typer``).
+Registered on the root command by :mod:`kerneljudge.cli` (``app.add_typer``, ``app.command``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from rich.table import Table
 
 from kerneljudge.errors import KernelJudgeError
 
-__all__ = ["results_app", "suite_app"]
+__all__ = ["report_command", "results_app", "suite_app"]
 
 suite_app = typer.Typer(help="Judge a suite of problems against folders of candidates.")
 results_app = typer.Typer(help="Query the results store: runs, verdicts, exports, metrics.")
@@ -363,3 +364,27 @@ def results_metrics(
         return
     for table in metrics_tables(info.run_id, groups):
         console.print(table)
+
+
+def report_command(
+    run: RunArg,
+    compare: Annotated[
+        Optional[str], typer.Option(help="A second run to show beside RUN, problem by problem.")
+    ] = None,
+    out: Annotated[
+        Optional[Path],
+        typer.Option(help="The HTML file (default report-<run>.html, or report-<run>-vs-<run2>)."),
+    ] = None,
+    store: StoreOpt = None,
+) -> None:
+    """Write one self-contained HTML page of a run (plots, metrics, every candidate's verdict,
+    source and episode transcript), or of two runs compared. Needs kerneljudge[report]."""
+    from kerneljudge.suite.htmlreport import write_report
+
+    try:
+        with _open(store) as db:
+            path = write_report(db, run, compare, out)
+    except KernelJudgeError as exc:
+        _fail(str(exc))
+        return
+    err_console.print(f"report -> {path}", highlight=False, markup=False)
