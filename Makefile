@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
 .PHONY: setup browser run test test-gpu lint clean
 
-setup: $(STAMP) browser
+setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -35,7 +35,7 @@ run: setup
 	$(VENV)/bin/kerneljudge examples
 
 ## The test suite (GPU tests are skipped without a GPU).
-test: setup
+test: setup browser
 	$(PY) -m pytest -q
 
 ## GPU tier only (run on a machine with a CUDA GPU).
