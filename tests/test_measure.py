@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import torch
 
 from kerneljudge.stage_timing import Batch
@@ -130,3 +131,30 @@ def test_fp8_inputs_keep_their_classification_and_roll_as_bytes() -> None:
         if torch.equal(torch.roll(e5m2.view(torch.uint8), s, 0), rolled.view(torch.uint8))
     ]
     assert len(shifts) == 1  # the same bytes, rolled (1-byte formats are not nudged)
+
+
+def test_tqdm_monitor_thread_is_not_a_lingering_candidate_thread() -> None:
+    """tqdm starts one monitor thread per process for its bars (torch.compile's autotuning
+    does, inside a call): it is not counted; any other new thread is."""
+    import threading
+
+    from tqdm import tqdm
+
+    from kerneljudge.worker.sandbox import thread_idents
+
+    before = thread_idents()
+    bar = tqdm(total=2, mininterval=0.01, disable=False, file=open(os.devnull, "w"))
+    bar.update(1)
+    try:
+        assert any(t.name == "tqdm_monitor" for t in threading.enumerate())
+        assert thread_idents() - before == set()
+        stop = threading.Event()
+        other = threading.Thread(target=stop.wait, name="other")
+        other.start()
+        try:
+            assert thread_idents() - before == {other.ident}
+        finally:
+            stop.set()
+            other.join()
+    finally:
+        bar.close()

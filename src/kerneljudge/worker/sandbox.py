@@ -511,13 +511,35 @@ def resolutions(path: str, dir_fd: object) -> list[str]:
     return out
 
 
+def _library_monitors() -> tuple[type, type] | None:
+    """tqdm's monitor thread class and tqdm's own class, as this module found them when it was
+    imported (before any candidate code ran), or None without tqdm."""
+    try:
+        from tqdm._monitor import TMonitor
+        from tqdm.std import tqdm
+    except Exception:  # noqa: BLE001 - any failure of an optional library means "none"
+        return None
+    return TMonitor, tqdm
+
+
+_MONITORS = _library_monitors()
+
+
 def thread_idents() -> set[int]:
     """Idents of every Python thread: those of :mod:`threading` and those started with
     ``_thread.start_new_thread``, which never register there (``sys._current_frames`` lists
-    every thread running Python code)."""
-    return {t.ident for t in threading.enumerate() if t.ident is not None} | set(
+    every thread running Python code); less the one monitor thread that tqdm starts for its
+    own progress bars (torch.compile's autotuning makes one during a call, and it lives as
+    long as the process: a thread of tqdm's class watching tqdm's bars)."""
+    idents = {t.ident for t in threading.enumerate() if t.ident is not None} | set(
         sys._current_frames()
     )
+    if _MONITORS is not None:
+        monitor, bar = _MONITORS
+        for t in threading.enumerate():
+            if type(t) is monitor and getattr(t, "tqdm_cls", None) is bar:
+                idents.discard(t.ident)  # type: ignore[arg-type]
+    return idents
 
 
 def lingering_threads(before: set[int], grace_s: float = 0.2) -> list[str]:
