@@ -362,6 +362,9 @@ class WorkerProcess:
             self.chan.send({"op": op, "nonce": nonce, **fields})
         except ChannelClosed:
             self._recv(op, 1.0)  # raises WorkerDied with the exit status
+        # Sent: the request's tensors are not held here while the reply comes (the caller's
+        # own references, if any, keep them).
+        fields.clear()
         reply = self._recv(op, max(0.1, timeout_s - (time.monotonic() - started)))
         if reply.get("nonce") != nonce:
             self.kill()
