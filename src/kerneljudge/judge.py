@@ -92,7 +92,7 @@ class JudgeConfig:
             it (:class:`kerneljudge.timing.BatchLimit`).
         cache_dir: the build cache (None: :func:`kerneljudge.build.default_cache_dir`).
         seed: the run seed (None: a fresh secret one per evaluation).
-        memory_budget_mib: memory this process may use above its own to relay one trial (MiB;
+        memory_budget_mib: memory this process may use above its base to relay one trial (MiB;
             0: the host's available memory when the trials start); a problem whose trials
             need more is a :class:`~kerneljudge.errors.ProblemError`
             (:func:`kerneljudge.memory.check_budget`).
