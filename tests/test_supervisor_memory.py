@@ -111,3 +111,21 @@ def test_trials_beyond_the_memory_budget_are_a_one_line_problem_error(tmp_path: 
     assert "outputs (4 MiB) need 8 MiB" in message and "memory budget of 4 MiB" in message
     with Judge(problem, JudgeConfig(device="cpu", timing=False, cache_dir=tmp_path)) as judge:
         assert judge.evaluate(candidate).status.value == "correct"  # the host's memory suffices
+
+
+def test_a_candidate_reply_beyond_what_the_judge_relays_is_a_runtime_error(
+    tmp_path: Path,
+) -> None:
+    """A candidate that returns 64 MiB where the reference returns 1 MiB, under a 16 MiB
+    budget: its worker is ended before the judge reads the reply."""
+    problem, _ = _files(tmp_path, 1)
+    candidate = tmp_path / "huge.py"
+    candidate.write_text(
+        "import torch\nimport torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n"
+        "    def forward(self, x):\n        return torch.zeros(16 << 20)\n"
+    )
+    config = JudgeConfig(device="cpu", timing=False, memory_budget_mib=16, cache_dir=tmp_path)
+    with Judge(problem, config) as judge:
+        verdict = judge.evaluate(candidate)
+    assert verdict.status.value == "runtime_error", verdict.reason
+    assert verdict.reason == "the candidate's reply of 64 MiB exceeds the 9 MiB the judge relays"

@@ -46,7 +46,7 @@ from kerneljudge.buildlog import shape_log
 from kerneljudge.candidate import Candidate
 from kerneljudge.device import build_arch, describe_device, resolve_device
 from kerneljudge.errors import ProblemError, WorkerError
-from kerneljudge.memory import check_budget
+from kerneljudge.memory import check_budget, reply_limit
 from kerneljudge.policy import (
     forbidden_ops_used,
     ops_reason,
@@ -95,7 +95,8 @@ class JudgeConfig:
         memory_budget_mib: memory this process may use above its base to relay one trial (MiB;
             0: the host's available memory when the trials start); a problem whose trials
             need more is a :class:`~kerneljudge.errors.ProblemError`
-            (:func:`kerneljudge.memory.check_budget`).
+            (:func:`kerneljudge.memory.check_budget`), and a candidate's reply longer than
+            half of it ends its worker unread: ``runtime_error``.
         threads: torch threads in the workers (0: torch's default). While timing on a CPU,
             both timed workers run one thread per timing core, or this many when fewer
             (:func:`kerneljudge.hostload.timing_cores`).
@@ -521,11 +522,13 @@ class Judge:
         try:
             # Before any of this candidate's code runs: a reference failure so far is not its.
             prepared = self._await_prepared(device, run_seed)
-            check_budget(
+            budget = check_budget(
                 [held for runs in prepared.values() for held in runs],
                 self.config.memory_budget_mib << 20,
                 self.problem.name,
             )
+            # A reply larger than the judge can relay ends the worker, unread.
+            worker.reply_limit_bytes = reply_limit(budget)
             stage("reference")
             # The pool's workers (this one's replacement is starting up) wait, stopped, until
             # the verdict ends: beside a starting worker, a trial of a 0.01 s candidate took

@@ -17,7 +17,7 @@ from pathlib import Path
 from kerneljudge.errors import ProblemError
 from kerneljudge.reference import HeldTrial
 
-__all__ = ["RELAY_FACTOR", "available_bytes", "check_budget", "relay_bytes"]
+__all__ = ["RELAY_FACTOR", "available_bytes", "check_budget", "relay_bytes", "reply_limit"]
 
 #: Bytes the supervisor holds at once per byte of the largest message it relays.
 RELAY_FACTOR = 2
@@ -54,9 +54,12 @@ def available_bytes() -> int | None:
     return min(found) if found else None
 
 
-def check_budget(trials: Sequence[HeldTrial], budget_bytes: int, problem: str) -> None:
+def check_budget(trials: Sequence[HeldTrial], budget_bytes: int, problem: str) -> int:
     """Check that relaying ``trials`` fits in ``budget_bytes`` (0: :func:`available_bytes`,
     no check where that is unknown).
+
+    Returns the budget checked against (bytes; 0 where unknown): the judge reads no candidate
+    reply longer than :func:`reply_limit` of it.
 
     Raises:
         ProblemError: it does not; the message gives the trial's sizes and the budget (MiB).
@@ -64,7 +67,7 @@ def check_budget(trials: Sequence[HeldTrial], budget_bytes: int, problem: str) -
     need = relay_bytes(trials)
     budget = budget_bytes or available_bytes() or 0
     if not budget or need <= budget:
-        return
+        return budget
     largest = max(trials, key=lambda t: max(t.input_bytes, t.output_bytes))
     mib = 1 << 20
     raise ProblemError(
@@ -73,3 +76,10 @@ def check_budget(trials: Sequence[HeldTrial], budget_bytes: int, problem: str) -
         f"process, more than its memory budget of {budget / mib:.0f} MiB"
         f"{'' if budget_bytes else ' (the memory available on this host)'}"
     )
+
+
+def reply_limit(budget_bytes: int) -> int:
+    """Longest candidate reply (bytes) the judge reads within a budget of ``budget_bytes``
+    (0: no limit but the protocol's): the largest message it can relay, plus 1 MiB for the
+    reply's own fields."""
+    return budget_bytes // RELAY_FACTOR + (1 << 20) if budget_bytes else 0
