@@ -47,16 +47,17 @@ class ModelNew(nn.Module):
         return torch.tanh(x) * 0.5
 """
 
-# One verdict in a fresh process: its peak resident memory (ru_maxrss) above its resident
-# memory just before the Judge was made (torch imported).
+# One verdict in a fresh process: its peak resident memory (VmHWM, the high-water mark of its
+# own address space: ru_maxrss would keep the forking test process's size across exec) above
+# its resident memory just before the Judge was made (torch imported).
 CHILD = """
-import json, resource, sys
+import json, sys
 from kerneljudge import Judge, JudgeConfig
 from kerneljudge.timing import TimingConfig
 
-def rss():
+def rss(field="VmRSS"):
     with open("/proc/self/status") as f:
-        return next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("VmRSS"))
+        return next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith(field))
 
 problem, candidate, cache = sys.argv[1:4]
 config = JudgeConfig(device="cpu", baselines=("eager",), cache_dir=cache,
@@ -64,7 +65,7 @@ config = JudgeConfig(device="cpu", baselines=("eager",), cache_dir=cache,
 base = rss()
 with Judge(problem, config) as judge:
     verdict = judge.evaluate(candidate)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+peak = rss("VmHWM")
 print(json.dumps({"status": verdict.status.value, "reason": verdict.reason,
                   "above": peak - base}))
 """
