@@ -295,7 +295,7 @@ def test_an_output_revealed_other_than_the_one_committed_is_rejected() -> None:
         cfg,
         _Revealing({0: [honest]}),  # type: ignore[arg-type]
         None,  # type: ignore[arg-type]
-        [[torch.randn(16)]],
+        ["0"],
         1e-3,
         1e-3,
         True,
@@ -307,7 +307,7 @@ def test_an_output_revealed_other_than_the_one_committed_is_rejected() -> None:
         cfg,
         _Revealing({}),  # type: ignore[arg-type]
         None,  # type: ignore[arg-type]
-        [[torch.randn(16)]],
+        ["0"],
         1e-3,
         1e-3,
         True,

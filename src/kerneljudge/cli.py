@@ -95,6 +95,14 @@ def eval_command(
     seed: Annotated[
         Optional[int], typer.Option(envvar=_env("seed"), help="Fix the run seed (default: secret).")
     ] = None,
+    memory_budget: Annotated[
+        int,
+        typer.Option(
+            envvar=_env("memory_budget"),
+            min=0,
+            help="MiB the judge may use to relay one trial (0: the host's available memory).",
+        ),
+    ] = 0,
     cache_dir: CacheOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -122,6 +130,7 @@ def eval_command(
             build_timeout_s=build_timeout,
             run_timeout_s=run_timeout,
             seed=seed,
+            memory_budget_mib=memory_budget,
             cache_dir=cache_dir,
             max_time_s=max_time,
         )

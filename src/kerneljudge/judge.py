@@ -3,8 +3,11 @@
 Process model: this (supervisor) process never imports candidate code. Builds run in a build
 worker with no GPU visible; each candidate runs in a fresh candidate worker (taken from a pool
 started ahead of need) that is discarded afterwards; the reference runs and is timed in a
-separate, trusted reference worker on the same device. Inputs are drawn here from a secret
-per-run seed and compared here, in float64 on the CPU.
+separate, trusted reference worker on the same device. Inputs are drawn from a secret per-run
+seed; each trial's inputs, reference outputs and float64 oracle stay in the reference worker,
+which also compares the candidate's outputs with them (in float64 on the CPU, the same code as
+ever: :func:`kerneljudge.check.compare_outputs`). This process only relays one trial's inputs
+or outputs at a time, and checks before the trials that it can (:mod:`kerneljudge.memory`).
 
 The reference's part of a verdict (its worker's start, its outputs and float64 oracle on every
 trial's inputs, the ``torch.compile`` of the baseline) runs on a helper thread while the
@@ -41,9 +44,9 @@ from kerneljudge.build import (
 )
 from kerneljudge.buildlog import shape_log
 from kerneljudge.candidate import Candidate
-from kerneljudge.check import compare_outputs
 from kerneljudge.device import build_arch, describe_device, resolve_device
 from kerneljudge.errors import ProblemError, WorkerError
+from kerneljudge.memory import check_budget, reply_limit
 from kerneljudge.policy import (
     forbidden_ops_used,
     ops_reason,
@@ -52,7 +55,7 @@ from kerneljudge.policy import (
     static_reason,
 )
 from kerneljudge.problem import Problem
-from kerneljudge.reference import ReferenceFailed, ReferenceSession, first_line
+from kerneljudge.reference import HeldTrial, ReferenceFailed, ReferenceSession, first_line
 from kerneljudge.stage_timing import time_candidate
 from kerneljudge.timing import TimingConfig
 from kerneljudge.verdict import (
@@ -89,6 +92,11 @@ class JudgeConfig:
             it (:class:`kerneljudge.timing.BatchLimit`).
         cache_dir: the build cache (None: :func:`kerneljudge.build.default_cache_dir`).
         seed: the run seed (None: a fresh secret one per evaluation).
+        memory_budget_mib: memory this process may use above its base to relay one trial (MiB;
+            0: the host's available memory when the trials start); a problem whose trials
+            need more is a :class:`~kerneljudge.errors.ProblemError`
+            (:func:`kerneljudge.memory.check_budget`), and a candidate's reply longer than
+            half of it ends its worker unread: ``runtime_error``.
         threads: torch threads in the workers (0: torch's default). While timing on a CPU,
             both timed workers run one thread per timing core, or this many when fewer
             (:func:`kerneljudge.hostload.timing_cores`).
@@ -107,10 +115,11 @@ class JudgeConfig:
     run_timeout_s: float = 120.0
     cache_dir: Path | None = None
     seed: int | None = None
+    memory_budget_mib: int = 0
     threads: int = 0
 
 
-Prepared = dict[str, list[tuple[list[Any], dict[str, Any]]]]
+Prepared = dict[str, list[HeldTrial]]
 
 
 class _Dropped(Exception):
@@ -513,6 +522,13 @@ class Judge:
         try:
             # Before any of this candidate's code runs: a reference failure so far is not its.
             prepared = self._await_prepared(device, run_seed)
+            budget = check_budget(
+                [held for runs in prepared.values() for held in runs],
+                self.config.memory_budget_mib << 20,
+                self.problem.name,
+            )
+            # A reply larger than the judge can relay ends the worker, unread.
+            worker.reply_limit_bytes = reply_limit(budget)
             stage("reference")
             # The pool's workers (this one's replacement is starting up) wait, stopped, until
             # the verdict ends: beside a starting worker, a trial of a 0.01 s candidate took
@@ -528,41 +544,40 @@ class Judge:
                     + first.message,
                     build=failed_import,
                 )
+            timed_set = list(prepared)[-1]
+            timeout = self.config.run_timeout_s
             for shape_set, runs in prepared.items():
                 ref = self._reference(device, shape_set)
                 worker.request(
-                    "setup",
-                    self.config.run_timeout_s,
-                    init_inputs=ref.init_inputs,
-                    state_dict=ref.state_dict,
+                    "setup", timeout, init_inputs=ref.init_inputs, state_dict=ref.state_dict
                 )
-                expectations = []
-                trial_inputs = []
-                for inputs, expected in runs:
+                # The timed set's inputs stay in the reference worker for the timing audit.
+                audited = self.config.timing and shape_set == timed_set
+                for held in runs:
                     got = worker.request(
                         "run",
-                        self.config.run_timeout_s,
-                        inputs=inputs,
+                        timeout,
+                        inputs=ref.held_inputs(held.key, timeout, forget=not audited),
                         record_ops=requires_custom_kernel(policy),
                     )
-                    effect = _input_effect_violation(expected, got)
+                    effect = _input_effect_violation(held.reply, got)
                     if effect:
                         return finish(Status.REJECTED, effect, build=result)
                     used = forbidden_ops_used(list(got.get("ops", [])), policy)
                     if requires_custom_kernel(policy) and used:
                         return finish(Status.REJECTED, ops_reason(used), build=result)
-                    trial = compare_outputs(
-                        expected["outputs"],
-                        got["outputs"],
-                        oracle=expected.get("oracle"),
+                    # Compared by the trusted reference worker, which holds the reference's
+                    # outputs and oracle; this process lets go of the candidate's once sent.
+                    trial = ref.compare(
+                        held.key,
+                        got.pop("outputs"),
+                        timeout,
                         atol=atol,
                         rtol=rtol,
                         mode=self.config.tolerance,
                         index=len(trials),
                     )
                     trials.append(dataclasses.replace(trial, shape_set=shape_set))
-                    expectations.append((expected["outputs"], expected.get("oracle")))
-                    trial_inputs.append(inputs)
             check = CheckResult(
                 passed=all(t.passed for t in trials),
                 trials=tuple(trials),
@@ -583,15 +598,7 @@ class Judge:
             if not self.config.timing:
                 return finish(Status.CORRECT, "", build=result, check=check)
             timing, status, note = time_candidate(
-                self.config,
-                self.device_info(device),
-                worker,
-                ref,
-                inputs,
-                expectations,
-                atol,
-                rtol,
-                trial_inputs,
+                self.config, self.device_info(device), worker, ref, runs, atol, rtol
             )
             stage("timing")
             return finish(status, note, build=result, check=check, timing=timing)
@@ -678,9 +685,10 @@ class Judge:
     def _prepare(self, config: JudgeConfig, device: str, run_seed: int) -> Prepared:
         """The reference's part of one verdict (runs on the preparation thread).
 
-        For each shape set (the timed one last): the trials' inputs with the reference's reply
-        on them (outputs, float64 oracle outputs, input effects); then the ``torch.compile``
-        baseline is compiled if it will be timed.
+        For each shape set (the timed one last): the trials, run by the reference and held in
+        its worker (inputs, outputs, float64 oracle outputs; :meth:`ReferenceSession.run_trial`)
+        with its reply on them (input effects, layouts); then the ``torch.compile`` baseline is
+        compiled if it will be timed.
 
         Raises:
             ReferenceFailed: the reference failed.
@@ -688,20 +696,20 @@ class Judge:
         prepared: Prepared = {}
         for shape_set in self._shape_sets(config):
             ref = self._reference(device, shape_set)
-            runs = []
-            for i in range(config.trials):
-                inputs = ref.problem.make_inputs(_derive(run_seed, shape_set, i))
-                expected = ref.request(
-                    "run", config.run_timeout_s, inputs=inputs, oracle=config.tolerance == "oracle"
+            ref.forget(config.run_timeout_s)  # what an earlier verdict left there
+            prepared[shape_set] = [
+                ref.run_trial(
+                    i,
+                    _derive(run_seed, shape_set, i),
+                    config.run_timeout_s,
+                    oracle=config.tolerance == "oracle",
                 )
-                runs.append((inputs, expected))
-            prepared[shape_set] = runs
+                for i in range(config.trials)
+            ]
         if config.timing and "compile" in config.baselines:
             timed_set = self._shape_sets(config)[-1]
             self._reference(device, timed_set).ensure_compiled(
-                max(config.run_timeout_s, 600.0),
-                [inputs for inputs, _ in prepared[timed_set]],
-                config.run_timeout_s,
+                max(config.run_timeout_s, 600.0), (), config.run_timeout_s
             )
         return prepared
 

@@ -1,16 +1,26 @@
 """The trusted reference worker of one problem and shape set: fixed weights, reference runs,
-the float64 oracle, and the eager and ``torch.compile`` baselines."""
+the float64 oracle, the comparison of a candidate's outputs with them, and the eager and
+``torch.compile`` baselines.
+
+A trial's inputs, reference outputs and float64 oracle stay in the reference worker, under a key
+(:class:`HeldTrial`): the supervisor fetches the inputs to hand them to the candidate and relays
+the candidate's outputs back to be compared there (:meth:`ReferenceSession.compare`), so it
+holds at most one trial's inputs or outputs at a time."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from kerneljudge.errors import ProblemError, WorkerError
 from kerneljudge.problem import Problem
+from kerneljudge.verdict import Mismatch, TrialResult
 from kerneljudge.worker import CandidateFault, WorkerDied, WorkerProcess, WorkerTimeout
 
-__all__ = ["ReferenceFailed", "ReferenceSession", "first_line"]
+__all__ = ["HeldTrial", "ReferenceFailed", "ReferenceSession", "first_line"]
 
 
 def first_line(text: str) -> str:
@@ -32,6 +42,53 @@ class ReferenceFailed(WorkerError):
     def __init__(self, message: str, had_answered: bool) -> None:
         super().__init__(message)
         self.had_answered = had_answered
+
+
+@dataclass(frozen=True)
+class HeldTrial:
+    """A correctness trial whose inputs, outputs and oracle the reference worker holds.
+
+    Attributes:
+        key: its key in the reference worker.
+        seed: the seed its inputs were drawn from (:meth:`Problem.make_inputs`).
+        reply: the reference's reply to its run: ``aliases_input``, ``modified_inputs`` and
+            ``input_layout``/``output_layout`` (``[shape, dtype name]`` of each tensor).
+    """
+
+    key: str
+    seed: int
+    reply: dict[str, Any]
+
+    def input_stand_ins(self) -> list[torch.Tensor]:
+        """Tensors on the ``meta`` device shaped as the trial's input tensors (no data)."""
+        return _stand_ins(self.reply.get("input_layout", []))
+
+    def output_stand_ins(self) -> list[torch.Tensor]:
+        """Tensors on the ``meta`` device shaped as the reference's output tensors."""
+        return _stand_ins(self.reply.get("output_layout", []))
+
+    @property
+    def input_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.input_stand_ins())
+
+    @property
+    def output_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.output_stand_ins())
+
+
+def _stand_ins(layout: list[Any]) -> list[torch.Tensor]:
+    return [
+        torch.empty(shape, dtype=getattr(torch, dtype), device="meta") for shape, dtype in layout
+    ]
+
+
+def _trial_result(fields: dict[str, Any]) -> TrialResult:
+    """A :class:`TrialResult` from :func:`kerneljudge.worker.runtime.trial_fields`."""
+    mismatches = tuple(
+        Mismatch(index=tuple(int(i) for i in index), expected=expected, got=got)
+        for index, expected, got in fields.pop("mismatches")
+    )
+    return TrialResult(**fields, mismatches=mismatches)
 
 
 class ReferenceSession:
@@ -65,6 +122,9 @@ class ReferenceSession:
         self.compile_error: str | None = None
         self._compiled = False
         self.killed = False
+        #: The trials the worker holds, in the order run: key -> the fields of its ``run``
+        #: request but the inputs (drawn again from the seed when a worker is replaced).
+        self._held: dict[str, tuple[int, dict[str, Any]]] = {}
 
     def request(self, op: str, timeout_s: float, **fields: Any) -> dict[str, Any]:
         """A request the reference must answer; any failure is a harness error.
@@ -78,7 +138,7 @@ class ReferenceSession:
             reply = self.worker.request(op, timeout_s, **fields)
             # Loading the problem and its weights does not run the reference: only a later
             # answer shows that the problem works on this device.
-            self.answered = self.answered or op not in ("load_problem", "setup")
+            self.answered = self.answered or op not in ("load_problem", "setup", "forget")
         except (CandidateFault, WorkerDied, WorkerTimeout) as exc:
             self.failed = True
             self.worker.kill()
@@ -99,6 +159,92 @@ class ReferenceSession:
                 "setup", timeout_s, init_inputs=self.init_inputs, state_dict=self.state_dict
             )
 
+    def run_trial(self, key: Any, seed: int, timeout_s: float, oracle: bool = True) -> HeldTrial:
+        """Run the reference on the inputs drawn from ``seed`` and hold the trial in the
+        worker under ``key`` (inputs, outputs and, with ``oracle``, the float64 oracle).
+
+        Raises:
+            ReferenceFailed: as :meth:`request`.
+        """
+        fields = {"expect": str(key), "hold_inputs": True, "oracle": oracle}
+        reply = self.request("run", timeout_s, inputs=self.problem.make_inputs(seed), **fields)
+        self._held[str(key)] = (seed, fields)
+        kept = ("aliases_input", "modified_inputs", "input_layout", "output_layout")
+        return HeldTrial(str(key), seed, {k: reply[k] for k in kept if k in reply})
+
+    def held_inputs(self, key: str, timeout_s: float, forget: bool = False) -> list[Any]:
+        """The inputs of the trial held under ``key`` (on the CPU, as the reference got them);
+        with ``forget``, the worker drops them.
+
+        Raises:
+            ReferenceFailed: as :meth:`request`.
+        """
+        return list(self.request("held_inputs", timeout_s, key=key, forget=forget)["inputs"])
+
+    def run_timed_call(
+        self, key: str, seed: int, roll: bool, timeout_s: float, oracle: bool
+    ) -> None:
+        """Run the reference on the inputs a timed call made from the trial held under
+        ``key`` with ``seed`` (:func:`kerneljudge.worker.measure.perturb`, built in the worker
+        from the held inputs) and hold its outputs under the key ``"audit"``; the worker does
+        not keep these inputs as a timed input set.
+
+        Raises:
+            ReferenceFailed: as :meth:`request`.
+        """
+        self.request(
+            "run",
+            timeout_s,
+            from_held=key,
+            perturb=seed,
+            roll=roll,
+            oracle=oracle,
+            keep=False,
+            expect="audit",
+        )
+
+    def compare(
+        self,
+        key: str,
+        outputs: Any,
+        timeout_s: float,
+        *,
+        atol: float,
+        rtol: float,
+        mode: str,
+        index: int = 0,
+        forget: bool = True,
+    ) -> TrialResult:
+        """A candidate's ``outputs`` compared with the reference's held under ``key``, in the
+        reference worker (:func:`kerneljudge.check.compare_outputs`, same arguments); with
+        ``forget`` the worker then drops that trial's outputs and oracle.
+
+        Raises:
+            ReferenceFailed: as :meth:`request`.
+        """
+        reply = self.request(
+            "compare",
+            timeout_s,
+            key=key,
+            outputs=outputs,
+            atol=atol,
+            rtol=rtol,
+            mode=mode,
+            index=index,
+            forget=forget,
+        )
+        return _trial_result(dict(reply["trial"]))
+
+    def forget(self, timeout_s: float) -> None:
+        """Drop every trial the worker holds (a worker not started yet holds none).
+
+        Raises:
+            ReferenceFailed: as :meth:`request`.
+        """
+        self._held.clear()
+        if self._ready:
+            self.request("forget", timeout_s)
+
     def ensure_compiled(
         self,
         timeout_s: float,
@@ -112,7 +258,8 @@ class ReferenceSession:
         that ends the worker, gets a fresh reference worker in its place, which runs the input
         sets ``replay`` (the trials run so far, each within ``replay_timeout_s``) to keep them
         for the timed loop, so that the eager reference goes on and only the ``compile``
-        baseline is lost. After :meth:`kill` nothing is replaced.
+        baseline is lost; the trials it held (:meth:`run_trial`) are run again first, from
+        their seeds, so it holds them too. After :meth:`kill` nothing is replaced.
 
         Raises:
             ReferenceFailed: the replacement worker failed too (``had_answered`` false).
@@ -129,6 +276,15 @@ class ReferenceSession:
                 self.worker.close()
                 self.worker = WorkerProcess("reference", self._device, threads=self._threads)
                 self._ready, self.answered = False, False
+                for seed, fields in list(self._held.values()):
+                    if self.killed:
+                        self.worker.kill()
+                    self.request(
+                        "run",
+                        replay_timeout_s,
+                        inputs=self.problem.make_inputs(seed),
+                        **fields,
+                    )
                 for inputs in replay:
                     if self.killed:  # killed meanwhile: the next request fails at once
                         self.worker.kill()

@@ -15,14 +15,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from kerneljudge.check import compare_outputs
 from kerneljudge.hostload import LoadMonitor, timing_cores
-from kerneljudge.reference import ReferenceSession
+from kerneljudge.reference import HeldTrial, ReferenceSession
 from kerneljudge.roofline import FLOOR_MARGIN
 from kerneljudge.timer_rule import Batch, TimerCheck, timer_check
 from kerneljudge.timing import BatchLimit, measure_judged, median_ci, summarise
 from kerneljudge.verdict import DeviceInfo, Roofline, Status, TimingResult
-from kerneljudge.worker import WorkerProcess, measure
+from kerneljudge.worker import WorkerProcess
 from kerneljudge.worker.stamps import BatchObservation, Observer, Reservoir, output_digest
 
 if TYPE_CHECKING:
@@ -98,11 +97,9 @@ def time_candidate(
     info: DeviceInfo,
     worker: WorkerProcess,
     ref: ReferenceSession,
-    inputs: list[Any],
-    expectations: list[tuple[Any, Any]],
+    trials: list[HeldTrial],
     atol: float,
     rtol: float,
-    trial_inputs: list[list[Any]] | None = None,
 ) -> tuple[TimingResult, Status, str]:
     """Time baselines and candidate alternately, then audit what was timed.
 
@@ -114,7 +111,8 @@ def time_candidate(
     inconclusive, everything is timed again once, and a second inconclusive answer is accepted
     with a note in ``timer_note``); the kept outputs of up to :data:`AUDITED_CALLS` timed
     calls must match their committed digests and the reference run again on the same inputs
-    (rebuilt here from the trial inputs and the call's seed); the upper 95% bound of its
+    (rebuilt in the reference worker from the trial's inputs it holds and the call's seed),
+    fetched and compared one call at a time; the upper 95% bound of its
     median must not be below the device's physical floor (:func:`below_floor`).
 
     Both workers are pinned to the same timing cores with the same thread count
@@ -127,11 +125,10 @@ def time_candidate(
         info: the judging device.
         worker: the candidate's worker, loaded, set up and run on the trials.
         ref: the reference session of the same shape set, run on the same trials.
-        inputs: the last trial's inputs (for the roofline's byte count).
-        expectations: ``(reference outputs, oracle outputs)`` of each trial of the shape set.
+        trials: the trials of the shape set, in order, held by the reference worker with
+            their inputs (the candidate's timed input sets are the last of them; the last
+            one's sizes give the roofline's byte count).
         atol, rtol: the allclose tolerances.
-        trial_inputs: the inputs of each trial of the shape set, in order (the candidate's
-            timed input sets are the last of them); None: ``[inputs]``.
 
     Returns the timing, the status it implies and the reason (empty when ``correct``).
     """
@@ -140,7 +137,7 @@ def time_candidate(
     tampered: list[str] = []
     seen: dict[str, list[Batch]] = {}
     roll = ref.problem.roll_timed_inputs
-    bases = trial_inputs if trial_inputs is not None else [inputs]
+    keys = [held.key for held in trials]
     reservoir = Reservoir(AUDITED_CALLS)
     unstamped: list[str] = []
     pace: dict[str, float] = {}  # wall ms per call of each contestant's last request
@@ -228,7 +225,7 @@ def time_candidate(
     # Compiled (or replaced, when the compile fails) before pinning: the worker pinned is the
     # one that is timed.
     compiled = "compile" in cfg.baselines and ref.ensure_compiled(
-        max(cfg.run_timeout_s, 600.0), bases, cfg.run_timeout_s
+        max(cfg.run_timeout_s, 600.0), (), cfg.run_timeout_s
     )
     # Both workers on the same timing cores with the same intra-op thread count.
     cores, threads = timing_cores(info.kind, cfg.threads)
@@ -254,7 +251,10 @@ def time_candidate(
             note = f"inconclusive, measured again and accepted: {found.reason}"
     if unstamped:
         note = "this kernel does not stamp datagrams: the calls' windows were not checked"
-    roofline = roofline_of(ref, samples["candidate"], info, inputs, expectations[-1][0])
+    last = trials[-1]
+    roofline = roofline_of(
+        ref, samples["candidate"], info, last.input_stand_ins(), last.output_stand_ins()
+    )
     timing = TimingResult(
         clock="cuda_event" if info.kind == "cuda" else "monotonic",
         measurements=tuple(summarise(k, v) for k, v in samples.items()),
@@ -278,7 +278,7 @@ def time_candidate(
         tampered.append(found.reason)
     if tampered:
         return timing, Status.REJECTED, "the timer was tampered with: " + tampered[0]
-    status, why = _audit_timed_calls(cfg, worker, ref, bases, atol, rtol, roll, reservoir.kept)
+    status, why = _audit_timed_calls(cfg, worker, ref, keys, atol, rtol, roll, reservoir.kept)
     if status is not Status.CORRECT:
         return timing, status, why
     cand = timing.measurement("candidate")
@@ -329,23 +329,26 @@ def _audit_timed_calls(
     cfg: JudgeConfig,
     worker: WorkerProcess,
     ref: ReferenceSession,
-    bases: list[list[Any]],
+    keys: list[str],
     atol: float,
     rtol: float,
     roll: bool,
     kept: dict[int, KeptCall],
 ) -> tuple[Status, str]:
-    """Check the kept outputs of the candidate's timed calls: each must be what the worker
-    committed to at the call's end mark (its digests) and match the reference run on the same
-    perturbed inputs (:func:`kerneljudge.worker.measure.perturb`)."""
+    """Check the kept outputs of the candidate's timed calls, one call at a time (fetched,
+    checked, dropped): each must be what the worker committed to at the call's end mark (its
+    digests) and match the reference run on the same perturbed inputs
+    (:func:`kerneljudge.worker.measure.perturb`), which the reference worker builds from the
+    trial inputs it holds under ``keys`` (the shape set's trials, in order) and compares
+    there."""
     if not kept:
         return Status.REJECTED, "no timed call of the candidate was kept for the audit"
-    timed = worker.request("timed_outputs", cfg.run_timeout_s)
-    slots = timed.get("slots")
-    if not isinstance(slots, dict):
-        return Status.REJECTED, "the worker's record of its timed calls was tampered with"
     for slot, call in sorted(kept.items()):
+        slots = worker.request("timed_outputs", cfg.run_timeout_s, slots=[slot]).get("slots")
+        if not isinstance(slots, dict):
+            return Status.REJECTED, "the worker's record of its timed calls was tampered with"
         outputs = slots.get(slot)
+        del slots
         if not isinstance(outputs, list) or not all(type(t) is torch.Tensor for t in outputs):
             return Status.REJECTED, "the worker did not keep the outputs of an audited call"
         try:
@@ -358,22 +361,15 @@ def _audit_timed_calls(
                 "the outputs shown for an audited timed call are not those the worker "
                 "committed to when the call ended",
             )
-        sets = bases[-call.n_sets :] if 0 < call.n_sets <= len(bases) else []
+        sets = keys[-call.n_sets :] if 0 < call.n_sets <= len(keys) else []
         if not sets:
             return Status.REJECTED, "the worker reported outputs of unknown timed calls"
-        k = call.index % len(sets)
-        args = measure.perturb(sets[k], [measure.continuous(x) for x in sets[k]], call.seed, roll)
-        expected = ref.request(
-            "run", cfg.run_timeout_s, inputs=args, oracle=cfg.tolerance == "oracle", keep=False
+        oracle = cfg.tolerance == "oracle"
+        ref.run_timed_call(sets[call.index % len(sets)], call.seed, roll, cfg.run_timeout_s, oracle)
+        again = ref.compare(
+            "audit", outputs, cfg.run_timeout_s, atol=atol, rtol=rtol, mode=cfg.tolerance
         )
-        again = compare_outputs(
-            expected["outputs"],
-            outputs,
-            oracle=expected.get("oracle"),
-            atol=atol,
-            rtol=rtol,
-            mode=cfg.tolerance,
-        )
+        del outputs
         if not again.passed:
             return (
                 Status.INCORRECT,

@@ -23,7 +23,13 @@ from typing import Any
 
 from kerneljudge.errors import WorkerError
 from kerneljudge.worker import confine
-from kerneljudge.worker.protocol import Channel, ChannelClosed, ChannelTimeout
+from kerneljudge.worker.protocol import (
+    MAX_MESSAGE_BYTES,
+    Channel,
+    ChannelClosed,
+    ChannelTimeout,
+    MessageTooLarge,
+)
 from kerneljudge.worker.sandbox import LOG_LIMIT_BYTES, candidate_environment, child_pids
 from kerneljudge.worker.stamps import socket_pair
 
@@ -87,6 +93,21 @@ class WorkerOverMemory(WorkerDied):
 
     def describe(self) -> str:
         return f"the candidate used more than {self.limit_bytes / 2**30:.1f} GiB of host memory"
+
+
+class WorkerReplyTooLarge(WorkerDied):
+    """The worker sent a reply longer than the supervisor accepts from it (its
+    ``reply_limit_bytes``); it was killed before any of the reply was read."""
+
+    def __init__(self, length: int, limit: int, log_tail: str) -> None:
+        self.length, self.limit = length, limit
+        super().__init__(-signal.SIGKILL, log_tail)
+
+    def describe(self) -> str:
+        return (
+            f"the candidate's reply of {self.length / 2**20:.0f} MiB exceeds the "
+            f"{self.limit / 2**20:.0f} MiB the judge relays"
+        )
 
 
 class WorkerTimeout(Exception):
@@ -188,6 +209,9 @@ class WorkerProcess:
         stamp_end.close()
         self.chan = Channel(from_worker_r, to_worker_w)
         self.ready = False
+        #: Longest reply the supervisor reads from this worker (bytes; 0: the protocol's own
+        #: limit); a longer one is :class:`WorkerReplyTooLarge`.
+        self.reply_limit_bytes = 0
         self._own_pid: int | None = None  # as the worker sees itself (its namespace's pid)
         self._host_pid: int | None = None
         self.id = uuid.uuid4().hex[:8]
@@ -325,7 +349,11 @@ class WorkerProcess:
         while True:
             remaining = deadline - time.monotonic()
             try:
+                self.chan.max_bytes = self.reply_limit_bytes or MAX_MESSAGE_BYTES
                 return self.chan.recv(timeout_s=min(max(remaining, 0.0), 0.5))
+            except MessageTooLarge as exc:
+                self.kill()
+                raise WorkerReplyTooLarge(exc.length, exc.limit, self.log_tail()) from None
             except ChannelTimeout:
                 if self.memory_limit_bytes and self.rss_bytes() > self.memory_limit_bytes:
                     self.kill()
@@ -362,6 +390,9 @@ class WorkerProcess:
             self.chan.send({"op": op, "nonce": nonce, **fields})
         except ChannelClosed:
             self._recv(op, 1.0)  # raises WorkerDied with the exit status
+        # Sent: the request's tensors are not held here while the reply comes (the caller's
+        # own references, if any, keep them).
+        fields.clear()
         reply = self._recv(op, max(0.1, timeout_s - (time.monotonic() - started)))
         if reply.get("nonce") != nonce:
             self.kill()

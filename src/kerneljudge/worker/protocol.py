@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Channel", "ChannelClosed", "ChannelTimeout", "MAX_MESSAGE_BYTES"]
+__all__ = ["Channel", "ChannelClosed", "ChannelTimeout", "MAX_MESSAGE_BYTES", "MessageTooLarge"]
 
 #: Largest message accepted (bytes); larger lengths mean a corrupt or hostile stream.
 MAX_MESSAGE_BYTES = 32 << 30
@@ -28,6 +28,19 @@ _HEADER = struct.Struct(">Q")
 
 class ChannelClosed(Exception):
     """The other end closed its pipe (the process exited or died)."""
+
+
+class MessageTooLarge(ChannelClosed):
+    """A message longer than the reader accepts was announced (nothing of it was read).
+
+    Attributes:
+        length: its announced length (bytes).
+        limit: the most the reader accepts (bytes).
+    """
+
+    def __init__(self, length: int, limit: int) -> None:
+        super().__init__(f"message of {length} bytes exceeds the limit of {limit}")
+        self.length, self.limit = length, limit
 
 
 class ChannelTimeout(Exception):
@@ -48,6 +61,8 @@ class Channel:
         #: A message read in part (its buffer, bytes filled) and its payload length once known.
         self._partial: tuple[bytearray, int] | None = None
         self._length: int | None = None
+        #: Longest message this end reads (bytes); at most :data:`MAX_MESSAGE_BYTES`.
+        self.max_bytes = MAX_MESSAGE_BYTES
 
     def send(self, message: dict[str, Any]) -> None:
         """Write one message (the payload is written from the serialisation buffer itself, so
@@ -105,6 +120,7 @@ class Channel:
 
         Raises:
             ChannelTimeout: nothing complete arrived in time.
+            MessageTooLarge: the message is longer than ``max_bytes``.
             ChannelClosed: the writer is gone, or the stream is corrupt.
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -112,8 +128,9 @@ class Channel:
         if self._length is None:
             self._fill(buf, filled, deadline)
             (length,) = _HEADER.unpack(bytes(buf))
-            if length > MAX_MESSAGE_BYTES:
-                raise ChannelClosed(f"message of {length} bytes exceeds the limit")
+            limit = min(self.max_bytes, MAX_MESSAGE_BYTES)
+            if length > limit:
+                raise MessageTooLarge(length, limit)
             self._length = length
             buf, filled = bytearray(length), 0
             self._partial = (buf, filled)

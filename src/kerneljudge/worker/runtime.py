@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import errno
 import importlib.util
 import os
@@ -99,6 +100,31 @@ def _to_cpu(value: Any) -> Any:
     raise Fault(f"forward returned an unsupported {type(value).__name__}; return tensors")
 
 
+def _check_cpu_copyable(value: Any) -> None:
+    """Raise what :func:`_to_cpu` raises for ``value``, without copying it."""
+    if isinstance(value, (tuple, list)):
+        for v in value:
+            _check_cpu_copyable(v)
+    elif not (value is None or isinstance(value, (torch.Tensor, bool, int, float))):
+        raise Fault(f"forward returned an unsupported {type(value).__name__}; return tensors")
+
+
+def _layout(values: Any) -> list[list[Any]]:
+    """``[shape, dtype name]`` of each tensor in ``values`` (nested lists/tuples flattened)."""
+    return [
+        [list(t.shape), str(t.dtype).removeprefix("torch.")]
+        for t in measure.flatten_tensors(values)
+    ]
+
+
+def trial_fields(result: Any) -> dict[str, Any]:
+    """A :class:`~kerneljudge.verdict.TrialResult` as plain data for the wire (its
+    mismatches as ``[index, expected, got]``)."""
+    fields = dataclasses.asdict(result)
+    fields["mismatches"] = [[list(m.index), m.expected, m.got] for m in result.mismatches]
+    return fields
+
+
 def _to_double(values: list[Any]) -> list[Any]:
     return [
         v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for v in values
@@ -171,6 +197,10 @@ class Worker:
         self.sets: list[list[Any]] = []
         self.nudgeable: list[list[bool]] = []
         self.snapshots: dict[int, Any] = {}
+        #: The reference's side of the trials, by the supervisor's key: outputs and float64
+        #: oracle (``{"outputs", "oracle"}``) and, when asked, the inputs as received.
+        self.expected: dict[str, dict[str, Any]] = {}
+        self.held: dict[str, list[Any]] = {}
         self.poison_bytes = 0
         self.flush: torch.Tensor | None = None
         self.sandbox: Sandbox | None = None
@@ -285,10 +315,27 @@ class Worker:
         (ATen operators the call ran, when ``record_ops``), ``aliases_input`` (an output shares
         storage with an input) and ``modified_inputs`` (indices of inputs changed in place).
         With ``keep`` false (a timed call checked again), the inputs are not kept as a set.
+
+        In the reference worker, ``expect`` (a key) keeps the outputs and oracle here for
+        :meth:`op_compare` and replies with their layout instead (``output_layout``,
+        ``input_layout``: ``[shape, dtype name]`` per tensor, flattened); ``hold_inputs`` also
+        keeps the inputs as received, for :meth:`op_held_inputs` and ``from_held``. With
+        ``from_held`` (a key) and ``perturb`` (a seed) the inputs are the held ones of that
+        key as a timed call got them (:func:`kerneljudge.worker.measure.perturb`, with
+        ``roll``), built here on the CPU as the supervisor would.
         """
         if self.model is None:
             raise RuntimeError("run before setup")
-        received = list(msg["inputs"])
+        if "from_held" in msg:
+            base = self._reference_only(self.held, msg["from_held"])
+            received = measure.perturb(
+                base,
+                [measure.continuous(x) for x in base],
+                int(msg["perturb"]),
+                bool(msg.get("roll", True)),
+            )
+        else:
+            received = list(msg["inputs"])
         self.inputs = _to_device(received, self.device)
         if msg.get("keep", True):
             self.sets = (self.sets + [self.inputs])[-MAX_TIMING_SETS:]
@@ -302,10 +349,75 @@ class Worker:
         out = self._call(self.model, args, record_ops=bool(msg.get("record_ops")))
         effects = _input_effects(args, self.inputs, out)
         self.poison_bytes = max(self.poison_bytes, _nbytes(measure.flatten_tensors(out)))
-        reply: dict[str, Any] = {"outputs": _to_cpu(out), "ops": self.ops, **effects}
+        outputs = _to_cpu(out)
+        del out, args
+        oracle = self._oracle() if msg.get("oracle") else None
+        if msg.get("expect") is not None and self.role == "reference":
+            key = str(msg["expect"])
+            self.expected[key] = {"outputs": outputs, "oracle": oracle}
+            if msg.get("hold_inputs"):
+                self.held[key] = received
+            return {
+                "ops": self.ops,
+                "output_layout": _layout(outputs),
+                "input_layout": _layout(received),
+                **effects,
+            }
+        reply: dict[str, Any] = {"outputs": outputs, "ops": self.ops, **effects}
         if msg.get("oracle"):
-            reply["oracle"] = self._oracle()
+            reply["oracle"] = oracle
         return reply
+
+    def _reference_only(self, table: dict[str, Any], key: Any) -> Any:
+        """``table[str(key)]`` in the reference worker.
+
+        Raises:
+            RuntimeError: another role, or no such key (a harness error).
+        """
+        if self.role != "reference":
+            raise RuntimeError("only the reference worker keeps trials")
+        if str(key) not in table:
+            raise RuntimeError(f"no trial kept under {key!r}")
+        return table[str(key)]
+
+    def op_held_inputs(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """The inputs held under ``key`` (as received: on the CPU), dropped here if ``forget``."""
+        inputs = self._reference_only(self.held, msg["key"])
+        if msg.get("forget"):
+            del self.held[str(msg["key"])]
+        return {"inputs": inputs}
+
+    def op_compare(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Compare ``outputs`` (a candidate's, relayed by the supervisor) with the reference's
+        kept under ``key`` (:func:`kerneljudge.check.compare_outputs` with ``atol``, ``rtol``,
+        ``mode`` and ``index``); drops them if ``forget``. Returns ``trial``: the
+        :class:`~kerneljudge.verdict.TrialResult` as a dict (:func:`trial_fields`)."""
+        from kerneljudge.check import compare_outputs
+
+        kept = self._reference_only(self.expected, msg["key"])
+        if msg.get("forget"):
+            del self.expected[str(msg["key"])]
+        result = compare_outputs(
+            kept["outputs"],
+            msg["outputs"],
+            oracle=kept["oracle"],
+            atol=float(msg["atol"]),
+            rtol=float(msg["rtol"]),
+            mode=str(msg["mode"]),
+            index=int(msg.get("index", 0)),
+        )
+        return {"trial": trial_fields(result)}
+
+    def op_forget(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Drop the kept trials (outputs, oracle, inputs) of ``keys``, or all of them."""
+        keys = msg.get("keys")
+        if keys is None:
+            self.expected.clear()
+            self.held.clear()
+        for key in map(str, keys or ()):
+            self.expected.pop(key, None)
+            self.held.pop(key, None)
+        return {}
 
     def _oracle(self) -> Any:
         """The reference evaluated in float64 (on the device, else on the CPU)."""
@@ -415,9 +527,17 @@ class Worker:
 
     def op_timed_outputs(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Outputs of the timed calls the supervisor kept: ``{"slots": {slot: outputs}}`` (CPU
-        copies of those taken at the call's end mark) and ``n_sets``."""
+        copies of those taken at the call's end mark) and ``n_sets``. With ``slots`` (a list),
+        only those slots are copied; the others are checked as they would be copied."""
+        wanted = msg.get("slots")
         try:
-            slots = {int(s): _to_cpu(list(outs)) for s, outs in self.snapshots.items()}
+            slots = {}
+            for s, outs in self.snapshots.items():
+                if wanted is None or int(s) in wanted:
+                    slots[int(s)] = _to_cpu(list(outs))
+                else:
+                    int(s)
+                    _check_cpu_copyable(list(outs))
         except (TypeError, ValueError):  # the record was replaced by code under test
             return {"slots": None, "n_sets": len(self.sets)}
         return {"slots": slots, "n_sets": len(self.sets)}

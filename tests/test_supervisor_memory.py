@@ -1,0 +1,132 @@
+"""The judging process's own memory: bounded by a small multiple of one trial's output, and a
+problem whose trials it cannot relay within its budget is a one-line error, not a crash."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from kerneljudge import Judge, JudgeConfig
+from kerneljudge.errors import ProblemError
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+PROBLEM = """
+import torch
+import torch.nn as nn
+
+N = {n}
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.tanh(x) * 0.5
+
+
+def get_inputs():
+    return [torch.randn(N)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+CANDIDATE = """
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return torch.tanh(x) * 0.5
+"""
+
+# One verdict in a fresh process: its peak resident memory (VmHWM, the high-water mark of its
+# own address space: ru_maxrss would keep the forking test process's size across exec) above
+# its resident memory just before the Judge was made (torch imported).
+CHILD = """
+import json, sys
+from kerneljudge import Judge, JudgeConfig
+from kerneljudge.timing import TimingConfig
+
+def rss(field="VmRSS"):
+    with open("/proc/self/status") as f:
+        return next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith(field))
+
+problem, candidate, cache = sys.argv[1:4]
+config = JudgeConfig(device="cpu", baselines=("eager",), cache_dir=cache,
+                     timing_config=TimingConfig(max_time_s=0.5))
+base = rss()
+with Judge(problem, config) as judge:
+    verdict = judge.evaluate(candidate)
+peak = rss("VmHWM")
+print(json.dumps({"status": verdict.status.value, "reason": verdict.reason,
+                  "above": peak - base}))
+"""
+
+
+def _files(tmp_path: Path, mib: int) -> tuple[Path, Path]:
+    problem, candidate = tmp_path / "elementwise.py", tmp_path / "candidate.py"
+    problem.write_text(textwrap.dedent(PROBLEM.format(n=(mib << 20) // 4)))
+    candidate.write_text(textwrap.dedent(CANDIDATE))
+    return problem, candidate
+
+
+def test_the_judge_holds_a_small_multiple_of_one_trials_output(tmp_path: Path) -> None:
+    """A verdict with timing and its audit, on a 16 MiB output: the judging process peaked at
+    644 MiB above its base (40x) when it kept every trial's inputs, outputs and oracle, and at
+    67 MiB (4.2x, most of it a fixed cost) relaying one trial at a time
+    (benchmarks/supervisor_memory.py). The bound leaves room for allocator slack."""
+    out_bytes = 16 << 20
+    problem, candidate = _files(tmp_path, 16)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, str(problem), str(candidate), str(tmp_path / "cache")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["status"] == "correct", got["reason"]
+    assert got["above"] < 8 * out_bytes + (64 << 20), f"{got['above'] / 2**20:.0f} MiB"
+
+
+def test_trials_beyond_the_memory_budget_are_a_one_line_problem_error(tmp_path: Path) -> None:
+    """A 4 MiB output needs 8 MiB to relay (the message and its copy): a 4 MiB budget is
+    refused before the candidate's first trial, with the sizes in the message."""
+    problem, candidate = _files(tmp_path, 4)
+    config = JudgeConfig(device="cpu", timing=False, memory_budget_mib=4, cache_dir=tmp_path)
+    with Judge(problem, config) as judge:
+        with pytest.raises(ProblemError) as info:
+            judge.evaluate(candidate)
+    message = str(info.value)
+    assert "\n" not in message
+    assert "outputs (4 MiB) need 8 MiB" in message and "memory budget of 4 MiB" in message
+    with Judge(problem, JudgeConfig(device="cpu", timing=False, cache_dir=tmp_path)) as judge:
+        assert judge.evaluate(candidate).status.value == "correct"  # the host's memory suffices
+
+
+def test_a_candidate_reply_beyond_what_the_judge_relays_is_a_runtime_error(
+    tmp_path: Path,
+) -> None:
+    """A candidate that returns 64 MiB where the reference returns 1 MiB, under a 16 MiB
+    budget: its worker is ended before the judge reads the reply."""
+    problem, _ = _files(tmp_path, 1)
+    candidate = tmp_path / "huge.py"
+    candidate.write_text(
+        "import torch\nimport torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n"
+        "    def forward(self, x):\n        return torch.zeros(16 << 20)\n"
+    )
+    config = JudgeConfig(device="cpu", timing=False, memory_budget_mib=16, cache_dir=tmp_path)
+    with Judge(problem, config) as judge:
+        verdict = judge.evaluate(candidate)
+    assert verdict.status.value == "runtime_error", verdict.reason
+    assert verdict.reason == "the candidate's reply of 64 MiB exceeds the 9 MiB the judge relays"
