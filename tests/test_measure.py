@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+
 import torch
 
 from kerneljudge.stage_timing import Batch
