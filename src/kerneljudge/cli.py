@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 from rich.syntax import Syntax
 from rich.table import Table
 
 from kerneljudge.errors import KernelJudgeError
+from kerneljudge.output import StageReporter, make_console, print_table
 
 app = typer.Typer(
     name="kerneljudge",
@@ -25,8 +25,9 @@ app = typer.Typer(
 problems_app = typer.Typer(help="List, show and lint problems.", invoke_without_command=True)
 app.add_typer(problems_app, name="problems")
 
-console = Console()
-err_console = Console(stderr=True, soft_wrap=True)
+# On a terminal rich fits the window; into a file or a pipe every line is printed whole.
+console = make_console()
+err_console = make_console(stderr=True)
 
 
 def _env(name: str) -> str:
@@ -125,7 +126,8 @@ def eval_command(
             cache_dir=cache_dir,
             max_time_s=max_time,
         )
-        with Judge(problem, config) as judge:
+        with Judge(problem, config) as judge, StageReporter(err_console) as progress:
+            judge.progress = progress  # stage lines on stderr: live on a terminal
             verdict = judge.evaluate(cand)
     except KernelJudgeError as exc:
         _fail(str(exc))
@@ -196,7 +198,7 @@ def problems_list(ctx: typer.Context) -> None:
         except KernelJudgeError as exc:
             table.add_row(name, "-", "-", "-", f"[red]{exc}[/]")
             continue
-        desc = p.description.split(". ")[0][:80]
+        desc = p.description.split(". ")[0]
         table.add_row(
             p.name,
             str(p.dtype).removeprefix("torch."),
@@ -204,12 +206,13 @@ def problems_list(ctx: typer.Context) -> None:
             ", ".join(p.shape_sets) or "-",
             desc,
         )
-    console.print(table)
+    print_table(console, table)
 
 
 @problems_app.command("show")
 def problems_show(name: Annotated[str, typer.Argument(help="Bundled name or path.")]) -> None:
-    """Print a problem's metadata and reference source."""
+    """Print a problem's metadata and reference source. Where stdout is not a terminal, stdout
+    gets the source exactly as it is in the problem's file and the metadata goes to stderr."""
     from kerneljudge.problem import Problem
 
     try:
@@ -217,15 +220,21 @@ def problems_show(name: Annotated[str, typer.Argument(help="Bundled name or path
     except KernelJudgeError as exc:
         _fail(str(exc))
         return
-    console.print(f"[bold]{p.name}[/]  ({p.path})")
+    meta = console if console.is_terminal else err_console
+    meta.print(f"[bold]{p.name}[/]  ({p.path})")
     if p.description:
-        console.print(p.description)
+        meta.print(p.description, highlight=False)
     atol, rtol = p.tolerance
-    console.print(
+    meta.print(
         f"dtype {p.dtype}, atol={atol:g} rtol={rtol:g}, shape sets: "
-        f"{', '.join(p.shape_sets) or '-'}"
+        f"{', '.join(p.shape_sets) or '-'}",
+        highlight=False,
     )
-    console.print(Syntax(p.source, "python", line_numbers=False))
+    if console.is_terminal:
+        console.print(Syntax(p.source, "python", line_numbers=False))
+    else:
+        sys.stdout.write(p.source)
+        sys.stdout.flush()
 
 
 @app.command("examples")

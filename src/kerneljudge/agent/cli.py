@@ -11,15 +11,15 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from kerneljudge.errors import KernelJudgeError
+from kerneljudge.output import make_console, print_table
 
 __all__ = ["episode_command"]
 
-_console = Console()
-_err = Console(stderr=True)
+_console = make_console()
+_err = make_console(stderr=True)
 
 
 def _env(name: str) -> str:
@@ -201,7 +201,7 @@ def episode_command(
         for s in summaries:
             print(json.dumps(s.to_dict()))
     else:
-        _console.print(_table(summaries, title))
+        print_table(_console, _table(summaries, title))
         _console.print(f"transcripts in {out}/", highlight=False)
 
 
