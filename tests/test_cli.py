@@ -177,3 +177,20 @@ def test_verdict_into_a_file_is_plain_whole_lines(tmp_path: Path) -> None:
     header = next(ln for ln in lines if ln.split()[:3] == ["trial", "shapes", "result"])
     assert header.split()[-1] == "bound"
     assert "…" not in res.stdout and "│" not in res.stdout and "\x1b" not in res.stdout
+
+
+def test_version_names_the_package_and_torch() -> None:
+    import importlib.metadata
+
+    import torch
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "kerneljudge", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0 and proc.stderr == ""
+    (line,) = proc.stdout.splitlines()
+    version = importlib.metadata.version("kerneljudge")
+    assert line.startswith(f"kerneljudge {version} (torch {torch.__version__}, CUDA ")

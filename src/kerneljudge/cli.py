@@ -34,6 +34,46 @@ def _env(name: str) -> str:
     return f"KERNELJUDGE_{name.upper()}"
 
 
+def version_line() -> str:
+    """``kerneljudge X (torch Y, CUDA Z, Python W)``: the installed package's version (its
+    metadata; the source tree's ``__version__`` when it is not installed) and torch's."""
+    import importlib.metadata
+    import platform
+
+    import torch
+
+    try:
+        version = importlib.metadata.version("kerneljudge")
+    except importlib.metadata.PackageNotFoundError:
+        from kerneljudge import __version__ as version
+    cuda = torch.version.cuda or "none"
+    return (
+        f"kerneljudge {version} (torch {torch.__version__}, CUDA {cuda}, "
+        f"Python {platform.python_version()})"
+    )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(version_line())
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="Print kerneljudge's and torch's versions and exit.",
+        ),
+    ] = False,
+) -> None:
+    """Build, check and time custom GPU kernels against their PyTorch reference."""
+
+
 DeviceOpt = Annotated[str, typer.Option(envvar=_env("device"), help="auto, cpu, cuda or cuda:N.")]
 CacheOpt = Annotated[
     Optional[Path], typer.Option(envvar=_env("cache_dir"), help="Build cache folder.")
