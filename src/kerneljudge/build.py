@@ -30,6 +30,7 @@ from kerneljudge.candidate import Candidate
 from kerneljudge.verdict import BuildResult, CompilerMessage, decode
 from kerneljudge.worker import confine
 from kerneljudge.worker.sandbox import candidate_environment, child_pids
+from kerneljudge.worker.torchlog import NO_CUDA_RUNTIME
 
 __all__ = ["BuildCache", "build", "default_cache_dir"]
 
@@ -81,7 +82,9 @@ class BuildCache:
         is none (or it cannot be read).
 
         An entry written before file names were stored as :data:`SOURCE_NAME` (``build.json``)
-        is used only when it succeeded: a failed one names the file of its first build.
+        is used only when it succeeded: a failed one names the file of its first build. Lines
+        of torch's ``No CUDA runtime is found`` notice, which logs of earlier build workers
+        hold, are left out of the log.
         """
         for file in ("build-result.json", "build.json"):
             try:
@@ -90,7 +93,9 @@ class BuildCache:
                 continue
             if file == "build.json" and not result.ok:
                 return None
-            return _named(result, SOURCE_NAME, name)
+            # Logs of builds before the build worker dropped torch's notice still hold it.
+            log = "\n".join(ln for ln in result.log.split("\n") if NO_CUDA_RUNTIME not in ln)
+            return _named(dataclasses.replace(result, log=log), SOURCE_NAME, name)
         return None
 
     def store(self, key: str, result: BuildResult, name: str = "candidate") -> None:
