@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import io
+import re
 
+from rich.console import Console
 from rich.table import Table
 
 from kerneljudge.output import make_console, plain_table, print_table
@@ -38,3 +40,29 @@ def test_plain_console_neither_wraps_nor_crops() -> None:
     console = make_console(file=out)
     console.print("x" * 500 + " end", highlight=False)
     assert out.getvalue() == "x" * 500 + " end\n"
+
+
+def test_a_long_compiler_log_shows_its_start() -> None:
+    """The shaped log begins with the errors at the candidate's lines; those are shown, the
+    rest of a long log is counted."""
+    from kerneljudge.render import render_verdict
+    from kerneljudge.verdict import BuildResult, Status, Verdict
+
+    log = "k.py:9: error: 'x' was not declared\n" + "\n".join(f"noise {i}" * 20 for i in range(99))
+    build = BuildResult(ok=False, backend="cpp", cache_key="k", log=log)
+    reason = "line 9: 'x' was not declared"
+    v = Verdict(
+        status=Status.COMPILE_ERROR,
+        reason=reason,
+        problem="p",
+        candidate_sha256="0",
+        backend="cpp",
+        build=build,
+    )
+    for terminal in (False, True):
+        out = io.StringIO()
+        console = Console(file=out, force_terminal=terminal, width=200)
+        render_verdict(v, console)
+        text = out.getvalue()
+        assert "k.py:9: error: 'x' was not declared" in text and "noise 98" not in text
+        assert re.search(r"\.\.\. \d+ more lines", text), text

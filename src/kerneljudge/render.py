@@ -61,6 +61,16 @@ def _pinning(tm: TimingResult) -> str:
     return f"timed on core{'s' if len(tm.cores) > 1 else ''} {cores}, {tm.threads} thread{plural}"
 
 
+def _head(text: str, limit: int) -> str:
+    """The whole lines of ``text`` within its first ``limit`` characters, then a line saying
+    how many lines were left out (``text`` itself when it fits)."""
+    if len(text) <= limit:
+        return text
+    cut = text.rfind("\n", 0, limit)
+    cut = cut if cut > 0 else limit
+    return text[:cut] + f"\n... {text[cut:].strip().count(chr(10)) + 1} more lines"
+
+
 def render_verdict(v: Verdict, console: Console | None = None) -> None:
     """Print a verdict as panels and tables; where ``console`` is not a terminal, as plain
     lines, each whole (see :mod:`kerneljudge.output`)."""
@@ -83,7 +93,9 @@ def render_verdict(v: Verdict, console: Console | None = None) -> None:
         )
     parts: list[object] = [Text("\n").join(lines)]
     if v.build and not v.build.ok and v.build.log:
-        parts.append(Panel(Text(v.build.log[-3000:]), title="compiler errors", border_style="red"))
+        # The shaped log starts with the errors at the candidate's lines: show its start.
+        log = _head(v.build.log, 3000)
+        parts.append(Panel(Text(log), title="compiler errors", border_style="red"))
     if v.check:
         t = Table(
             title=f"correctness ({v.check.mode} rule, atol={v.check.atol:g} rtol={v.check.rtol:g})"
