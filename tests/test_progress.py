@@ -37,3 +37,13 @@ def test_the_judge_says_each_stage_in_order(tmp_path: Path) -> None:
         "timing",
     ]
     assert said == ["building good.py (torch)", *stages, "build cached", *stages]
+
+
+def test_a_syntax_error_is_judged_without_a_stage(tmp_path: Path) -> None:
+    syntax = tmp_path / "syntax.py"
+    syntax.write_text("class ModelNew(\n")
+    said: list[str] = []
+    with Judge(FIX / "tiny_problem.py", JudgeConfig(device="cpu", cache_dir=tmp_path)) as judge:
+        judge.progress = said.append
+        assert judge.evaluate(syntax).status is Status.COMPILE_ERROR
+    assert said == []

@@ -486,9 +486,8 @@ class Judge:
         if started_here:
             self._begin_preparation(device, run_seed, secret)
         try:
-            self._say(
-                f"building {cand.name} ({cand.backend})" if result is None else "build cached"
-            )
+            if result is None or result.cached:  # (a syntax error is known before any build)
+                self._say("build cached" if result else f"building {cand.name} ({cand.backend})")
             result = result or self.build(cand, device)
             stage("build")
             if result.ok:
