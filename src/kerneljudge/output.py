@@ -13,6 +13,7 @@ from types import TracebackType
 from typing import IO, Any
 
 from rich.console import Console, RenderableType
+from rich.errors import MarkupError
 from rich.table import Table
 from rich.text import Text
 
@@ -45,7 +46,7 @@ def _plain(cell: RenderableType | None) -> str:
     if isinstance(cell, str):
         try:
             return Text.from_markup(cell).plain
-        except Exception:  # not valid markup: the text as it is
+        except MarkupError:  # not valid markup: the text as it is
             return cell
     return str(cell)
 
