@@ -144,3 +144,42 @@ def test_real_cuda_compile_error_maps_to_candidate_line(shared_cache: Path) -> N
     assert first.candidate_line == 8  # `y[i] = x[i] * undeclared_scale;`
     assert Path(first.file).name == "cuda.cu"
     assert "cuda_compile_error.py:8: error:" in result.log.splitlines()[0]
+
+
+@pytest.mark.slow
+def test_cached_compile_error_names_the_current_file(shared_cache: Path, tmp_path: Path) -> None:
+    """The same failing source under two file names: the second build comes from the cache and
+    its errors name its own file, not the first one's."""
+    source = (CANDIDATES / "cpp_compile_error.py").read_text()
+    first_path, second_path = tmp_path / "first_name.py", tmp_path / "second_name.py"
+    first_path.write_text(source)
+    second_path.write_text(source)
+    cache = BuildCache(shared_cache)
+    first = build(Candidate.from_file(first_path), cache=cache, arch="9.0")
+    second = build(Candidate.from_file(second_path), cache=cache, arch="9.0")
+    agent = build(Candidate.from_source(source, name="kernel_code"), cache=cache, arch="9.0")
+    assert second.cached and agent.cached and not (first.ok or second.ok or agent.ok)
+    assert first.log.startswith("first_name.py:9: error:")
+    assert second.log.startswith("second_name.py:9: error:")
+    assert agent.log.startswith("kernel_code:9: error:")
+    assert all("<kerneljudge:" not in r.log for r in (first, second, agent))
+    assert "first_name.py" not in second.log and "first_name.py" not in agent.log
+    assert [m.candidate_line for m in second.messages] == [m.candidate_line for m in first.messages]
+
+
+def test_stored_results_name_the_file_they_are_read_for(tmp_path: Path) -> None:
+    """A failure at import (no compiler): the stored message and log take the reader's name."""
+    src = (
+        "from torch.utils.cpp_extension import load_inline\n"
+        "import torch.nn as nn\n"
+        "raise RuntimeError('configuration step failed')\n"
+        "ext = load_inline(name='never', cpp_sources=[''])\n"
+        "class ModelNew(nn.Module):\n    pass\n"
+    )
+    cache = BuildCache(tmp_path)
+    first = build(Candidate.from_source(src, name="a.py"), cache=cache, arch="9.0")
+    second = build(Candidate.from_source(src, name="kernel_code"), cache=cache, arch="9.0")
+    assert second.cached and not second.ok
+    assert first.log.startswith("a.py:3: error:") and first.messages[0].file == "a.py"
+    assert second.log.startswith("kernel_code:3: error:")
+    assert second.messages[0].file == "kernel_code" and "a.py" not in second.log

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,8 @@ from kerneljudge.verdict import Verdict
 
 FIX = Path(__file__).parent / "fixtures"
 runner = CliRunner()
+#: A stage line on stderr where it is not a terminal: seconds since the start, the stage.
+STAGE = re.compile(r"^ *\d+\.\d s  (?=\S)")
 
 
 def _eval(*args: str, cache: Path) -> object:
@@ -46,6 +49,12 @@ def test_eval_json_is_a_verdict(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     v = Verdict.from_json(res.stdout)
     assert v.correct and v.timing is not None and v.schema_version
+    # The stages, one plain line each on stderr (not a terminal here), in order.
+    stages = [STAGE.sub("", ln) for ln in res.stderr.splitlines()]
+    assert all(STAGE.match(ln) for ln in res.stderr.splitlines()), res.stderr
+    assert stages[0] == "building good.py (torch)" and stages[-1] == "timing", stages
+    assert stages.index("preparing the reference") < stages.index("trial 1/5")
+    assert stages.index("trial 1/5") < stages.index("trial 5/5") < stages.index("timing")
 
 
 def test_eval_table_and_exit_code_for_incorrect(tmp_path: Path) -> None:
@@ -83,8 +92,8 @@ def test_candidate_without_modelnew_and_syntax_error(tmp_path: Path) -> None:
     syntax.write_text("class ModelNew(\n")
     for path, message in ((nomodel, "does not define ModelNew"), (syntax, "syntax error")):
         res = _eval(str(path), "-p", str(FIX / "tiny_problem.py"), cache=tmp_path)
-        assert res.exit_code == 1
-        lines = [ln for ln in res.output.splitlines() if ln.strip()]
+        assert res.exit_code == 1 and res.stdout == ""
+        lines = [ln for ln in res.stderr.splitlines() if ln.strip() and not STAGE.match(ln)]
         assert len(lines) == 1 and message in lines[0] and lines[0].startswith("compile_error")
 
 
@@ -123,3 +132,65 @@ def test_console_script_prints_no_traceback(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"error: candidate file not found: {tmp_path / 'missing.py'}"
     assert proc.stdout == ""
+
+
+def test_problems_show_into_a_file_is_the_exact_source(tmp_path: Path) -> None:
+    """Redirected, `problems show` writes the problem's source as it is (it compiles); the
+    metadata goes to stderr."""
+    from kerneljudge.problem import Problem, bundled_problem_names
+
+    out = tmp_path / "causal_gqa.py"
+    with open(out, "w") as f:
+        proc = subprocess.run(
+            [sys.executable, "-m", "kerneljudge", "problems", "show", "causal_gqa"],
+            stdout=f,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    assert proc.returncode == 0, proc.stderr
+    source = Problem.load("causal_gqa").source
+    assert out.read_text() == source
+    compile(out.read_text(), str(out), "exec")
+    assert "causal_gqa" in proc.stderr and "dtype" in proc.stderr
+    for name in bundled_problem_names():
+        res = runner.invoke(app, ["problems", "show", name])
+        assert res.exit_code == 0 and res.stdout == Problem.load(name).source, name
+
+
+def test_verdict_into_a_file_is_plain_whole_lines(tmp_path: Path) -> None:
+    """Not a terminal: the verdict is plain lines, the reason whole on one line."""
+    import re
+
+    res = _eval(
+        str(FIX / "candidates" / "wrong.py"),
+        "-p",
+        str(FIX / "tiny_problem.py"),
+        "--no-timing",
+        cache=tmp_path,
+    )
+    assert res.exit_code == 1
+    lines = res.stdout.splitlines()
+    assert lines[0] == "INCORRECT"
+    reason = r"\d/5 trials passed; trial \d: output: max error vs float64 \S+ exceeds \S+ \(16 x"
+    assert any(re.match(reason + r".*floor\)$", ln) for ln in lines), res.stdout
+    header = next(ln for ln in lines if ln.split()[:3] == ["trial", "shapes", "result"])
+    assert header.split()[-1] == "bound"
+    assert "…" not in res.stdout and "│" not in res.stdout and "\x1b" not in res.stdout
+
+
+def test_version_names_the_package_and_torch() -> None:
+    import importlib.metadata
+
+    import torch
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "kerneljudge", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0 and proc.stderr == ""
+    (line,) = proc.stdout.splitlines()
+    version = importlib.metadata.version("kerneljudge")
+    assert line.startswith(f"kerneljudge {version} (torch {torch.__version__}, CUDA ")

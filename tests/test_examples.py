@@ -6,9 +6,11 @@ the test build cache); the GPU tier judges all of them.
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 from kerneljudge.examples import find_examples, run_examples
+from kerneljudge.output import make_console
 from kerneljudge.verdict import Status
 
 
@@ -26,8 +28,13 @@ def test_every_example_declares_status_and_backend() -> None:
 
 
 def test_cpu_examples_of_causal_gqa_get_their_status(shared_cache: Path) -> None:
+    out = io.StringIO()  # a log file: every row whole, one plain line each
     results = run_examples(
-        problem="causal_gqa", device="cpu", cache_dir=shared_cache, max_time_s=0.5
+        problem="causal_gqa",
+        device="cpu",
+        cache_dir=shared_cache,
+        max_time_s=0.5,
+        console=make_console(file=out),
     )
     assert {r.example.path.name for r in results} >= {
         "cpp_reference.py",
@@ -37,3 +44,8 @@ def test_cpu_examples_of_causal_gqa_get_their_status(shared_cache: Path) -> None
     }
     for r in results:
         assert r.as_expected, (r.example.path.name, r.verdict.status, r.verdict.reason)
+    log = out.getvalue().splitlines()
+    for r in results:
+        row = next(ln for ln in log if ln.startswith(f"causal_gqa  {r.example.path.name} "))
+        assert row.rstrip().endswith(r.verdict.reason), row
+    assert "…" not in out.getvalue()

@@ -4,7 +4,9 @@ The cache key is the sha256 of the candidate's source, its backend and the toolc
 (:func:`kerneljudge.toolchain.fingerprint`: torch, CUDA, compiler versions, target arch), so a
 candidate never builds twice on the same toolchain. Each entry is a folder holding the source,
 the extension build tree (``ext/``, used as ``TORCH_EXTENSIONS_DIR`` by the build and run
-workers alike) and ``build.json``. Failed builds are cached too; timed-out ones are not.
+workers alike) and ``build-result.json``. Failed builds are cached too; timed-out ones are not.
+The same source may come under another file name: a stored result names the candidate's file
+:data:`SOURCE_NAME`, which is replaced by the current candidate's name when it is read.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from kerneljudge.candidate import Candidate
 from kerneljudge.verdict import BuildResult, CompilerMessage, decode
 from kerneljudge.worker import confine
 from kerneljudge.worker.sandbox import candidate_environment, child_pids
+from kerneljudge.worker.torchlog import NO_CUDA_RUNTIME
 
 __all__ = ["BuildCache", "build", "default_cache_dir"]
 
@@ -35,6 +38,8 @@ _SRC_DIR = str(Path(__file__).resolve().parents[1])
 DEFAULT_BUILD_TIMEOUT_S = 300.0
 #: Backends with no ahead-of-time compile step (Triton compiles on the first call, on the GPU).
 IMPORT_ONLY_BACKENDS = frozenset({"torch", "triton"})
+#: Stands for the candidate's file name in a stored build result (its log and messages).
+SOURCE_NAME = "<kerneljudge:source-name>"
 
 
 def default_cache_dir() -> Path:
@@ -72,17 +77,33 @@ class BuildCache:
     def entry(self, key: str) -> Path:
         return self.root / "builds" / key[:2] / key
 
-    def load(self, key: str) -> BuildResult | None:
-        path = self.entry(key) / "build.json"
-        try:
-            return decode(BuildResult, json.loads(path.read_text()))
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
+    def load(self, key: str, name: str = "candidate") -> BuildResult | None:
+        """The stored result of ``key`` with its candidate file named ``name``; None when there
+        is none (or it cannot be read).
 
-    def store(self, key: str, result: BuildResult) -> None:
-        path = self.entry(key) / "build.json"
+        An entry written before file names were stored as :data:`SOURCE_NAME` (``build.json``)
+        is used only when it succeeded: a failed one names the file of its first build. Lines
+        of torch's ``No CUDA runtime is found`` notice, which logs of earlier build workers
+        hold, are left out of the log.
+        """
+        for file in ("build-result.json", "build.json"):
+            try:
+                result = decode(BuildResult, json.loads((self.entry(key) / file).read_text()))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if file == "build.json" and not result.ok:
+                return None
+            # Logs of builds before the build worker dropped torch's notice still hold it.
+            log = "\n".join(ln for ln in result.log.split("\n") if NO_CUDA_RUNTIME not in ln)
+            return _named(dataclasses.replace(result, log=log), SOURCE_NAME, name)
+        return None
+
+    def store(self, key: str, result: BuildResult, name: str = "candidate") -> None:
+        """Store ``result`` of ``key``, whose candidate file is named ``name`` in it (stored as
+        :data:`SOURCE_NAME`)."""
+        path = self.entry(key) / "build-result.json"
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(dataclasses.asdict(result)))
+        tmp.write_text(json.dumps(dataclasses.asdict(_named(result, name, SOURCE_NAME))))
         tmp.replace(path)
 
     @contextmanager
@@ -96,6 +117,22 @@ class BuildCache:
                 yield entry
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _named(result: BuildResult, old: str, new: str) -> BuildResult:
+    """``result`` with the candidate's file name ``old`` replaced by ``new``: in the messages
+    that name it as their file, and at the start of the log's lines that begin with ``old:``
+    (where :func:`kerneljudge.buildlog.shape_log` puts it)."""
+    if result.ok or old == new:
+        return result
+    messages = tuple(
+        dataclasses.replace(m, file=new) if m.file == old else m for m in result.messages
+    )
+    head = f"{old}:"
+    log = "\n".join(
+        new + line[len(old) :] if line.startswith(head) else line for line in result.log.split("\n")
+    )
+    return dataclasses.replace(result, messages=messages, log=log)
 
 
 #: A ``load_inline`` baton older than this (seconds) is stale: no load or build of a cached
@@ -191,11 +228,11 @@ def _exited(proc: subprocess.Popen[bytes], timeout_s: float) -> bool:
 def known_build(candidate: Candidate, *, cache: BuildCache, arch: str) -> BuildResult | None:
     """The build's result when it is known without compiling: a static failure (empty source,
     syntax error) or a cached build; None when :func:`build` would have to compile."""
-    return _static_failure(candidate) or _cached(cache, cache.key(candidate, arch))
+    return _static_failure(candidate) or _cached(cache, cache.key(candidate, arch), candidate.name)
 
 
-def _cached(cache: BuildCache, key: str) -> BuildResult | None:
-    cached = cache.load(key)
+def _cached(cache: BuildCache, key: str, name: str) -> BuildResult | None:
+    cached = cache.load(key, name)
     return None if cached is None else dataclasses.replace(cached, cached=True)
 
 
@@ -233,7 +270,7 @@ def build(
         return static
     key = cache.key(candidate, arch)
     with cache.locked(key) as entry:
-        cached = _cached(cache, key)
+        cached = _cached(cache, key, candidate.name)
         if cached is not None:
             return cached
         source_path = entry / "candidate.py"
@@ -241,7 +278,7 @@ def build(
         if candidate.backend in IMPORT_ONLY_BACKENDS:
             # Nothing to compile ahead of time: the run worker's import is the build.
             result = BuildResult(ok=True, backend=candidate.backend, cache_key=key)
-            cache.store(key, result)
+            cache.store(key, result, candidate.name)
             return result
         result_path = entry / "result.json"
         result_path.unlink(missing_ok=True)
@@ -322,7 +359,7 @@ def build(
                 log=log,
                 rejected=bool(outcome.get("rejected")),
             )
-        cache.store(key, result)
+        cache.store(key, result, candidate.name)
         return result
 
 

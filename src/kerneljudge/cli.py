@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 from rich.syntax import Syntax
 from rich.table import Table
 
 from kerneljudge.errors import KernelJudgeError
+from kerneljudge.output import StageReporter, make_console, print_table
 
 app = typer.Typer(
     name="kerneljudge",
@@ -25,12 +25,53 @@ app = typer.Typer(
 problems_app = typer.Typer(help="List, show and lint problems.", invoke_without_command=True)
 app.add_typer(problems_app, name="problems")
 
-console = Console()
-err_console = Console(stderr=True, soft_wrap=True)
+# On a terminal rich fits the window; into a file or a pipe every line is printed whole.
+console = make_console()
+err_console = make_console(stderr=True)
 
 
 def _env(name: str) -> str:
     return f"KERNELJUDGE_{name.upper()}"
+
+
+def version_line() -> str:
+    """``kerneljudge X (torch Y, CUDA Z, Python W)``: the installed package's version (its
+    metadata; the source tree's ``__version__`` when it is not installed) and torch's."""
+    import importlib.metadata
+    import platform
+
+    import torch
+
+    try:
+        version = importlib.metadata.version("kerneljudge")
+    except importlib.metadata.PackageNotFoundError:
+        from kerneljudge import __version__ as version
+    cuda = torch.version.cuda or "none"
+    return (
+        f"kerneljudge {version} (torch {torch.__version__}, CUDA {cuda}, "
+        f"Python {platform.python_version()})"
+    )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(version_line())
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="Print kerneljudge's and torch's versions and exit.",
+        ),
+    ] = False,
+) -> None:
+    """Build, check and time custom GPU kernels against their PyTorch reference."""
 
 
 DeviceOpt = Annotated[str, typer.Option(envvar=_env("device"), help="auto, cpu, cuda or cuda:N.")]
@@ -134,7 +175,8 @@ def eval_command(
             cache_dir=cache_dir,
             max_time_s=max_time,
         )
-        with Judge(problem, config) as judge:
+        with Judge(problem, config) as judge, StageReporter(err_console) as progress:
+            judge.progress = progress  # stage lines on stderr: live on a terminal
             verdict = judge.evaluate(cand)
     except KernelJudgeError as exc:
         _fail(str(exc))
@@ -205,7 +247,7 @@ def problems_list(ctx: typer.Context) -> None:
         except KernelJudgeError as exc:
             table.add_row(name, "-", "-", "-", f"[red]{exc}[/]")
             continue
-        desc = p.description.split(". ")[0][:80]
+        desc = p.description.split(". ")[0]
         table.add_row(
             p.name,
             str(p.dtype).removeprefix("torch."),
@@ -213,12 +255,13 @@ def problems_list(ctx: typer.Context) -> None:
             ", ".join(p.shape_sets) or "-",
             desc,
         )
-    console.print(table)
+    print_table(console, table)
 
 
 @problems_app.command("show")
 def problems_show(name: Annotated[str, typer.Argument(help="Bundled name or path.")]) -> None:
-    """Print a problem's metadata and reference source."""
+    """Print a problem's metadata and reference source. Where stdout is not a terminal, stdout
+    gets the source exactly as it is in the problem's file and the metadata goes to stderr."""
     from kerneljudge.problem import Problem
 
     try:
@@ -226,15 +269,21 @@ def problems_show(name: Annotated[str, typer.Argument(help="Bundled name or path
     except KernelJudgeError as exc:
         _fail(str(exc))
         return
-    console.print(f"[bold]{p.name}[/]  ({p.path})")
+    meta = console if console.is_terminal else err_console
+    meta.print(f"[bold]{p.name}[/]  ({p.path})")
     if p.description:
-        console.print(p.description)
+        meta.print(p.description, highlight=False)
     atol, rtol = p.tolerance
-    console.print(
+    meta.print(
         f"dtype {p.dtype}, atol={atol:g} rtol={rtol:g}, shape sets: "
-        f"{', '.join(p.shape_sets) or '-'}"
+        f"{', '.join(p.shape_sets) or '-'}",
+        highlight=False,
     )
-    console.print(Syntax(p.source, "python", line_numbers=False))
+    if console.is_terminal:
+        console.print(Syntax(p.source, "python", line_numbers=False))
+    else:
+        sys.stdout.write(p.source)
+        sys.stdout.flush()
 
 
 @app.command("examples")

@@ -14,11 +14,13 @@ from pathlib import Path
 
 import torch
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from kerneljudge.candidate import GPU_BACKENDS
 from kerneljudge.errors import KernelJudgeError
 from kerneljudge.judge import Judge, JudgeConfig
+from kerneljudge.output import print_table
 from kerneljudge.render import STATUS_STYLE
 from kerneljudge.timing import TimingConfig
 from kerneljudge.verdict import Status, Verdict
@@ -104,7 +106,8 @@ def run_examples(
     baselines: tuple[str, ...] = ("eager",),
     console: Console | None = None,
 ) -> list[ExampleResult]:
-    """Judge the examples (GPU backends only when a GPU is visible) and print a table.
+    """Judge the examples (GPU backends only when a GPU is visible) and print a table (on a
+    terminal, a rich table; elsewhere plain lines, each whole: see :mod:`kerneljudge.output`).
 
     On a machine without a GPU the ``cpp`` and ``torch`` examples are judged on the CPU. The
     default baseline is eager only: compiling every reference with ``torch.compile`` takes
@@ -123,7 +126,7 @@ def run_examples(
     table = Table(title="bundled examples")
     for col in ("problem", "example", "backend", "expected", "verdict", "vs eager"):
         table.add_column(col, no_wrap=True)
-    table.add_column("note", overflow="ellipsis", no_wrap=True, max_width=60)
+    table.add_column("note", overflow="fold", max_width=60)
     by_problem: dict[str, list[Example]] = {}
     for e in examples:
         by_problem.setdefault(e.problem, []).append(e)
@@ -143,10 +146,10 @@ def run_examples(
                     e.expected.value,
                     f"[{STATUS_STYLE[verdict.status]}]{verdict.status.value}[/]",
                     f"{s.median:.2f}x" if s else "-",
-                    ("" if r.as_expected else "[red]UNEXPECTED[/] ") + verdict.reason[:70],
+                    ("" if r.as_expected else "[red]UNEXPECTED[/] ") + escape(verdict.reason),
                 )
     if console:
-        console.print(table)
+        print_table(console, table)
         if not gpu:
             console.print("no GPU visible: CUDA and Triton examples were skipped", style="dim")
     return results

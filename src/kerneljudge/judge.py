@@ -275,6 +275,9 @@ class Judge:
         #: judges on it (see :class:`kerneljudge.env.KernelEnv`); work this judge does ahead
         #: of need takes it first. None: this judge has the device to itself.
         self.device_lock: Any = None
+        #: Called with a short line at the start of each long stage of :meth:`evaluate`
+        #: (``"building x.py (cpp)"``, ``"trial 2/5"``, ``"timing"``); None: nothing is said.
+        self.progress: Callable[[str], None] | None = None
 
     # ------------------------------------------------------------------ resources
     def __enter__(self) -> Judge:
@@ -492,8 +495,12 @@ class Judge:
         if started_here:
             self._begin_preparation(device, run_seed, secret)
         try:
+            if result is None or result.cached:  # (a syntax error is known before any build)
+                self._say("build cached" if result else f"building {cand.name} ({cand.backend})")
             result = result or self.build(cand, device)
             stage("build")
+            if result.ok:
+                self._say("starting the candidate's worker")
             worker = pool.take() if result.ok else None
             stage("worker")
         except BaseException:
@@ -521,6 +528,7 @@ class Judge:
         idle_stopped = contextlib.ExitStack()
         try:
             # Before any of this candidate's code runs: a reference failure so far is not its.
+            self._say("preparing the reference")
             prepared = self._await_prepared(device, run_seed)
             budget = check_budget(
                 [held for runs in prepared.values() for held in runs],
@@ -534,6 +542,7 @@ class Judge:
             # the verdict ends: beside a starting worker, a trial of a 0.01 s candidate took
             # 0.12 s on a 2-core machine (docs/benchmarks/2026-11-30-cpu-verdict-stages.md).
             idle_stopped.enter_context(pool.paused())
+            self._say("loading the candidate")
             failed_import = self._load(worker, cand, result, device)
             stage("load")
             if failed_import is not None:
@@ -554,6 +563,7 @@ class Judge:
                 # The timed set's inputs stay in the reference worker for the timing audit.
                 audited = self.config.timing and shape_set == timed_set
                 for held in runs:
+                    self._say(f"trial {len(trials) + 1}/{sum(map(len, prepared.values()))}")
                     got = worker.request(
                         "run",
                         timeout,
@@ -597,6 +607,7 @@ class Judge:
                 )
             if not self.config.timing:
                 return finish(Status.CORRECT, "", build=result, check=check)
+            self._say("timing")
             timing, status, note = time_candidate(
                 self.config, self.device_info(device), worker, ref, runs, atol, rtol
             )
@@ -640,6 +651,10 @@ class Judge:
         finally:
             idle_stopped.close()
             worker.close()
+
+    def _say(self, line: str) -> None:
+        if self.progress is not None:
+            self.progress(line)
 
     def profile(
         self, candidate: Candidate | str | Path, *, calls: int = 5, seed: int | None = None

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from kerneljudge.lint import CHECK_NAMES, LintCheck, LintReport, lint_paths
+from kerneljudge.output import make_console, print_table
 
 __all__ = ["app", "lint_command", "render_reports"]
 
@@ -78,7 +79,7 @@ def render_reports(reports: list[LintReport], console: Console) -> None:
             *(_mark(r.check(n)) for n in CHECK_NAMES),
             f"{verdict} {r.duration_s:.1f}s",
         )
-    console.print(table)
+    print_table(console, table)
     console.print(
         "[dim]"
         + ", ".join(f"{_LABELS[n]} = {n}" for n in CHECK_NAMES if _LABELS[n] != n)
@@ -118,9 +119,9 @@ def lint_command(
         all (its ``load`` check failed: it does not import, or its probe or reference failed);
         1 otherwise.
     """
-    console = console or Console()
+    console = console or make_console()
 
-    errors = Console(stderr=True)
+    errors = make_console(stderr=True)
 
     def progress(r: LintReport) -> None:  # a long lint shows where it is (on stderr)
         mark = "pass" if r.passed else "FAIL"

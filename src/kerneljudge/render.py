@@ -7,6 +7,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from kerneljudge.output import plain_table
 from kerneljudge.verdict import Status, TimingResult, Verdict
 
 __all__ = ["STATUS_STYLE", "noise_line", "render_verdict", "verdict_summary"]
@@ -60,8 +61,19 @@ def _pinning(tm: TimingResult) -> str:
     return f"timed on core{'s' if len(tm.cores) > 1 else ''} {cores}, {tm.threads} thread{plural}"
 
 
+def _head(text: str, limit: int) -> str:
+    """The whole lines of ``text`` within its first ``limit`` characters, then a line saying
+    how many lines were left out (``text`` itself when it fits)."""
+    if len(text) <= limit:
+        return text
+    cut = text.rfind("\n", 0, limit)
+    cut = cut if cut > 0 else limit
+    return text[:cut] + f"\n... {text[cut:].strip().count(chr(10)) + 1} more lines"
+
+
 def render_verdict(v: Verdict, console: Console | None = None) -> None:
-    """Print a verdict as panels and tables."""
+    """Print a verdict as panels and tables; where ``console`` is not a terminal, as plain
+    lines, each whole (see :mod:`kerneljudge.output`)."""
     console = console or Console()
     title = Text(v.status.value.upper(), style=STATUS_STYLE[v.status])
     lines = [Text.assemble(("problem ", "dim"), v.problem, ("  backend ", "dim"), v.backend)]
@@ -81,7 +93,9 @@ def render_verdict(v: Verdict, console: Console | None = None) -> None:
         )
     parts: list[object] = [Text("\n").join(lines)]
     if v.build and not v.build.ok and v.build.log:
-        parts.append(Panel(Text(v.build.log[-3000:]), title="compiler errors", border_style="red"))
+        # The shaped log starts with the errors at the candidate's lines: show its start.
+        log = _head(v.build.log, 3000)
+        parts.append(Panel(Text(log), title="compiler errors", border_style="red"))
     if v.check:
         t = Table(
             title=f"correctness ({v.check.mode} rule, atol={v.check.atol:g} rtol={v.check.rtol:g})"
@@ -167,6 +181,24 @@ def render_verdict(v: Verdict, console: Console | None = None) -> None:
         parts.append(
             Panel(Text(v.worker_log[-2000:]), title="worker output", border_style="yellow")
         )
+    if not console.is_terminal:
+        _print_plain(console, [title, *parts])
+        return
     console.print(Panel(parts[0], title=title, expand=False))  # type: ignore[arg-type]
     for part in parts[1:]:
         console.print(part)
+
+
+def _print_plain(console: Console, parts: list[object]) -> None:
+    """Texts, tables and panels as plain lines (a panel: its title in a rule, then its text)."""
+    for part in parts:
+        if isinstance(part, Table):
+            lines = plain_table(part)
+        elif isinstance(part, Panel):
+            body = part.renderable
+            text = body.plain if isinstance(body, Text) else str(body)
+            lines = [f"--- {part.title} ---", *text.splitlines()]
+        else:
+            lines = part.plain.splitlines() if isinstance(part, Text) else [str(part)]
+        for line in lines:
+            console.print(line, markup=False, highlight=False, soft_wrap=True)

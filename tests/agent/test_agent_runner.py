@@ -16,6 +16,7 @@ from kerneljudge.agent import RunnerConfig, read_transcript, run_episode, run_ep
 from kerneljudge.agent.client import ModelClient, ServerUnreachable
 from kerneljudge.cli import app
 from kerneljudge.env import EnvConfig
+from kerneljudge.errors import ProblemError
 
 CANDIDATES = Path(__file__).resolve().parents[1] / "env" / "candidates"
 ANY_KERNEL_GQA = Path(__file__).resolve().parents[1] / "fixtures" / "causal_gqa_any_kernel.py"
@@ -306,3 +307,25 @@ def test_model_client_needs_the_agent_extra_and_the_env_does_not() -> None:
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
     assert last.endswith("the openai package is missing: install kerneljudge[agent]")
+
+
+def test_an_unknown_problem_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    dead = "http://127.0.0.1:9/v1"  # never asked: the problem is checked first
+    with pytest.raises(ProblemError, match="no problem named 'nosuch'"):
+        run_episodes(["causal_gqa", "nosuch"], runner(dead), out_dir=tmp_path, client=None)
+    args = ["episode", "-p", "nosuch", "--model", "m", "--base-url", dead]
+    result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "cli")])
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: no problem named 'nosuch'")
+    assert not (tmp_path / "cli" / "summary.jsonl").exists()
+
+    broken = tmp_path / "broken_problem.py"  # a file that exists but is no problem
+    broken.write_text("class Model(\n")
+    result = CliRunner().invoke(
+        app, [*args[:2], str(broken), *args[3:], "--out", str(tmp_path / "cli")]
+    )
+    assert result.exit_code == 1
+    assert f"error: episode {broken}-0: " in result.stderr
+    summary = json.loads((tmp_path / "cli" / "summary.jsonl").read_text())
+    assert summary["stop_reason"] == "error" and summary["error"] in result.stderr

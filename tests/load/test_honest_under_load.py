@@ -42,7 +42,7 @@ PROBLEM_CPU = str(ADV / "problem_cpu.py")
 TINY_CALL = str(TESTS / "fixtures" / "tiny_call_problem.py")
 TINY = str(TESTS / "fixtures" / "tiny_problem.py")
 #: Upper bound of the load's lifetime (s): it is killed at the end of the module anyway.
-LOAD_SECONDS = 900.0
+LOAD_SECONDS = 3600.0
 
 
 @dataclass(frozen=True)

@@ -11,15 +11,15 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from kerneljudge.errors import KernelJudgeError
+from kerneljudge.output import make_console, print_table
 
 __all__ = ["episode_command"]
 
-_console = Console()
-_err = Console(stderr=True)
+_console = make_console()
+_err = make_console(stderr=True)
 
 
 def _env(name: str) -> str:
@@ -148,7 +148,11 @@ def episode_command(
         bool, typer.Option("--json", envvar=_env("json"), help="Print summaries as JSON lines.")
     ] = False,
 ) -> None:
-    """Run agent episodes on --problem with --model at --base-url, or --replay a transcript."""
+    """Run agent episodes on --problem with --model at --base-url, or --replay a transcript.
+
+    Exit status: 0 when every episode ran; 1 when a harness error ended one (said on stderr);
+    2 on bad input (an unknown problem, bad options) or an unreachable server.
+    """
     from kerneljudge.env import EnvConfig
 
     try:
@@ -201,8 +205,13 @@ def episode_command(
         for s in summaries:
             print(json.dumps(s.to_dict()))
     else:
-        _console.print(_table(summaries, title))
+        print_table(_console, _table(summaries, title))
         _console.print(f"transcripts in {out}/", highlight=False)
+    failed = [s for s in summaries if s.stop_reason == "error"]
+    for s in failed:  # a harness error ended the episode: say why, not only in summary.jsonl
+        _err.print(f"error: episode {s.episode_id}: {s.error}", highlight=False, markup=False)
+    if failed:
+        raise typer.Exit(1)
 
 
 def _replay(path: Path, problem: str | None, config: Any, out: Path, progress: Any) -> Any:

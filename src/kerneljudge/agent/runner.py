@@ -30,6 +30,7 @@ from kerneljudge.env import EnvConfig, KernelEnv, StepResult
 from kerneljudge.env.rewards import RewardFn
 from kerneljudge.errors import KernelJudgeError
 from kerneljudge.judge import Judge
+from kerneljudge.problem import resolve_problem
 
 __all__ = ["ChatClient", "run_episode", "run_episodes", "summarize"]
 
@@ -236,6 +237,7 @@ def run_episodes(
         a harness error has ``stop_reason`` ``error``).
 
     Raises:
+        ProblemError: a problem names no bundled problem and no file (before any episode).
         ServerUnreachable: the server could not be reached; episodes not yet started are not
             run.
         MissingExtraError: ``client`` is None and the ``openai`` package is missing.
@@ -245,6 +247,8 @@ def run_episodes(
 
     if episodes < 1 or concurrency < 1:
         raise ValueError("episodes and concurrency must be at least 1")
+    for problem in problems:
+        resolve_problem(problem)  # a misspelt name fails here, not in every episode
     if client is None:
         from kerneljudge.agent.client import ModelClient
 

@@ -16,6 +16,7 @@ import sys
 import traceback
 
 from kerneljudge.worker.sandbox import Sandbox, child_pids, set_subreaper
+from kerneljudge.worker.torchlog import drop_no_cuda_runtime_notice
 
 
 def end_descendants() -> None:
@@ -34,6 +35,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in the terminal is the supervisor's
     sys.dont_write_bytecode = True
     set_subreaper()
+    drop_no_cuda_runtime_notice()  # no GPU is visible here, on purpose
     # Candidate code may write only inside its own cache entry (the working directory).
     sandbox = Sandbox([os.getcwd()])
     sandbox.install()

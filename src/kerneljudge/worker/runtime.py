@@ -36,6 +36,7 @@ from kerneljudge.worker.sandbox import (
     set_undumpable,
     thread_idents,
 )
+from kerneljudge.worker.torchlog import drop_no_cuda_runtime_notice
 
 # Captured before any candidate code runs, so a candidate that patches these names in torch
 # cannot change how the worker synchronises or how many threads it runs once pinned.
@@ -715,6 +716,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--record-ops", action="store_true", help="its trials record operators")
     args = parser.parse_args(argv)
     sys.dont_write_bytecode = True  # candidate modules leave no __pycache__ in the build cache
+    drop_no_cuda_runtime_notice()  # a candidate's load_inline on a CPU device would log it
     chan = Channel(args.read_fd, args.write_fd)
     device = torch.device(args.device)
     if args.threads:
