@@ -147,13 +147,17 @@ def marked_alive(marked: list[int], since_ticks: int, judges: list[Judge | None]
     """Host pids of live processes a candidate reported (pids as the candidate saw them: in its
     worker's PID namespace, where there is one), started while it was judged and not a worker
     a live judge holds. A pid the candidate saw matches a host process whose innermost
-    namespace pid (``NSpid`` in ``/proc/PID/status``) is that number."""
+    namespace pid (``NSpid`` in ``/proc/PID/status``) is that number; a namespaced one only
+    if it descends from this process (every namespace numbers its processes from 1: another
+    program's judge on the same host has a pid 8 too, and a process cannot leave its PID
+    namespace, whose first process this process started)."""
     if not marked:
         return []
     keep = {os.getpid()}
     for j in judges:
         keep |= judge_worker_pids(j)
     wanted = set(marked)
+    ours = set(child_pids(os.getpid()))
     found = []
     for d in os.listdir("/proc"):
         if not d.isdigit() or int(d) in keep or not alive(int(d)):
@@ -166,5 +170,7 @@ def marked_alive(marked: list[int], since_ticks: int, judges: list[Judge | None]
         except (OSError, StopIteration, ValueError, IndexError):
             continue
         if int(nspid[-1]) in wanted and started >= since_ticks:
+            if len(nspid) > 1 and int(d) not in ours:
+                continue
             found.append(int(d))
     return found
