@@ -75,3 +75,28 @@ def test_scripted_episode_scores_the_verdicts_reward(shared_cache: Path, tmp_pat
     tool_messages = [m for m in sample.messages if m.role == "tool"]
     assert tool_messages[0].text.startswith("compile_kernel SUCCEEDED")
     assert tool_messages[1].text.startswith("submit_kernel: CORRECT")
+
+
+def test_replies_without_tool_calls_end_under_the_budget_policy(tmp_path: Path) -> None:
+    def reply(messages, tools, tool_choice, config) -> ModelOutput:
+        out = ModelOutput.from_content("mockllm/model", "I would rather not write a kernel.")
+        out.usage = ModelUsage(input_tokens=100, output_tokens=20, total_tokens=120)
+        return out
+
+    (log,) = inspect_eval(
+        f"{TASK_FILE}@kernel_task",
+        task_args={"problem": "causal_gqa", "device": "cpu", "max_turns": 2},
+        model=get_model("mockllm/model", custom_outputs=reply),
+        log_dir=str(tmp_path / "logs"),
+        display="none",
+    )
+    assert log.status == "success", log.error
+    (sample,) = log.samples
+    result = sample.store[RESULT_KEY]
+    assert result["stop_reason"] == "turns_exhausted" and result["turns"] == 2
+    assert result["status"] == "none" and result["verdict"] is None
+    (score,) = sample.scores.values()
+    assert score.value == 0.0 and score.answer == "none"
+    reminders = [m.text for m in sample.messages if m.role == "user"][1:]
+    assert len(reminders) == 3  # a reminder after each reply, then the end of the episode
+    assert "no kernel passed run_correctness" in reminders[-1]
