@@ -66,8 +66,10 @@ __all__ = [
 #: The plugin id verifiers knows the taskset and the harness by (a top-level module).
 TASKSET_ID = "kerneljudge_verifiers"
 #: The key of the episode's result in ``trace.info``: a dict with ``episode_id``,
-#: ``status``, ``reward`` (the environment's own), ``stop_reason``, ``submitted_by``,
-#: ``tool_calls``, ``turns``, ``transcript`` and ``verdict`` (the verdict's JSON or None).
+#: ``status``, ``reward`` (the default :class:`SpeedupReward` of the verdict, as the runner
+#: reports it; the trace's reward is the rubric's, with :class:`KernelTaskConfig`'s knobs),
+#: ``stop_reason``, ``submitted_by``, ``tool_calls``, ``turns``, ``transcript`` ("" unless
+#: ``transcript_dir`` is set) and ``verdict`` (the final verdict's JSON, or None).
 INFO_KEY = "kerneljudge"
 
 #: Held while a candidate runs, by every episode of this process, so timings never overlap.
