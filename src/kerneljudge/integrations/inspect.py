@@ -125,7 +125,7 @@ def kernel_solver(
             lambda: KernelEnv(problem, config, reward=reward, device_lock=lock)
         )
         try:
-            task_ = env.reset()
+            task_ = await anyio.to_thread.run_sync(env.reset)
             state.messages = [
                 ChatMessageSystem(content=task_.system),
                 ChatMessageUser(content=task_.prompt),
@@ -156,8 +156,8 @@ async def _episode(env: KernelEnv, state: TaskState, generate: Generate) -> Task
             state.messages.extend(result.messages)
         else:
             state.messages.append(ChatMessageUser(content=env.nudge()))
-        if not env.done:
-            final = env.end_turn()
+        if not env.done:  # the last reply allowed may apply the exhaustion policy (a submission)
+            final = await anyio.to_thread.run_sync(env.end_turn)
             if final is not None:
                 state.messages.append(ChatMessageUser(content=final.observation))
     return state
