@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -86,6 +87,4 @@ def test_scripted_episode_rewards_the_verdict(shared_cache: Path, tmp_path: Path
 
 
 def _records(path: Path) -> list[dict]:
-    import json
-
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
