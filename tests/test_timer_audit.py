@@ -3,6 +3,7 @@ commit-then-choose of audited calls (kerneljudge.timer_rule, kerneljudge.worker.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from pathlib import Path
 
@@ -63,8 +64,10 @@ def _batches(
         out.append(
             Batch(n, 1, float(windows.sum() + gaps.sum()), tuple(reported), tuple(windows),
                   tuple(gaps[:-1]),
-                  (gap_ms + moved_ms) * n if cpu_counted else None, 1,
-                  (gap_ms,) * n if cpu_counted else ())
+                  (call_ms * (n + 1) + (gap_ms + moved_ms) * n) if cpu_counted else None, 1,
+                  (gap_ms,) * n if cpu_counted else (),
+                  (call_ms + fixed_ms,) if cpu_counted else (),
+                  (0.1, 0.1))
         )  # fmt: skip
     return out
 
@@ -351,3 +354,28 @@ def test_timing_cheats_are_caught(cpu_judge, name: str, statuses: set, words: st
 def test_the_honest_baseline_passes_the_timer_audit(cpu_judge) -> None:  # type: ignore[no-untyped-def]
     v = cpu_judge.evaluate(ADV / "cpu" / "correct_baseline.py")
     assert v.status is Status.CORRECT, v.reason
+
+
+def test_idle_time_before_the_first_call_buys_no_slack_for_moved_work() -> None:
+    """A candidate that sleeps before its first start mark (or inside a few windows) to lower
+    the CPU-time floor is still rejected: those times count at most a few times the
+    reference's, or a few median windows."""
+    rng = np.random.default_rng(5)
+    eager = _batches(rng, 3.0, noise=False, cpu_counted=True)
+    cand = _batches(rng, 0.3, moved_ms=2.7, noise=False, cpu_counted=True)
+    padded = [
+        dataclasses.replace(b, edges_ms=(600.0, 0.1), windows_ms=(*b.windows_ms[:-2], 300.0, 300.0))
+        for b in cand
+    ]
+    found = timer_check({"eager": eager, "candidate": padded})
+    assert found.status == "rejected", found
+
+
+def test_one_stalled_batch_does_not_reject_an_honest_loop() -> None:
+    """A collection pause or one-time work in one gap of one batch makes that batch's floor
+    high; the lower median over batches does not move."""
+    rng = np.random.default_rng(6)
+    eager = _batches(rng, 0.05, noise=False, gap_ms=0.1, cpu_counted=True)
+    cand = _batches(rng, 0.05, noise=False, gap_ms=0.1, cpu_counted=True)
+    cand[0] = dataclasses.replace(cand[0], tree_cpu_ms=(cand[0].tree_cpu_ms or 0) + 150.0)
+    assert timer_check({"eager": eager, "candidate": cand}).status != "rejected"

@@ -72,24 +72,22 @@ def _observed(obs: BatchObservation) -> tuple[tuple[float, ...], tuple[float, ..
     return windows, gaps
 
 
-def gap_cpu_floor(obs: BatchObservation, cores: int) -> float | None:
-    """A lower bound (ms) on the CPU time the worker's process tree used between its calls'
-    windows in one batch (the gaps of :func:`_observed` and the waits for the supervisor's
-    seeds, all together), from the kernel's count over the request (``obs.cpu_ns``): its
-    threads run on ``cores`` CPU cores, so before the first window, inside the windows and
-    after the last one they used at most ``cores`` times that wall time. A call whose work was
-    moved out of its window has a short window, so the bound is close to that work even when
-    the host keeps the worker off the CPU inside the windows. None where the CPU time or a
+def request_edges(obs: BatchObservation) -> tuple[tuple[float, ...], tuple[float, float]]:
+    """The warm-up calls' windows, and the wall time (ms) from the request to the first call's
+    start mark and from the last call's end mark to the reply; ``((), (0, 0))`` where a
     stamp is missing."""
-    if obs.cpu_ns is None or obs.request_ns is None or obs.reply_ns is None:
-        return None
     calls = [obs.calls.get(i) for i in range(obs.warmup + obs.n)]
-    if not calls or any(c is None or c.start_ns is None or c.end_ns is None for c in calls):
-        return None
-    inside = sum(c.end_ns - c.start_ns for c in calls)  # type: ignore[operator,union-attr]
-    before = calls[0].start_ns - obs.request_ns  # type: ignore[operator,union-attr]
-    after = obs.reply_ns - calls[-1].end_ns  # type: ignore[operator,union-attr]
-    return (obs.cpu_ns - cores * max(0, inside + before + after)) / 1e6
+    if (
+        not calls
+        or obs.request_ns is None
+        or obs.reply_ns is None
+        or any(c is None or c.start_ns is None or c.end_ns is None for c in calls)
+    ):
+        return (), (0.0, 0.0)
+    lead = tuple((c.end_ns - c.start_ns) / 1e6 for c in calls[: obs.warmup])  # type: ignore[operator,union-attr]
+    before = (calls[0].start_ns - obs.request_ns) / 1e6  # type: ignore[operator,union-attr]
+    after = (obs.reply_ns - calls[-1].end_ns) / 1e6  # type: ignore[operator,union-attr]
+    return lead, (max(0.0, before), max(0.0, after))
 
 
 def time_candidate(
@@ -201,6 +199,8 @@ def time_candidate(
                 # for the device between calls, on the CPU.
                 on_cpu = info.kind != "cuda" and obs.stamped
                 trusted = tuple(float(x) for x in reply.get("between_cpu_ms") or ())
+                lead, edges = request_edges(obs)
+                counted = on_cpu and cand and obs.cpu_ns is not None and bool(lead or not warmup)
                 seen.setdefault(name, []).append(
                     Batch(
                         n,
@@ -209,9 +209,11 @@ def time_candidate(
                         tuple(times),
                         windows,
                         gaps,
-                        gap_cpu_floor(obs, len(cores)) if on_cpu and cand else None,
+                        obs.cpu_ns / 1e6 if counted else None,  # type: ignore[operator]
                         len(cores),
                         trusted if on_cpu and not cand else (),
+                        lead,
+                        edges,
                     )
                 )
                 for i, rec in obs.calls.items():

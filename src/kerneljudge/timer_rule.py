@@ -23,17 +23,21 @@ at the same moment (alternating batches), on the same inputs.
 * **Work moved out of the windows** (a replaced timing handler, or a loop that computes a call's
   outputs after its end mark or before its start mark). Two yardsticks.
 
-  - *CPU time* (CPU workers): the kernel's count of the CPU time the candidate's worker and
-    every process it started used between its windows, per call
-    (:attr:`Batch.gap_cpu_floor_ms`, a lower bound: the tree's CPU time over the request minus
-    what its ``cores`` pinned cores could have run inside the windows and before and after
-    them), against the reference worker's own count of its CPU time there
-    (:attr:`Batch.between_cpu_ms`, trusted). Rejected when it exceeds ``cores`` times
-    (``1 + GAP_REF_FACTOR``) times the reference's mean, plus ``GAP_FRACTION`` of the
-    candidate's median window, plus ``GAP_SLACK_MS``. CPU workers sleep while they wait for
-    the supervisor, so an honest loop's count holds its own work only, whatever the load; and
-    work moved out of a window shortens that window, so the time the host kept the worker off
-    the CPU inside the windows, which lowers the bound, is small exactly where work moved.
+  - *CPU time* (CPU workers): per batch, a lower bound on the CPU time the candidate's
+    worker and every process it started used between its windows, per gap
+    (:func:`_gap_cpu_floor`: the tree's CPU time over the request, by the kernel's count,
+    minus what its pinned cores could have run inside the windows, each capped at
+    ``WINDOW_CAP`` median windows, and before and after them, capped by the reference's
+    same times), against the reference worker's own count of its CPU time between calls
+    (:attr:`Batch.between_cpu_ms`, trusted; its mean). Rejected when the lower median over
+    the candidate's batches exceeds (``1 + GAP_REF_FACTOR``) times the reference's mean,
+    plus ``GAP_FRACTION`` of the candidate's median window, plus ``GAP_SLACK_MS``;
+    ``inconclusive`` when only some batches do (a collection pause or one-time work in one
+    gap). CPU workers sleep while they wait for the supervisor, so an honest loop's count
+    holds its own work only, whatever the load; work moved out of a window shortens that
+    window, so the time the host kept the worker off the CPU inside the windows, which
+    lowers the bound, is small exactly where work moved; and idle time bought with a sleep
+    inside a window or before the first call buys at most the caps.
   - *Wall time*: ``h``. Past the bound when the lower bound of the candidate's median ``h``
     exceeds the upper bound of the reference's by ``GAP_REF_FACTOR`` times the reference's
     median ``h``, plus the same fraction and slack. Rejected where there is no CPU count (GPU
@@ -62,6 +66,12 @@ RESCALE_SLACK_MS = 0.02
 GAP_REF_FACTOR = 1.0
 GAP_FRACTION = 0.1
 GAP_SLACK_MS = 0.05
+#: Most a window counts, in median windows of its batch, in the CPU-time floor.
+WINDOW_CAP = 3.0
+#: Most the time before the first and after the last window counts, in the reference's
+#: median of the same, plus a slack (ms).
+EDGE_CAP = 3.0
+EDGE_SLACK_MS = 1.0
 #: Normal quantile of the two-sided bounds (about 99.7 %).
 Z = 3.0
 #: Calls (or gaps) each side needs before a rule decides anything. With few, the bounds are
@@ -81,15 +91,19 @@ class Batch:
     times_ms: tuple[float, ...]
     windows_ms: tuple[float, ...] = ()
     gaps_ms: tuple[float, ...] = ()
-    #: A lower bound on the CPU time the worker's process tree used between its calls' windows
-    #: (the gaps and the waits for the supervisor, all of them together), by the kernel's count
-    #: (:func:`kerneljudge.stage_timing.gap_cpu_floor`); None: not read.
-    gap_cpu_floor_ms: float | None = None
+    #: The CPU time the worker's process tree used over the whole request, by the kernel's
+    #: count (:func:`kerneljudge.worker.stamps.tree_cpu_ns`); None: not read.
+    tree_cpu_ms: float | None = None
     #: CPU cores the worker's threads were pinned to.
     cores: int = 1
     #: A trusted worker's own CPU time between consecutive calls' windows (the reference's;
     #: empty for a candidate, whose word is not taken).
     between_cpu_ms: tuple[float, ...] = ()
+    #: The warm-up calls' kernel-stamped windows.
+    lead_windows_ms: tuple[float, ...] = ()
+    #: Wall time from the request to the first start mark, and from the last end mark to the
+    #: reply (:func:`kerneljudge.stage_timing.request_edges`).
+    edges_ms: tuple[float, float] = (0.0, 0.0)
 
 
 @dataclass(frozen=True)
@@ -123,6 +137,24 @@ def _pool(batches: list[Batch], what: str) -> np.ndarray:
     return np.asarray([v for v in rows if math.isfinite(v)], dtype=float)
 
 
+def _gap_cpu_floor(b: Batch, ref_batches: dict[str, list[Batch]]) -> float:
+    """A lower bound (ms per gap) on the CPU time the candidate's process tree used between
+    its calls' windows in batch ``b``: its CPU time over the request minus what its pinned
+    cores could have run inside the windows and before the first and after the last. Each
+    window counts at most ``WINDOW_CAP`` times the batch's median window (an honest call's CPU
+    time does not grow with the time the host kept it waiting; an idle window bought with a
+    sleep would otherwise buy that much slack), and the time before and after at most
+    ``EDGE_CAP`` times the reference's (its loop does the same there) plus ``EDGE_SLACK_MS``."""
+    timed = list(b.windows_ms) or [0.0]
+    cap = WINDOW_CAP * float(np.median(timed))
+    inside = sum(min(w, cap) for w in [*b.lead_windows_ms, *b.windows_ms])
+    ref_edges = [r.edges_ms for bs in ref_batches.values() for r in bs]
+    before_cap = EDGE_CAP * float(np.median([e[0] for e in ref_edges])) + EDGE_SLACK_MS
+    after_cap = EDGE_CAP * float(np.median([e[1] for e in ref_edges])) + EDGE_SLACK_MS
+    rest = inside + min(b.edges_ms[0], before_cap) + min(b.edges_ms[1], after_cap)
+    return (float(b.tree_cpu_ms or 0.0) - b.cores * rest) / max(1, b.n + b.warmup - 1)
+
+
 def timer_check(batches: dict[str, list[Batch]], candidate: str = "candidate") -> TimerCheck:
     """Judge the candidate's reported times against its stamped windows, next to the other
     contestants' (the reference's worker, pooled); see the module's description."""
@@ -152,24 +184,25 @@ def timer_check(batches: dict[str, list[Batch]], candidate: str = "candidate") -
         if med_c > RESCALE_FRACTION:
             undecided.append(why)
     window = float(np.median(w_c)) if len(w_c) else 0.0
-    floors = [b.gap_cpu_floor_ms for b in cand]
     cpu_ref = [x for bs in ref_batches.values() for b in bs for x in b.between_cpu_ms]
-    counted = bool(floors) and all(f is not None for f in floors) and len(cpu_ref) >= MIN_CALLS
+    counted = all(b.tree_cpu_ms is not None for b in cand) and len(cpu_ref) >= MIN_CALLS
     per_gap = 0.0
     if counted:
         # The kernel's count of the CPU time the candidate's processes used between its
         # windows, against what the reference's loop used there by its own (trusted) count.
-        cores = max(b.cores for b in cand)
-        per_gap = sum(floors) / max(1, sum(b.n + b.warmup - 1 for b in cand))  # type: ignore[arg-type]
         yard = float(np.mean(cpu_ref))
         limit = (1.0 + GAP_REF_FACTOR) * yard + GAP_FRACTION * window + GAP_SLACK_MS
-        if per_gap > cores * limit:
-            return TimerCheck(
-                "rejected",
-                f"its processes used at least {per_gap:.4g} ms of CPU time between timed calls "
-                f"(per call, the kernel's count; the reference's same loop: {yard:.4g} ms): "
-                "work done outside the timed windows",
-            )
+        floors = sorted(_gap_cpu_floor(b, ref_batches) for b in cand)
+        per_gap = floors[(len(floors) - 1) // 2]  # the lower median over batches
+        why = (
+            f"its processes used at least {per_gap:.4g} ms of CPU time between timed calls "
+            f"(per call, the kernel's count; the reference's same loop: {yard:.4g} ms): "
+            "work done outside the timed windows"
+        )
+        if len(floors) >= 2 and per_gap > limit:
+            return TimerCheck("rejected", why)
+        if floors[-1] > limit:
+            undecided.append(why)
     if len(h_c) >= MIN_CALLS and len(h_ref) >= MIN_CALLS:
         lo_c, med_c, _ = median_bounds(h_c)
         _, med_r, hi_r = median_bounds(h_ref)

@@ -511,15 +511,16 @@ def resolutions(path: str, dir_fd: object) -> list[str]:
     return out
 
 
-def _library_monitors() -> tuple[type, type] | None:
-    """tqdm's monitor thread class and tqdm's own class, as this module found them when it was
-    imported (before any candidate code ran), or None without tqdm."""
+def _library_monitors() -> tuple[type, type, object] | None:
+    """tqdm's monitor thread class, tqdm's own class and the monitor's ``run`` function, as
+    this module found them when it was imported (before any candidate code ran), or None
+    without tqdm."""
     try:
         from tqdm._monitor import TMonitor
         from tqdm.std import tqdm
     except Exception:  # noqa: BLE001 - any failure of an optional library means "none"
         return None
-    return TMonitor, tqdm
+    return TMonitor, tqdm, TMonitor.run
 
 
 _MONITORS = _library_monitors()
@@ -535,9 +536,14 @@ def thread_idents() -> set[int]:
         sys._current_frames()
     )
     if _MONITORS is not None:
-        monitor, bar = _MONITORS
+        monitor, bar, run = _MONITORS
         for t in threading.enumerate():
-            if type(t) is monitor and getattr(t, "tqdm_cls", None) is bar:
+            if (
+                type(t) is monitor
+                and monitor.run is run
+                and "run" not in vars(t)
+                and getattr(t, "tqdm_cls", None) is bar
+            ):
                 idents.discard(t.ident)  # type: ignore[arg-type]
     return idents
 
