@@ -143,6 +143,9 @@ def test_tqdm_monitor_thread_is_not_a_lingering_candidate_thread() -> None:
 
     from kerneljudge.worker.sandbox import thread_idents
 
+    if tqdm.monitor is not None:  # a monitor from an earlier test: start a new one here
+        tqdm.monitor.exit()
+        tqdm.monitor = None
     before = thread_idents()
     bar = tqdm(total=2, mininterval=0.01, disable=False, file=open(os.devnull, "w"))
     bar.update(1)
@@ -159,3 +162,22 @@ def test_tqdm_monitor_thread_is_not_a_lingering_candidate_thread() -> None:
             other.join()
     finally:
         bar.close()
+
+
+def test_tqdm_monitor_thread_is_not_lingering_after_a_call() -> None:
+    """The same for the check after an untimed call (``lingering_threads``)."""
+    from tqdm import tqdm
+
+    from kerneljudge.worker.sandbox import lingering_threads, thread_idents
+
+    if tqdm.monitor is not None:  # a monitor from an earlier test: start a new one here
+        tqdm.monitor.exit()
+        tqdm.monitor = None
+    before = thread_idents()
+    with open(os.devnull, "w") as sink:
+        bar = tqdm(total=2, mininterval=0.01, file=sink)
+        bar.update(1)
+        try:
+            assert lingering_threads(before, grace_s=0.05) == []
+        finally:
+            bar.close()

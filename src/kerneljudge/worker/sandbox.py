@@ -526,31 +526,38 @@ def _library_monitors() -> tuple[type, type, object] | None:
 _MONITORS = _library_monitors()
 
 
+def _library_threads() -> set[int]:
+    """Idents of the one monitor thread that tqdm starts for its own progress bars
+    (torch.compile's autotuning makes one during a call, and it lives as long as the process):
+    a thread of tqdm's class, with tqdm's own ``run``, watching tqdm's bars."""
+    if _MONITORS is None:
+        return set()
+    monitor, bar, run = _MONITORS
+    return {
+        t.ident
+        for t in threading.enumerate()
+        if type(t) is monitor
+        and monitor.run is run
+        and "run" not in vars(t)
+        and getattr(t, "tqdm_cls", None) is bar
+        and t.ident is not None
+    }
+
+
 def thread_idents() -> set[int]:
     """Idents of every Python thread: those of :mod:`threading` and those started with
     ``_thread.start_new_thread``, which never register there (``sys._current_frames`` lists
-    every thread running Python code); less the one monitor thread that tqdm starts for its
-    own progress bars (torch.compile's autotuning makes one during a call, and it lives as
-    long as the process: a thread of tqdm's class watching tqdm's bars)."""
+    every thread running Python code); less tqdm's monitor (:func:`_library_threads`)."""
     idents = {t.ident for t in threading.enumerate() if t.ident is not None} | set(
         sys._current_frames()
     )
-    if _MONITORS is not None:
-        monitor, bar, run = _MONITORS
-        for t in threading.enumerate():
-            if (
-                type(t) is monitor
-                and monitor.run is run
-                and "run" not in vars(t)
-                and getattr(t, "tqdm_cls", None) is bar
-            ):
-                idents.discard(t.ident)  # type: ignore[arg-type]
-    return idents
+    return idents - _library_threads()
 
 
 def lingering_threads(before: set[int], grace_s: float = 0.2) -> list[str]:
     """Names of Python threads started since ``before`` (see :func:`thread_idents`) that are
     still alive after a grace period of ``grace_s`` seconds."""
+    before = before | _library_threads()
     alive = [t for t in threading.enumerate() if t.ident not in before and t.is_alive()]
     deadline = time.monotonic() + grace_s
     for t in alive:
