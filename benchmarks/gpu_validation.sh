@@ -9,17 +9,25 @@
 #   builds          every CUDA example and GPU adversarial candidate, built ahead of the tests
 #   gpu_tier        pytest -m gpu tests/gpu (examples, recovery after faults)
 #   seed_verdicts   seed 002's kernel judged three times from the command line (JSON verdicts)
+#   suite_bundled   `kerneljudge suite run bundled -c examples` (every example, CUDA ones too),
+#                   stored in $WORK/results.sqlite and reported to $WORK/report.html
 #   env_tier        pytest -m gpu tests/env tests/agent, then the 002 transcript replayed
 #   adversarial     tests/adversarial/run_suite.py --gpu --no-cpu
 #   lint_public     `kerneljudge problems lint -s public --device cuda`
 # LOAD=1 keeps every CPU core busy (one spinner per core, and a memory-bandwidth hog) for the
 # whole run, so the judge's timing rules are checked on a loaded host; each step says so.
 #   usage: STEPS="latency builds" bash benchmarks/gpu_validation.sh
+# ADV_REPEAT=N judges the adversarial suite N times (default 1) within ADV_TIMEOUT s (default 450);
+# GPU_TESTS="tests/gpu/x.py ..." limits gpu_tier to those tests, GPU_TIMEOUT s (default 450).
 # PROBLEMS="a,b" limits reference_times and lint_public to those bundled problems.
 set -u
 OUT=${OUT:-/tmp/kj-out}
 WORK=${WORK:-/tmp/kj-work}
-STEPS=${STEPS:-"build_times latency reference_times builds gpu_tier seed_verdicts env_tier adversarial lint_public"}
+STEPS=${STEPS:-"build_times latency reference_times builds gpu_tier seed_verdicts suite_bundled env_tier adversarial lint_public"}
+ADV_REPEAT=${ADV_REPEAT:-1}
+ADV_TIMEOUT=${ADV_TIMEOUT:-450}
+GPU_TESTS=${GPU_TESTS:-tests/gpu}
+GPU_TIMEOUT=${GPU_TIMEOUT:-450}
 PROBLEMS=${PROBLEMS:-}
 LOAD=${LOAD:-0}
 mkdir -p "$OUT" "$WORK"
@@ -90,7 +98,7 @@ if want builds; then
 fi
 if want gpu_tier; then
     step gpu_tier
-    timeout 450 python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider -rA --durations=8 \
+    timeout "$GPU_TIMEOUT" python3 -m pytest -q -m gpu $GPU_TESTS -p no:cacheprovider -rA --durations=8 \
         > "$WORK/pytest_gpu.txt" 2>&1
     grep -E "passed|failed|FAILED|candidate median|s call " "$WORK/pytest_gpu.txt" | tail -25
 fi
@@ -98,12 +106,24 @@ if want seed_verdicts; then
     step seed_verdicts
     for i in 1 2 3; do
         timeout 150 python3 -m kerneljudge eval --problem causal_gqa \
-            examples/causal_gqa/seed002_submission.py --json > "$WORK/seed002_$i.json" 2>&1
+            examples/causal_gqa/seed002_submission.py --json > "$WORK/seed002_$i.json" \
+            2> "$WORK/seed002_$i.log"
         python3 -c "import json,sys; v=json.load(open(sys.argv[1])); \
 t=v.get('timing') or {}; print(v['status'], v['reason'][:120], \
 [(s['baseline'], round(s['median'], 2), [round(c, 2) for c in s['ci95']]) \
 for s in t.get('speedups', [])])" "$WORK/seed002_$i.json" || tail -3 "$WORK/seed002_$i.json"
     done
+fi
+if want suite_bundled; then
+    step suite_bundled
+    timeout 600 python3 -m kerneljudge suite run bundled -c examples --run-id bundled-gpu \
+        --store "$WORK/results.sqlite" --cache-dir /tmp/kj-cache > "$WORK/suite_bundled.txt" 2>&1
+    echo "suite run exit $?" >> "$WORK/suite_bundled.txt"
+    python3 -m kerneljudge results show bundled-gpu --store "$WORK/results.sqlite" \
+        > "$WORK/suite_bundled_results.txt" 2>&1
+    python3 -m kerneljudge report bundled-gpu --store "$WORK/results.sqlite" \
+        --out "$WORK/report.html" > /dev/null 2>&1
+    tail -25 "$WORK/suite_bundled.txt"
 fi
 if want env_tier; then
     step env_tier
@@ -117,7 +137,8 @@ if want env_tier; then
 fi
 if want adversarial; then
     step adversarial
-    timeout 450 python3 tests/adversarial/run_suite.py --gpu --no-cpu --cache-dir /tmp/kj-cache \
+    timeout "$ADV_TIMEOUT" python3 tests/adversarial/run_suite.py --gpu --no-cpu --cache-dir /tmp/kj-cache \
+        --repeat "$ADV_REPEAT" \
         --json "$WORK/adversarial.json" > "$WORK/adversarial.txt" 2>&1
     tail -22 "$WORK/adversarial.txt"
 fi
