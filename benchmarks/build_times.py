@@ -3,7 +3,7 @@
 For each candidate, two ``kerneljudge build`` processes start at the same moment, each with an
 empty build cache of its own: one with ``KERNELJUDGE_PARALLEL_NVCC=0`` (plain nvcc, every step
 in turn), one with the default (host and device front ends at once, see
-:mod:`kerneljudge.parallel_nvcc`). Running them side by side puts both under the same machine
+:mod:`kerneljudge.build.parallel_nvcc`). Running them side by side puts both under the same machine
 load; the ratio is plain / parallel. Candidates are taken one at a time.
 
 Run:  PYTHONPATH=src python3 benchmarks/build_times.py [CANDIDATE.py ...] [--rounds 1]

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import torch
 
+from kerneljudge.check.reference import ReferenceSession
 from kerneljudge.device import describe_device, resolve_device
 from kerneljudge.errors import KernelJudgeError
 from kerneljudge.problem import Problem, bundled_problem_names
-from kerneljudge.reference import ReferenceSession
 from kerneljudge.timing import TimingConfig, measure_alternating, speedups, summarise
 from kerneljudge.worker.process import timing_cpu
 

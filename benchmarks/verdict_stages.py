@@ -47,7 +47,7 @@ def _instrument() -> None:
             _record((self.role, op), time.perf_counter() - t0)
 
     process.WorkerProcess.request = timed_request  # type: ignore[method-assign]
-    for module_name in ("kerneljudge.judge", "kerneljudge.stage_timing"):  # trials, audits
+    for module_name in ("kerneljudge.judge", "kerneljudge.timing.stage"):  # trials, audits
         module = importlib.import_module(module_name)  # (the package also has a judge())
         module.compare_outputs = _timed_compare(module.compare_outputs)
 

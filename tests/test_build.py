@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kerneljudge import toolchain
-from kerneljudge.build import BuildCache, build, clear_stale_batons
+from kerneljudge.build import BuildCache, build, clear_stale_batons, toolchain
 from kerneljudge.candidate import Candidate
 
 CANDIDATES = Path(__file__).parent / "fixtures" / "candidates"

@@ -1,6 +1,6 @@
 """Compiler-log shaping: parsing diagnostics and tracing generated lines back."""
 
-from kerneljudge.buildlog import map_generated_line, parse_diagnostics, shape_log
+from kerneljudge.build.log import map_generated_line, parse_diagnostics, shape_log
 from kerneljudge.verdict import CompilerMessage
 
 GCC = "/tmp/x/main.cpp:12:5: error: 'foo' was not declared in this scope"

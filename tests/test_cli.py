@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kerneljudge.cli import app
+from kerneljudge.cli.app import app
 from kerneljudge.verdict import Verdict
 
 FIX = Path(__file__).parent / "fixtures"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kerneljudge.cli import app
+from kerneljudge.cli.app import app
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "first-candidate.md"

@@ -9,8 +9,8 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from kerneljudge.examples import find_examples, run_examples
-from kerneljudge.output import make_console
+from kerneljudge.cli.examples import find_examples, run_examples
+from kerneljudge.cli.output import make_console
 from kerneljudge.verdict import Status
 
 

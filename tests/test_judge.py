@@ -149,7 +149,7 @@ def test_a_missing_baseline_is_explained_in_the_verdict(judge: Judge) -> None:
 
     from rich.console import Console
 
-    from kerneljudge.render import render_verdict
+    from kerneljudge.verdict.render import render_verdict
 
     v = evaluate(judge, "good.py")
     assert v.timing is not None
@@ -310,8 +310,8 @@ def test_a_reference_compile_that_does_not_finish_loses_only_that_baseline(
     tiny_problem: Path,
 ) -> None:
     """torch.compile past its time limit: the worker is replaced and eager timing goes on."""
+    from kerneljudge.check.reference import ReferenceSession
     from kerneljudge.problem import Problem
-    from kerneljudge.reference import ReferenceSession
 
     ref = ReferenceSession(Problem.load(tiny_problem), "public", "cpu", weight_seed=1, threads=1)
     try:

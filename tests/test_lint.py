@@ -20,7 +20,7 @@ from kerneljudge.lint import (
     lint_paths,
     lint_problem,
 )
-from kerneljudge.lint_cli import lint_command
+from kerneljudge.lint.cli import lint_command
 from kerneljudge.problem import bundled_problem_names
 
 
@@ -225,7 +225,7 @@ def test_typer_app_mounts_as_problems_lint(tmp_path: Path) -> None:
     import typer
     from typer.testing import CliRunner
 
-    from kerneljudge import lint_cli
+    from kerneljudge.lint import cli as lint_cli
 
     root = typer.Typer()
     root.add_typer(lint_cli.app, name="problems")

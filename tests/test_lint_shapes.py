@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kerneljudge.lint import lint_problem
-from kerneljudge.lint_shapes import check_output_shapes, traced_output_shapes
+from kerneljudge.lint.shapes import check_output_shapes, traced_output_shapes
 from kerneljudge.problem import Problem
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -6,8 +6,8 @@ import os
 
 import torch
 
-from kerneljudge.stage_timing import Batch
-from kerneljudge.timer_rule import TimerCheck, timer_check
+from kerneljudge.timing.stage import Batch
+from kerneljudge.timing.timer_rule import TimerCheck, timer_check
 from kerneljudge.worker.measure import continuous, perturb, time_calls
 
 

@@ -18,9 +18,6 @@ import pytest
 from rich.console import Console
 
 from kerneljudge import Judge, JudgeConfig, Status, TimingConfig, Verdict
-from kerneljudge import hostload as hl
-from kerneljudge.render import noise_line, render_verdict, verdict_summary
-from kerneljudge.stage_timing import below_floor, roofline_of
 from kerneljudge.timing import (
     BatchLimit,
     bootstrap_speedup,
@@ -28,7 +25,10 @@ from kerneljudge.timing import (
     round_spread,
     speedups,
 )
+from kerneljudge.timing import hostload as hl
+from kerneljudge.timing.stage import below_floor, roofline_of
 from kerneljudge.verdict import DeviceInfo, HostLoad, Measurement, Speedup, TimingResult, decode
+from kerneljudge.verdict.render import noise_line, render_verdict, verdict_summary
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

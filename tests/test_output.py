@@ -8,7 +8,7 @@ import re
 from rich.console import Console
 from rich.table import Table
 
-from kerneljudge.output import make_console, plain_table, print_table
+from kerneljudge.cli.output import make_console, plain_table, print_table
 
 LONG = "the reason " * 30 + "[0, 1] ends here"
 
@@ -45,8 +45,8 @@ def test_plain_console_neither_wraps_nor_crops() -> None:
 def test_a_long_compiler_log_shows_its_start() -> None:
     """The shaped log begins with the errors at the candidate's lines; those are shown, the
     rest of a long log is counted."""
-    from kerneljudge.render import render_verdict
     from kerneljudge.verdict import BuildResult, Status, Verdict
+    from kerneljudge.verdict.render import render_verdict
 
     log = "k.py:9: error: 'x' was not declared\n" + "\n".join(f"noise {i}" * 20 for i in range(99))
     build = BuildResult(ok=False, backend="cpp", cache_key="k", log=log)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kerneljudge import parallel_nvcc, toolchain
+from kerneljudge.build import parallel_nvcc, toolchain
 
 SCRATCH = "/tmp/kj-nvcc-abc"
 _T = SCRATCH + "/tmpxft_1"

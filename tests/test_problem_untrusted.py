@@ -12,9 +12,9 @@ from typer.testing import CliRunner
 
 from kerneljudge import Judge, JudgeConfig
 from kerneljudge.candidate import Candidate
-from kerneljudge.cli import app
+from kerneljudge.cli.app import app
 from kerneljudge.errors import ProblemError
-from kerneljudge.lint_cli import lint_command
+from kerneljudge.lint.cli import lint_command
 from kerneljudge.problem import Problem
 
 PROBLEMS = Path(__file__).parent / "fixtures" / "problems"
@@ -50,12 +50,12 @@ def test_a_problem_that_hangs_is_stopped_at_its_time_limit() -> None:
 
 
 def test_bundled_problems_are_trusted_and_not_probed(monkeypatch: pytest.MonkeyPatch) -> None:
-    import kerneljudge.probe
+    import kerneljudge.problem.probe
 
     def refuse(*args: object, **kwargs: object) -> str:
         raise AssertionError("a bundled problem was probed")
 
-    monkeypatch.setattr(kerneljudge.probe, "probe_problem", refuse)
+    monkeypatch.setattr(kerneljudge.problem.probe, "probe_problem", refuse)
     assert Problem.load("causal_gqa").name == "causal_gqa"
 
 

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from kerneljudge import roofline as rl
 from kerneljudge.problem import Problem
+from kerneljudge.timing import roofline as rl
 
 
 @pytest.mark.parametrize(

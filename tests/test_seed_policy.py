@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 
 from kerneljudge import Judge, JudgeConfig, Status
-from kerneljudge.env import observations
-from kerneljudge.policy import (
+from kerneljudge.candidate.policy import (
     CUSTOM_KERNEL_REQUIRED,
     cpp_ops_called,
     forbidden_ops_used,
     requires_custom_kernel,
     static_issues,
 )
+from kerneljudge.env import observations
 from kerneljudge.problem import Problem
 
 SEEDS = ("causal_gqa", "mla_kv_projection", "triangle_attention")

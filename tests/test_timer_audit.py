@@ -1,5 +1,5 @@
 """The timer audit: kernel-stamped call windows, the rescale and gap rules, output digests, and
-commit-then-choose of audited calls (kerneljudge.timer_rule, kerneljudge.worker.stamps)."""
+commit-then-choose of audited calls (kerneljudge.timing.timer_rule, kerneljudge.worker.stamps)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from kerneljudge.stage_timing import KeptCall, _audit_timed_calls, _observed
-from kerneljudge.timer_rule import Batch, median_bounds, timer_check
+from kerneljudge.timing.stage import KeptCall, _audit_timed_calls, _observed
+from kerneljudge.timing.timer_rule import Batch, median_bounds, timer_check
 from kerneljudge.verdict import Status
 from kerneljudge.worker import measure
 from kerneljudge.worker.digest import digest

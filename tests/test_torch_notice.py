@@ -19,7 +19,7 @@ NOTICE = "No CUDA runtime is found"
 @pytest.fixture(autouse=True)
 def cuda_home(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where the CUDA toolkit is installed, torch's loader finds it and would log the notice."""
-    from kerneljudge import toolchain
+    from kerneljudge.build import toolchain
 
     home = toolchain.cuda_home()
     if home:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kerneljudge import Judge, JudgeConfig, Status, TimingConfig
-from kerneljudge.policy import cpp_ops_called, static_issues
+from kerneljudge.candidate.policy import cpp_ops_called, static_issues
 
 CANDIDATES = Path(__file__).parent / "fixtures" / "candidates"
 

@@ -1,3 +1,3 @@
-from kerneljudge.cli import main
+from kerneljudge.cli.app import main
 
 main()

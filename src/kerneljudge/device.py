@@ -7,7 +7,7 @@ import platform
 
 import torch
 
-from kerneljudge import toolchain
+from kerneljudge.build import toolchain
 from kerneljudge.errors import DeviceError
 from kerneljudge.verdict import DeviceInfo
 
@@ -74,7 +74,7 @@ def describe_device(device: str) -> DeviceInfo:
 
 def build_arch(device: str | None) -> str:
     """The CUDA arch to build for: the judging GPU's own (``device``, else GPU 0 when one is
-    visible), else :func:`kerneljudge.toolchain.target_arch`'s default."""
+    visible), else :func:`kerneljudge.build.toolchain.target_arch`'s default."""
     cap = None
     if torch.cuda.is_available():
         dev = torch.device(device if device and device.startswith("cuda") else "cuda:0")

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kerneljudge.agent import read_transcript, recorded_turns, replay, write_transcript_from_calls
-from kerneljudge.cli import app
+from kerneljudge.cli.app import app
 from kerneljudge.env import EnvConfig
 from kerneljudge.judge import Judge
 

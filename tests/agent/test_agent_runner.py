@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from kerneljudge.agent import RunnerConfig, read_transcript, run_episode, run_episodes
 from kerneljudge.agent.client import ModelClient, ServerUnreachable
-from kerneljudge.cli import app
+from kerneljudge.cli.app import app
 from kerneljudge.env import EnvConfig
 from kerneljudge.errors import ProblemError
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from kerneljudge import Judge, JudgeConfig, Status, TimingConfig
-from kerneljudge.examples import find_examples
+from kerneljudge.cli.examples import find_examples
 
 pytestmark = pytest.mark.gpu
 

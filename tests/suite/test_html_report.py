@@ -102,7 +102,7 @@ def test_comparison_of_two_best_candidates_follows_the_intervals(report_store: P
 
 
 def _cli(*args: str, pre: str = "") -> subprocess.CompletedProcess[str]:
-    code = f"import sys\n{pre}\nfrom kerneljudge.cli import main\nsys.argv = ['kerneljudge']\n"
+    code = f"import sys\n{pre}\nfrom kerneljudge.cli.app import main\nsys.argv = ['kerneljudge']\n"
     code += f"sys.argv += {list(args)!r}\nmain()\n"
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
     return subprocess.run(

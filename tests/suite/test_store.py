@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kerneljudge.cli import app
+from kerneljudge.cli.app import app
 from kerneljudge.suite.migrations import LATEST, migrate
 from kerneljudge.suite.store import ResultsStore, StoreError
 from kerneljudge.verdict import Measurement, Speedup, Status, TimingResult, Verdict

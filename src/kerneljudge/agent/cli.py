@@ -13,8 +13,8 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.table import Table
 
+from kerneljudge.cli.output import make_console, print_table
 from kerneljudge.errors import KernelJudgeError
-from kerneljudge.output import make_console, print_table
 
 __all__ = ["episode_command"]
 

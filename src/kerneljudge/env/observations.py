@@ -16,9 +16,9 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from kerneljudge.policy import CUSTOM_KERNEL_REQUIRED
-from kerneljudge.render import noise_line
+from kerneljudge.candidate.policy import CUSTOM_KERNEL_REQUIRED
 from kerneljudge.verdict import BuildResult, CheckResult, Status, Verdict
+from kerneljudge.verdict.render import noise_line
 
 __all__ = [
     "benchmark_text",

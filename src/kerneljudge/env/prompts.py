@@ -193,7 +193,7 @@ def describe_device_text(info: DeviceInfo, baselines: tuple[str, ...]) -> str:
 def _lookup_spec(name: str) -> Any:
     """The datasheet entry of a GPU name, or None (unknown GPU, or no device table)."""
     try:
-        from kerneljudge import roofline
+        from kerneljudge.timing import roofline
     except ImportError:  # pragma: no cover - the device table ships with the package
         return None
     return roofline.lookup(name) if name.strip().lower() != "cpu" else None

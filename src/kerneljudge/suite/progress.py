@@ -20,9 +20,9 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from kerneljudge.render import STATUS_STYLE
 from kerneljudge.suite.layout import Pair
 from kerneljudge.verdict import Verdict
+from kerneljudge.verdict.render import STATUS_STYLE
 
 __all__ = ["SuiteProgress", "format_eta"]
 

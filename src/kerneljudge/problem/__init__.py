@@ -70,7 +70,7 @@ _DTYPE_NAMES = {
 
 def bundled_problems_dir() -> Path:
     """The folder of the problems that ship with kerneljudge."""
-    return Path(__file__).resolve().parent / "problems"
+    return Path(__file__).resolve().parents[1] / "problems"
 
 
 def bundled_problem_names() -> list[str]:
@@ -153,12 +153,12 @@ class Problem:
     ) -> Problem:
         """Load a problem by bundled name or by path.
 
-        A problem file is untrusted input: unless it is bundled, it is first run in a probe
-        child under a time and a memory limit (:func:`kerneljudge.probe.probe_problem`: import,
-        metadata, ``get_init_inputs``, ``Model``, ``get_inputs`` and the first reference call
-        of every shape set), then executed here from the same text, once per process and
-        file content. Here it must still run: its metadata (shape sets, dtype, tolerance,
-        policy), and the inputs and weights :meth:`make_inputs` and :meth:`make_model` draw.
+        A problem file is untrusted input: unless it is bundled, it is first run in a probe child
+        under a time and a memory limit (:func:`kerneljudge.problem.probe.probe_problem`: import,
+        metadata, ``get_init_inputs``, ``Model``, ``get_inputs`` and the first reference call of
+        every shape set), then executed here from the same text, once per process and file content.
+        Here it must still run: its metadata (shape sets, dtype, tolerance, policy), and the inputs
+        and weights :meth:`make_inputs` and :meth:`make_model` draw.
 
         Args:
             spec: a bundled problem name or a path.
@@ -179,7 +179,7 @@ class Problem:
             raise ProblemError(f"cannot read problem file {path}: {exc}") from None
         digest = hashlib.sha256(raw).hexdigest()
         if (probe if probe is not None else not is_bundled(path)) and _PROBED.get(path) != digest:
-            from kerneljudge.probe import PROBE_TIMEOUT_S, probe_problem
+            from kerneljudge.problem.probe import PROBE_TIMEOUT_S, probe_problem
 
             ran = probe_problem(
                 path,

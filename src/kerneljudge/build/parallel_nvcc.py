@@ -20,7 +20,7 @@ first ``nvcc`` on ``PATH``.
 
 It is a standalone script (standard library only), run by ninja in the build worker as
 ``python parallel_nvcc.py ARGS...``: torch's extension builder takes it from ``PYTORCH_NVCC``
-(see :func:`kerneljudge.toolchain.build_environment`).
+(see :func:`kerneljudge.build.toolchain.build_environment`).
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """The problem probe: a problem file is untrusted input, so it is first run in a child process
 under a time limit and a memory limit, before the judge imports it.
 
-The child (``python -m kerneljudge.probe PROBLEM RESULT MEMORY_BYTES cuda|cpu``, the last word
-saying whether the judge sees a CUDA device) loads the problem, reads its metadata (``DTYPE``,
+The child (``python -m kerneljudge.problem.probe PROBLEM RESULT MEMORY_BYTES cuda|cpu``, the last
+word saying whether the judge sees a CUDA device) loads the problem, reads its metadata (``DTYPE``,
 ``TOLERANCE``, ``POLICY``, ``SHAPE_SETS``) and, for every shape set, calls ``get_init_inputs``,
 constructs ``Model``, calls ``get_inputs`` and makes the first reference call on the CPU, as the
 judge's supervisor and reference worker will. Before each step it writes the step's name to
-``RESULT``, then its outcome, so that a child that exits, is killed or hangs is reported with
-the step it was in. Its stdout and stderr are discarded.
+``RESULT``, then its outcome, so that a child that exits, is killed or hangs is reported with the
+step it was in. Its stdout and stderr are discarded.
 
 Memory: ``RLIMIT_DATA`` (the child's private writable memory: heap and anonymous mappings,
 torch's CPU tensors among them) is capped at ``MEMORY_BYTES``; an allocation past it fails at
@@ -40,7 +40,7 @@ __all__ = ["PROBE_TIMEOUT_S", "default_probe_memory", "probe_problem"]
 PROBE_TIMEOUT_S = 120.0
 #: Largest file (bytes) the probed problem may write.
 _FSIZE_LIMIT = 16 << 20
-_SRC_DIR = str(Path(__file__).resolve().parents[1])
+_SRC_DIR = str(Path(__file__).resolve().parents[2])
 
 
 def default_probe_memory() -> int:
@@ -82,7 +82,7 @@ def probe_problem(
             [
                 sys.executable,
                 "-m",
-                "kerneljudge.probe",
+                "kerneljudge.problem.probe",
                 str(path),
                 str(result),
                 str(memory),

@@ -133,7 +133,7 @@ def fingerprint(arch: str) -> dict[str, str]:
 
 
 def parallel_nvcc_enabled() -> bool:
-    """Whether CUDA sources compile through :mod:`kerneljudge.parallel_nvcc` (the default;
+    """Whether CUDA sources compile through :mod:`kerneljudge.build.parallel_nvcc` (the default;
     ``KERNELJUDGE_PARALLEL_NVCC=0`` runs plain nvcc)."""
     return os.environ.get("KERNELJUDGE_PARALLEL_NVCC", "1") != "0"
 

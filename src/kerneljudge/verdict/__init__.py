@@ -197,9 +197,9 @@ class HostLoad:
     """The host's load while the timing stage sampled, and whether it made the timing noisy.
 
     Read by the supervisor from ``/proc`` at the start and end of each timing pass, and between
-    batches (:mod:`kerneljudge.hostload`); the rule that sets ``noisy`` and its thresholds are
-    in :func:`kerneljudge.hostload.noise_reasons`. Shares are fractions in [0, 1]; None where
-    the host does not expose the reading. Added in schema 1.3.
+    batches (:mod:`kerneljudge.timing.hostload`); the rule that sets ``noisy`` and its thresholds
+    are in :func:`kerneljudge.timing.hostload.noise_reasons`. Shares are fractions in [0, 1]; None
+    where the host does not expose the reading. Added in schema 1.3.
 
     Attributes:
         cpus: CPUs the judge may use.
@@ -287,7 +287,7 @@ class TimingResult:
         threads: torch intra-op threads of both timed workers (0: not set). Added in 1.3.
         cores: the CPU cores both timed workers were pinned to (empty: not pinned). Added in
             schema 1.3.
-        timer_note: why the timer audit (``kerneljudge.timer_rule``) was undecided twice and
+        timer_note: why the timer audit (``kerneljudge.timing.timer_rule``) was undecided twice and
             the times were accepted anyway; empty when it decided. Added in schema 1.3.
     """
 

@@ -17,7 +17,7 @@ The protocol (the samples themselves are taken in the workers, see
    per-round ratios (drift between rounds; see :func:`speedups`).
 
 :func:`measure_judged` runs this as the judge does: with the host's load read meanwhile
-(:mod:`kerneljudge.hostload`); a noisy pass is measured once more, and a second noisy pass
+(:mod:`kerneljudge.timing.hostload`); a noisy pass is measured once more, and a second noisy pass
 widens the intervals and flags the verdict.
 """
 
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kerneljudge.hostload import LoadMonitor, Readings, host_load
+from kerneljudge.timing.hostload import LoadMonitor, Readings, host_load
 from kerneljudge.verdict import HostLoad, Measurement, Speedup
 
 __all__ = [
@@ -85,7 +85,7 @@ class TimingConfig:
             probably because shorter batches time more calls just after the other contestant
             ran (docs/benchmarks/2026-11-30-h200-validation.md, run 29). It is not done.
         remeasure: when the host's readings call a pass noisy
-            (:func:`kerneljudge.hostload.noise_reasons`), run one more pass (bounded like the
+            (:func:`kerneljudge.timing.hostload.noise_reasons`), run one more pass (bounded like the
             first by ``max_time_s``) before widening the intervals and flagging the verdict.
     """
 
@@ -212,7 +212,7 @@ def measure_rounds(
     Args:
         contestants: name -> sampler; insertion order is the first round's order.
         config: the protocol's knobs.
-        between: called after every batch (e.g. :meth:`kerneljudge.hostload.LoadMonitor.
+        between: called after every batch (e.g. :meth:`kerneljudge.timing.hostload.LoadMonitor.
             between_batches`).
     """
     names = list(contestants)
@@ -394,7 +394,7 @@ def measure_judged(
     measure again once when that pass was noisy.
 
     1. One pass; its :class:`~kerneljudge.verdict.HostLoad` from the monitor's readings and
-       each contestant's :func:`round_spread` (:func:`kerneljudge.hostload.host_load`).
+       each contestant's :func:`round_spread` (:func:`kerneljudge.timing.hostload.host_load`).
     2. Quiet, or ``config.remeasure`` off: report it (when noisy, flagged and widened).
     3. Noisy: one more pass, bounded like the first. Quiet: report the second pass alone.
        Noisy again: report both passes pooled, their host readings pooled, the verdict

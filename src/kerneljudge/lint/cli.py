@@ -14,8 +14,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from kerneljudge.cli.output import make_console, print_table
 from kerneljudge.lint import CHECK_NAMES, LintCheck, LintReport, lint_paths
-from kerneljudge.output import make_console, print_table
 
 __all__ = ["app", "lint_command", "render_reports"]
 

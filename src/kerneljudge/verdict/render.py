@@ -7,7 +7,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from kerneljudge.output import plain_table
+from kerneljudge.cli.output import plain_table
 from kerneljudge.verdict import Status, TimingResult, Verdict
 
 __all__ = ["STATUS_STYLE", "noise_line", "render_verdict", "verdict_summary"]
@@ -73,7 +73,7 @@ def _head(text: str, limit: int) -> str:
 
 def render_verdict(v: Verdict, console: Console | None = None) -> None:
     """Print a verdict as panels and tables; where ``console`` is not a terminal, as plain
-    lines, each whole (see :mod:`kerneljudge.output`)."""
+    lines, each whole (see :mod:`kerneljudge.cli.output`)."""
     console = console or Console()
     title = Text(v.status.value.upper(), style=STATUS_STYLE[v.status])
     lines = [Text.assemble(("problem ", "dim"), v.problem, ("  backend ", "dim"), v.backend)]

@@ -1,7 +1,7 @@
 """Build stage: compile a candidate in its own process, with no GPU visible, cached by content.
 
 The cache key is the sha256 of the candidate's source, its backend and the toolchain fingerprint
-(:func:`kerneljudge.toolchain.fingerprint`: torch, CUDA, compiler versions, target arch), so a
+(:func:`kerneljudge.build.toolchain.fingerprint`: torch, CUDA, compiler versions, target arch), so a
 candidate never builds twice on the same toolchain. Each entry is a folder holding the source,
 the extension build tree (``ext/``, used as ``TORCH_EXTENSIONS_DIR`` by the build and run
 workers alike) and ``build-result.json``. Failed builds are cached too; timed-out ones are not.
@@ -24,8 +24,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from kerneljudge import toolchain
-from kerneljudge.buildlog import parse_diagnostics, shape_log, trace_to_candidate
+from kerneljudge.build import toolchain
+from kerneljudge.build.log import parse_diagnostics, shape_log, trace_to_candidate
 from kerneljudge.candidate import Candidate
 from kerneljudge.verdict import BuildResult, CompilerMessage, decode
 from kerneljudge.worker import confine
@@ -34,7 +34,7 @@ from kerneljudge.worker.torchlog import NO_CUDA_RUNTIME
 
 __all__ = ["BuildCache", "build", "default_cache_dir"]
 
-_SRC_DIR = str(Path(__file__).resolve().parents[1])
+_SRC_DIR = str(Path(__file__).resolve().parents[2])
 DEFAULT_BUILD_TIMEOUT_S = 300.0
 #: Backends with no ahead-of-time compile step (Triton compiles on the first call, on the GPU).
 IMPORT_ONLY_BACKENDS = frozenset({"torch", "triton"})
@@ -122,7 +122,7 @@ class BuildCache:
 def _named(result: BuildResult, old: str, new: str) -> BuildResult:
     """``result`` with the candidate's file name ``old`` replaced by ``new``: in the messages
     that name it as their file, and at the start of the log's lines that begin with ``old:``
-    (where :func:`kerneljudge.buildlog.shape_log` puts it)."""
+    (where :func:`kerneljudge.build.log.shape_log` puts it)."""
     if result.ok or old == new:
         return result
     messages = tuple(
@@ -155,7 +155,7 @@ def clear_stale_batons(cache: BuildCache, key: str, older_than_s: float = STALE_
     """
     # Imported here only to read which loader this torch has: its import warns "No CUDA
     # runtime is found" on every machine without a GPU, about a toolkit this process never uses
-    # (builds run in the build worker, with CUDA_HOME from kerneljudge.toolchain).
+    # (builds run in the build worker, with CUDA_HOME from kerneljudge.build.toolchain).
     logger = logging.getLogger("torch.utils.cpp_extension")
     level = logger.level
     logger.setLevel(logging.ERROR)

@@ -12,8 +12,8 @@ import typer
 from rich.syntax import Syntax
 from rich.table import Table
 
+from kerneljudge.cli.output import StageReporter, make_console, print_table
 from kerneljudge.errors import KernelJudgeError
-from kerneljudge.output import StageReporter, make_console, print_table
 
 app = typer.Typer(
     name="kerneljudge",
@@ -151,7 +151,7 @@ def eval_command(
     from kerneljudge.candidate import Candidate
     from kerneljudge.judge import Judge
     from kerneljudge.problem import Problem
-    from kerneljudge.render import render_verdict
+    from kerneljudge.verdict.render import render_verdict
 
     if tolerance not in ("oracle", "allclose"):
         _fail(f"--tolerance must be oracle or allclose, not {tolerance!r}")
@@ -300,7 +300,7 @@ def examples_command(
     json_out: JsonOpt = False,
 ) -> None:
     """Judge the bundled examples (CUDA ones only where a GPU is visible); exit 1 on a surprise."""
-    from kerneljudge.examples import run_examples
+    from kerneljudge.cli.examples import run_examples
 
     try:
         rows = run_examples(
@@ -323,7 +323,7 @@ from kerneljudge.agent.cli import episode_command  # noqa: E402 - needs no opena
 
 app.command("episode")(episode_command)
 
-from kerneljudge.lint_cli import lint as _lint  # noqa: E402 - typer command, torch-only imports
+from kerneljudge.lint.cli import lint as _lint  # noqa: E402 - typer command, torch-only imports
 
 problems_app.command("lint")(_lint)
 

@@ -11,7 +11,7 @@ checks, in order:
                      warning for external ones).
 ``output_shape``     the output's shape follows from the inputs' at every shape set: as the
                      problem's ``output_shape()`` says, else by a rule that holds across the
-                     sets (see :mod:`kerneljudge.lint_shapes`); n/a with one set.
+                     sets (see :mod:`kerneljudge.lint.shapes`); n/a with one set.
 ``finite``           no NaN or infinity in the output.
 ``deterministic``    two runs on the same inputs give bit-identical outputs.
 ``inputs_unchanged`` the reference does not write into its inputs.
@@ -59,11 +59,11 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kerneljudge import roofline
 from kerneljudge.check import compare_outputs, flatten_outputs
 from kerneljudge.errors import ProblemError
-from kerneljudge.lint_shapes import check_output_shapes, traced_output_shapes
+from kerneljudge.lint.shapes import check_output_shapes, traced_output_shapes
 from kerneljudge.problem import Problem, bundled_problem_names, bundled_problems_dir
+from kerneljudge.timing import roofline
 
 __all__ = [
     "CHECK_NAMES",

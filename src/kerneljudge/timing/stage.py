@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from kerneljudge.hostload import LoadMonitor, timing_cores
-from kerneljudge.reference import HeldTrial, ReferenceSession
-from kerneljudge.roofline import FLOOR_MARGIN
-from kerneljudge.timer_rule import Batch, TimerCheck, timer_check
+from kerneljudge.check.reference import HeldTrial, ReferenceSession
 from kerneljudge.timing import BatchLimit, measure_judged, median_ci, summarise
+from kerneljudge.timing.hostload import LoadMonitor, timing_cores
+from kerneljudge.timing.roofline import FLOOR_MARGIN
+from kerneljudge.timing.timer_rule import Batch, TimerCheck, timer_check
 from kerneljudge.verdict import DeviceInfo, Roofline, Status, TimingResult
 from kerneljudge.worker import WorkerProcess
 from kerneljudge.worker.stamps import BatchObservation, Observer, Reservoir, output_digest
@@ -105,7 +105,7 @@ def time_candidate(
     (:mod:`kerneljudge.worker.stamps`): its inputs' seed and whether it is kept for the audit
     are drawn here, after the worker committed to its outputs. The candidate's reported times
     must fit in the wall time of each batch and agree with the kernel-stamped windows of its
-    calls as the reference's do (:func:`kerneljudge.timer_rule.timer_check`; when that is
+    calls as the reference's do (:func:`kerneljudge.timing.timer_rule.timer_check`; when that is
     inconclusive, everything is timed again once, and a second inconclusive answer is accepted
     with a note in ``timer_note``); the kept outputs of up to :data:`AUDITED_CALLS` timed
     calls must match their committed digests and the reference run again on the same inputs
@@ -114,7 +114,7 @@ def time_candidate(
     median must not be below the device's physical floor (:func:`below_floor`).
 
     Both workers are pinned to the same timing cores with the same thread count
-    (:func:`kerneljudge.hostload.timing_cores`), the host's load is read while they are timed
+    (:func:`kerneljudge.timing.hostload.timing_cores`), the host's load is read while they are timed
     and a noisy pass is measured once more (:func:`kerneljudge.timing.measure_judged`), and
     each batch's time limit scales with its calls (:class:`kerneljudge.timing.BatchLimit`).
 
@@ -392,9 +392,9 @@ def roofline_of(
 
     FLOPs come from the problem's ``flop_count()``; bytes from ``byte_count()`` or, without
     one, the sizes of the inputs and outputs. Peaks come from the device table of
-    :mod:`kerneljudge.roofline` (datasheets) for GPUs, and are omitted on the CPU.
+    :mod:`kerneljudge.timing.roofline` (datasheets) for GPUs, and are omitted on the CPU.
     """
-    from kerneljudge import roofline as rl
+    from kerneljudge.timing import roofline as rl
 
     flops = ref.problem.flop_count()
     nbytes = ref.problem.byte_count(inputs, outputs)

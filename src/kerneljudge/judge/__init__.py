@@ -7,7 +7,7 @@ separate, trusted reference worker on the same device. Inputs are drawn from a s
 seed; each trial's inputs, reference outputs and float64 oracle stay in the reference worker,
 which also compares the candidate's outputs with them (in float64 on the CPU, the same code as
 ever: :func:`kerneljudge.check.compare_outputs`). This process only relays one trial's inputs
-or outputs at a time, and checks before the trials that it can (:mod:`kerneljudge.memory`).
+or outputs at a time, and checks before the trials that it can (:mod:`kerneljudge.check.memory`).
 
 The reference's part of a verdict (its worker's start, its outputs and float64 oracle on every
 trial's inputs, the ``torch.compile`` of the baseline) runs on a helper thread while the
@@ -34,30 +34,30 @@ from typing import Any
 
 import torch
 
-from kerneljudge import toolchain
 from kerneljudge.build import (
     IMPORT_ONLY_BACKENDS,
     BuildCache,
     build,
     clear_stale_batons,
     known_build,
+    toolchain,
 )
-from kerneljudge.buildlog import shape_log
+from kerneljudge.build.log import shape_log
 from kerneljudge.candidate import Candidate
-from kerneljudge.device import build_arch, describe_device, resolve_device
-from kerneljudge.errors import ProblemError, WorkerError
-from kerneljudge.memory import check_budget, reply_limit
-from kerneljudge.policy import (
+from kerneljudge.candidate.policy import (
     forbidden_ops_used,
     ops_reason,
     requires_custom_kernel,
     static_issues,
     static_reason,
 )
+from kerneljudge.check.memory import check_budget, reply_limit
+from kerneljudge.check.reference import HeldTrial, ReferenceFailed, ReferenceSession, first_line
+from kerneljudge.device import build_arch, describe_device, resolve_device
+from kerneljudge.errors import ProblemError, WorkerError
 from kerneljudge.problem import Problem
-from kerneljudge.reference import HeldTrial, ReferenceFailed, ReferenceSession, first_line
-from kerneljudge.stage_timing import time_candidate
 from kerneljudge.timing import TimingConfig
+from kerneljudge.timing.stage import time_candidate
 from kerneljudge.verdict import (
     BuildResult,
     CheckResult,
@@ -95,11 +95,11 @@ class JudgeConfig:
         memory_budget_mib: memory this process may use above its base to relay one trial (MiB;
             0: the host's available memory when the trials start); a problem whose trials
             need more is a :class:`~kerneljudge.errors.ProblemError`
-            (:func:`kerneljudge.memory.check_budget`), and a candidate's reply longer than
+            (:func:`kerneljudge.check.memory.check_budget`), and a candidate's reply longer than
             half of it ends its worker unread: ``runtime_error``.
         threads: torch threads in the workers (0: torch's default). While timing on a CPU,
             both timed workers run one thread per timing core, or this many when fewer
-            (:func:`kerneljudge.hostload.timing_cores`).
+            (:func:`kerneljudge.timing.hostload.timing_cores`).
     """
 
     device: str = "auto"

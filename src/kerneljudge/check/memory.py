@@ -2,7 +2,7 @@
 can, made before the candidate's first trial.
 
 The supervisor holds no trial's data beyond the one it relays (the reference worker keeps the
-rest; :mod:`kerneljudge.reference`). Relaying a message of ``b`` bytes costs it at most
+rest; :mod:`kerneljudge.check.reference`). Relaying a message of ``b`` bytes costs it at most
 :data:`RELAY_FACTOR` ``x b``: a message is held once while its serialised copy is written, and
 its buffer is held while its tensors are made from it (:mod:`kerneljudge.worker.protocol`). The
 largest messages are a trial's inputs (to the candidate) and outputs (from the candidate, then
@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from kerneljudge.check.reference import HeldTrial
 from kerneljudge.errors import ProblemError
-from kerneljudge.reference import HeldTrial
 
 __all__ = ["RELAY_FACTOR", "available_bytes", "check_budget", "relay_bytes", "reply_limit"]
 

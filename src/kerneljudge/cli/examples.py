@@ -18,12 +18,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from kerneljudge.candidate import GPU_BACKENDS
+from kerneljudge.cli.output import print_table
 from kerneljudge.errors import KernelJudgeError
 from kerneljudge.judge import Judge, JudgeConfig
-from kerneljudge.output import print_table
-from kerneljudge.render import STATUS_STYLE
 from kerneljudge.timing import TimingConfig
 from kerneljudge.verdict import Status, Verdict
+from kerneljudge.verdict.render import STATUS_STYLE
 
 __all__ = ["Example", "ExampleResult", "examples_dir", "find_examples", "run_examples"]
 
@@ -33,7 +33,7 @@ _HEADER = re.compile(r"^#\s*(expected|backend|compile-error-line):\s*(\S+)", re.
 def examples_dir() -> Path:
     """``$KERNELJUDGE_EXAMPLES_DIR``, else the ``examples/`` folder of the source tree."""
     env = os.environ.get("KERNELJUDGE_EXAMPLES_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "examples"
+    return Path(env) if env else Path(__file__).resolve().parents[3] / "examples"
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ def run_examples(
     console: Console | None = None,
 ) -> list[ExampleResult]:
     """Judge the examples (GPU backends only when a GPU is visible) and print a table (on a
-    terminal, a rich table; elsewhere plain lines, each whole: see :mod:`kerneljudge.output`).
+    terminal, a rich table; elsewhere plain lines, each whole: see :mod:`kerneljudge.cli.output`).
 
     On a machine without a GPU the ``cpp`` and ``torch`` examples are judged on the CPU. The
     default baseline is eager only: compiling every reference with ``torch.compile`` takes
