@@ -170,6 +170,8 @@ def test_a_missing_baseline_is_explained_in_the_verdict(judge: Judge) -> None:
 
 
 def test_mask_inputs_are_not_nudged_during_timing(tmp_path: Path) -> None:
+    """A 0/1 float mask reaches every timed call unchanged: masked_binary.py raises on any
+    other mask value, so one nudged mask element fails its verdict; timing must have run."""
     problem = Path(__file__).parent / "fixtures" / "masked_problem.py"
     config = JudgeConfig(
         device="cpu",
@@ -180,7 +182,12 @@ def test_mask_inputs_are_not_nudged_during_timing(tmp_path: Path) -> None:
     )
     with Judge(problem, config) as j:
         v = j.evaluate(CANDIDATES / "masked_good.py")
+        binary = j.evaluate(CANDIDATES / "masked_binary.py")
     assert v.status is Status.CORRECT, v.reason
+    assert binary.status is Status.CORRECT, binary.reason
+    assert binary.timing is not None
+    timed = {m.name: m.samples for m in binary.timing.measurements}
+    assert timed.get("candidate", 0) >= 5, timed
 
 
 def test_outputs_of_timed_calls_are_audited(judge: Judge) -> None:
