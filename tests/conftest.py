@@ -2,21 +2,31 @@
 
 GPU tests are marked ``gpu`` and skipped (with the reason) where no CUDA device is visible.
 Real compiler builds share one build cache per checkout (``.kerneljudge-cache/tests``), so a
-candidate is compiled once across test runs on the same machine.
+candidate is compiled once across test runs on the same machine. The environment's and the
+agent runner's tests (tests/env, tests/agent) share one CPU judge on causal_gqa without its
+custom-kernel policy (``gqa_judge``) and one short-timing ``EnvConfig`` (``gqa_env_config``).
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
 
+if TYPE_CHECKING:
+    from kerneljudge.env import EnvConfig
+    from kerneljudge.judge import Judge
+
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
+#: causal_gqa without its custom-kernel policy: the env and agent tests run plain-PyTorch
+#: candidates on it.
+ANY_KERNEL_GQA = FIXTURES / "causal_gqa_any_kernel.py"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -34,6 +44,45 @@ def shared_cache() -> Path:
     path = Path(os.environ.get("KERNELJUDGE_TEST_CACHE", REPO / ".kerneljudge-cache" / "tests"))
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@pytest.fixture(scope="session")
+def gqa_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A build cache for the env and agent tests only (a fresh temporary directory)."""
+    return tmp_path_factory.mktemp("gqa-cache")
+
+
+@pytest.fixture(scope="session")
+def gqa_env_config(gqa_cache: Path) -> EnvConfig:
+    """CPU, eager baseline only, 0.3 s of timing, one trial per shape set on submission."""
+    from kerneljudge.env import EnvConfig
+
+    return EnvConfig(
+        device="cpu",
+        cache_dir=str(gqa_cache),
+        baselines=("eager",),
+        benchmark_time_s=0.3,
+        submit_time_s=0.3,
+        submit_trials=1,
+        profile_calls=2,
+    )
+
+
+@pytest.fixture(scope="session")
+def gqa_judge(gqa_cache: Path) -> Iterator[Judge]:
+    """One CPU judge on ``ANY_KERNEL_GQA`` for every env or agent test that runs candidates
+    (its workers start once): one thread, 0.3 s of timing, at least 5 samples."""
+    from kerneljudge.judge import Judge, JudgeConfig
+    from kerneljudge.timing import TimingConfig
+
+    config = JudgeConfig(
+        device="cpu",
+        cache_dir=gqa_cache,
+        threads=1,
+        timing_config=TimingConfig(max_time_s=0.3, min_samples=5, warmup_calls=1),
+    )
+    with Judge(ANY_KERNEL_GQA, config) as judge:
+        yield judge
 
 
 @pytest.fixture

@@ -1,50 +1,33 @@
-"""Fixtures of the runner's tests: the loopback server, CPU only, a temporary build cache."""
+"""Fixtures of the runner's tests under the names they use (the shared CPU judge, its build
+cache and the short-timing EnvConfig of tests/conftest.py); the loopback server
+(fake_server.py) is importable from here."""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from kerneljudge.env import EnvConfig
-from kerneljudge.judge import Judge, JudgeConfig
-from kerneljudge.timing import TimingConfig
+from kerneljudge.judge import Judge
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-CANDIDATES = Path(__file__).resolve().parents[1] / "env" / "candidates"
-#: causal_gqa without its custom-kernel policy: these tests run plain-PyTorch candidates.
-ANY_KERNEL_GQA = Path(__file__).resolve().parents[1] / "fixtures" / "causal_gqa_any_kernel.py"
+
+@pytest.fixture(scope="session")
+def agent_cache(gqa_cache: Path) -> Path:
+    """tests/conftest.py ``gqa_cache``."""
+    return gqa_cache
 
 
 @pytest.fixture(scope="session")
-def agent_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("agent-cache")
+def agent_config(gqa_env_config: EnvConfig) -> EnvConfig:
+    """tests/conftest.py ``gqa_env_config``."""
+    return gqa_env_config
 
 
 @pytest.fixture(scope="session")
-def agent_config(agent_cache: Path) -> EnvConfig:
-    """CPU, eager baseline only, short timing, one trial per shape set on submission."""
-    return EnvConfig(
-        device="cpu",
-        cache_dir=str(agent_cache),
-        baselines=("eager",),
-        benchmark_time_s=0.3,
-        submit_time_s=0.3,
-        submit_trials=1,
-        profile_calls=2,
-    )
-
-
-@pytest.fixture(scope="session")
-def agent_judge(agent_cache: Path) -> Iterator[Judge]:
-    config = JudgeConfig(
-        device="cpu",
-        cache_dir=agent_cache,
-        threads=1,
-        timing_config=TimingConfig(max_time_s=0.3, min_samples=5, warmup_calls=1),
-    )
-    with Judge(ANY_KERNEL_GQA, config) as judge:
-        yield judge
+def agent_judge(gqa_judge: Judge) -> Judge:
+    """tests/conftest.py ``gqa_judge``."""
+    return gqa_judge

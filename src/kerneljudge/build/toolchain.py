@@ -1,6 +1,7 @@
 """The compiler toolchain: where CUDA lives, what versions build a candidate, which arch to target.
 
-Everything here is read lazily (never at import time) and cached per process.
+Nothing here runs at import time; the CUDA root and the tool versions are found on first use
+and cached per process, the rest is read from the environment on every call.
 """
 
 from __future__ import annotations
@@ -50,7 +51,9 @@ def cuda_home() -> str | None:
     return None
 
 
-def _first_line(cmd: list[str]) -> str:
+def _last_output_line(cmd: list[str]) -> str:
+    """The last non-empty line of ``cmd``'s stdout, stripped; ``"unavailable"`` when it cannot
+    run, runs past 30 s or prints nothing."""
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired):
@@ -63,7 +66,7 @@ def _first_line(cmd: list[str]) -> str:
 def nvcc_version() -> str:
     """The last line of ``nvcc --version`` (its build string), or ``"unavailable"``."""
     home = cuda_home()
-    return _first_line([str(Path(home) / "bin" / "nvcc"), "--version"]) if home else "unavailable"
+    return _last_output_line([str(Path(home) / "bin" / "nvcc"), "--version"]) if home else "unavailable"
 
 
 @functools.cache
@@ -91,7 +94,8 @@ def tool_path() -> str:
 
 @functools.cache
 def ninja_version() -> str:
-    """``ninja --version`` of the ninja the workers find (see :func:`tool_path`)."""
+    """``"<ninja --version> (<path>)"`` of the ninja the workers find (see :func:`tool_path`),
+    or ``"unavailable"``."""
     exe = shutil.which("ninja", path=tool_path())
     if exe is None:
         return "unavailable"
