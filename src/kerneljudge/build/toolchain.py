@@ -66,7 +66,11 @@ def _last_output_line(cmd: list[str]) -> str:
 def nvcc_version() -> str:
     """The last line of ``nvcc --version`` (its build string), or ``"unavailable"``."""
     home = cuda_home()
-    return _last_output_line([str(Path(home) / "bin" / "nvcc"), "--version"]) if home else "unavailable"
+    return (
+        _last_output_line([str(Path(home) / "bin" / "nvcc"), "--version"])
+        if home
+        else "unavailable"
+    )
 
 
 @functools.cache
