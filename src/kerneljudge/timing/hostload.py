@@ -43,12 +43,14 @@ __all__ = [
 ]
 
 #: The timed workers' threads were preempted more than this often per second of timing and per
-#: timed thread. A scheduler slice is 0.75-3 ms (EEVDF's base slice grows with log2 of the
-#: CPU count), so 20 preemptions a second hand about 1.5-6% of the time to other tasks; a
-#: pinned worker on a quiet host is preempted a few times a second (kernel threads).
+#: intra-op thread of one timed worker (:attr:`~kerneljudge.verdict.HostLoad.preemptions_per_s`).
+#: A scheduler slice is 0.75-3 ms (EEVDF's base slice grows with log2 of the CPU count), so 20
+#: preemptions a second hand about 1.5-6% of the time to other tasks; a pinned worker on a
+#: quiet host is preempted a few times a second (kernel threads).
 PREEMPTIONS_PER_S_MAX = 20.0
 #: The timed workers' threads waited for a CPU more than this share of the time (run delay per
-#: timed thread): times are inflated by about that much, unevenly between batches.
+#: intra-op thread of one timed worker, :attr:`~kerneljudge.verdict.HostLoad.run_delay`): times
+#: are inflated by about that much, unevenly between batches.
 RUN_DELAY_MAX = 0.05
 #: More than this share of the timing cores' time was stolen by the hypervisor.
 STEAL_MAX = 0.05

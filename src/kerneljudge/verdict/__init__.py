@@ -1,8 +1,9 @@
 """The verdict: the typed, versioned result of judging one candidate.
 
 Every dataclass here is frozen and round-trips through JSON (:meth:`Verdict.to_json` /
-:meth:`Verdict.from_json`). ``SCHEMA_VERSION`` changes whenever a field changes meaning or is
-removed; readers refuse a newer major version.
+:meth:`Verdict.from_json`), except that a NaN float is written as ``null`` and read back as
+None. ``SCHEMA_VERSION`` changes whenever a field changes meaning or is removed; readers refuse
+a newer major version.
 """
 
 from __future__ import annotations
@@ -73,13 +74,17 @@ class BuildResult:
     """Outcome of the build stage.
 
     Attributes:
-        ok: the candidate compiled and its module imported.
+        ok: the candidate compiled and its module imported in the build worker; for the
+            ``torch`` and ``triton`` backends no build worker runs, and ``ok`` is True unless a
+            static check (empty source, syntax error) failed.
         backend: ``cuda``, ``cpp``, ``triton`` or ``torch``.
         cached: the build came from the cache (no compiler ran).
         duration_s: wall time of the build as first done (seconds), also for cached builds.
-        cache_key: sha256 of source + toolchain fingerprint.
+        cache_key: sha256 of the source, the backend and the toolchain fingerprint
+            (:meth:`kerneljudge.build.BuildCache.key`); empty after a static check failed.
         messages: compiler diagnostics, errors first.
-        log: the shaped log: errors (mapped to candidate lines) first, then the raw log's tail.
+        log: on failure, the shaped log: errors (mapped to candidate lines) first, then the
+            raw log's tail; on success, the last 4000 characters of the build worker's output.
         timed_out: the build hit its time limit (its process group was killed).
         rejected: the candidate's import broke the sandbox's rules during the build.
     """
@@ -211,11 +216,13 @@ class HostLoad:
             (``/proc/pressure/cpu``, ``some``).
         steal: share of the timing cores' time stolen by the hypervisor (``/proc/stat``).
         iowait: share of the timing cores' time idle waiting for I/O (``/proc/stat``).
-        preemptions: involuntary context switches of the timed workers' threads
-            (``/proc/<pid>/task/*/status``, ``nonvoluntary_ctxt_switches``).
-        preemptions_per_s: ``preemptions`` per second of the span and per timed thread.
-        run_delay: share of the span the timed workers' threads spent runnable but waiting for
-            a CPU, per timed thread (``/proc/<pid>/task/*/schedstat``).
+        preemptions: involuntary context switches of the timed workers' threads, summed over
+            all their threads (``/proc/<pid>/task/*/status``, ``nonvoluntary_ctxt_switches``).
+        preemptions_per_s: ``preemptions`` per second of the span, divided by the intra-op
+            thread count of one timed worker (the contestants run one at a time).
+        run_delay: time the timed workers' threads spent runnable but waiting for a CPU
+            (``/proc/<pid>/task/*/schedstat``), summed over their threads, as a share of the
+            span times the intra-op thread count of one timed worker (at most 1).
         round_spread: contestant -> interquartile range of its per-round batch medians over
             their median (how far its speed moved between rounds).
         noisy: a reading passed its threshold; the speedups' intervals are widened.
