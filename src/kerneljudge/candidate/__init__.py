@@ -33,11 +33,13 @@ class StaticIssue:
 def detect_backend(source: str) -> str:
     """The backend a candidate's source uses, from what it imports and calls.
 
-    Triton wins over ``load_inline`` (``@triton.jit`` kernels); a call of ``load_inline`` or
-    ``cpp_extension.load`` with ``cuda_sources`` (or CUDA launch syntax in the source) is
-    ``cuda``, without it ``cpp``; anything else is plain ``torch``. Calls are found in the
-    syntax tree, so the words in a comment or docstring do not count; a file that does not parse
-    falls back to searching the text.
+    A line that imports triton (``import triton``, ``from triton ...``) makes it ``triton``,
+    whatever else it calls. Otherwise a call of any function named ``load_inline`` or ``load``
+    (``cpp_extension.load``, but also e.g. ``torch.load``) makes it ``cuda`` when such a call
+    passes ``cuda_sources`` or ``with_cuda``, or three positional arguments, or the source
+    holds ``__global__`` or ``<<<`` anywhere, and ``cpp`` otherwise; with no such call it is
+    plain ``torch``. Calls are found in the syntax tree, so the words in a comment or docstring
+    do not count; a file that does not parse falls back to searching the text.
     """
     if re.search(r"^\s*(import triton|from triton\b)", source, re.MULTILINE):
         return "triton"

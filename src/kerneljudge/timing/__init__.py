@@ -7,9 +7,12 @@ The protocol (the samples themselves are taken in the workers, see
    batch to about ``batch_target_ms``;
 2. rounds: every contestant runs one batch per round, in an order rotated each round
    (A B C, B C A, ...), so that clock and thermal drift hit all of them alike;
-3. stop when every median's 95% confidence interval is narrower than ``rel_precision`` of the
-   median (at least ``min_samples`` each); a contestant that reaches ``max_samples`` rests
-   while the others go on; stop in any case at ``max_time_s``;
+3. stop (``precision``) when every median's 95% confidence interval has a half-width within
+   ``rel_precision`` of the median, once each contestant has ``min_samples`` samples and
+   ``min_time_s`` and ``min_rounds`` have passed; a contestant that reaches ``max_samples``
+   rests while the others go on (``max_samples`` once each is full or precise); stop
+   (``max_time``) at ``max_time_s`` once each has ``min_samples`` samples, and at five times
+   ``max_time_s`` in any case;
 4. summarise: median, quartiles, the median's distribution-free 95% interval, and for each
    baseline the speedup ``median(baseline) / median(candidate)`` with a 95% interval that holds
    both the percentile-bootstrap interval over the samples (Efron & Tibshirani, *An
@@ -71,7 +74,8 @@ class TimingConfig:
             (clocks, host load), so a tight interval over a tenth of a second says little about
             the next second; on the H200 machine, verdicts stopped after 5 rounds moved by up to
             2x between repetitions (docs/benchmarks/2026-11-30-h200.md).
-        max_time_s: stop after this much wall time in the sampling loop. On the H200 machine
+        max_time_s: stop after this much wall time in the sampling loop once every contestant
+            has ``min_samples`` samples (after five times this in any case). On the H200 machine
             the spread of repeated verdicts was the same with 1, 1.5 and 2 s (it follows the
             host's speed from one second to the next, not the sample count), and with 1 s a warm
             verdict took 1.6-2.6 s (docs/benchmarks/2026-11-30-h200-validation.md, runs 24-25).
@@ -310,7 +314,7 @@ def speedups(
     """One :class:`Speedup` per baseline in ``samples`` (every name but ``candidate``).
 
     The point is ``median(baseline samples) / median(candidate samples)``. Its interval
-    ``ci95`` is the smallest one that holds:
+    ``ci95`` is the smallest one that holds the point and:
 
     * ``ci95_samples``, the percentile bootstrap over the samples
       (:func:`bootstrap_speedup`); it takes every sample as an independent draw, so it
