@@ -378,8 +378,9 @@ class WorkerProcess:
             CandidateFault: the code under test raised; the worker is still alive.
             WorkerDied: the worker ended (crash, signal, ``os._exit``).
             WorkerTimeout: no answer within ``timeout_s``; the worker was killed.
-            WorkerError: the worker reported a bug of its own (in a candidate worker, only before
-                the candidate was loaded; afterwards it is a :class:`CandidateFault`).
+            WorkerError: the worker reported a bug of its own (in a candidate worker, only until
+                a ``load_candidate`` request was sent; afterwards it is a
+                :class:`CandidateFault`).
         """
         self.wait_ready()
         started = time.monotonic()

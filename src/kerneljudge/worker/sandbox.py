@@ -9,11 +9,12 @@ Inside its worker, while candidate code runs:
   that ``load_inline``, Triton and ``torch.compile`` call, and TorchInductor's library-loading
   probe, see :func:`library_probe` and :data:`INDUCTOR_IN_PROCESS`), writes outside the
   worker's scratch and cache folders (names relative to a directory fd judged where they lead;
-  under ``/dev`` only :data:`WRITABLE_DEVICES`), and reads of other processes' ``/proc``
-  entries. A refusal raises ``PermissionError`` in the candidate and is recorded, so the
-  verdict says what was attempted. Audit hooks cannot be removed from Python once added;
-  native code (a C++ extension calling ``connect`` directly) is not seen by them, see
-  ``docs/security.md``;
+  under ``/dev`` only :data:`WRITABLE_DEVICES`; its own ``/proc/<pid>/`` entries too), reads
+  of other processes' ``/proc`` entries, signals to other processes, further audit hooks, and
+  ctypes look-ups of the C functions in :data:`DENIED_SYMBOLS`. A refusal raises
+  ``PermissionError`` in the candidate and is recorded, so the verdict says what was
+  attempted. Audit hooks cannot be removed from Python once added; native code (a C++
+  extension calling ``connect`` directly) is not seen by them, see ``docs/security.md``;
 * resource limits: output files (the log that receives stdout/stderr) are capped by
   ``RLIMIT_FSIZE``; orphaned grandchildren are re-parented to the worker
   (``PR_SET_CHILD_SUBREAPER``) so the supervisor can find and kill them;
