@@ -117,6 +117,7 @@ def test_build_sees_no_gpu(tmp_path: Path) -> None:
     assert build(Candidate.from_source(src), cache=BuildCache(tmp_path), arch="9.0").ok
 
 
+@pytest.mark.slow
 def test_real_cpp_compile_error_maps_to_candidate_line(shared_cache: Path) -> None:
     cand = Candidate.from_file(CANDIDATES / "cpp_compile_error.py")
     assert cand.backend == "cpp"
@@ -131,6 +132,7 @@ def test_real_cpp_compile_error_maps_to_candidate_line(shared_cache: Path) -> No
     assert result.log.startswith("cpp_compile_error.py:9: error:")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(toolchain.cuda_home() is None, reason="needs the CUDA compiler (nvcc)")
 def test_real_cuda_compile_error_maps_to_candidate_line(shared_cache: Path) -> None:
     os.environ.setdefault("CUDA_HOME", toolchain.cuda_home() or "")

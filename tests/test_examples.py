@@ -9,6 +9,8 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import pytest
+
 from kerneljudge.cli.examples import find_examples, run_examples
 from kerneljudge.cli.output import make_console
 from kerneljudge.verdict import Status
@@ -27,6 +29,7 @@ def test_every_example_declares_status_and_backend() -> None:
             assert e.compile_error_line, f"{e.path} must declare its compile-error line"
 
 
+@pytest.mark.slow
 def test_cpu_examples_of_causal_gqa_get_their_status(shared_cache: Path) -> None:
     out = io.StringIO()  # a log file: every row whole, one plain line each
     results = run_examples(

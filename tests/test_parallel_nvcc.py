@@ -87,6 +87,7 @@ def _compile(tmp_path: Path, source: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 @needs_nvcc
 def test_host_stub_and_device_code_name_the_same_kernel(tmp_path: Path) -> None:
     done = _compile(tmp_path, KERNEL)
@@ -101,6 +102,7 @@ def test_host_stub_and_device_code_name_the_same_kernel(tmp_path: Path) -> None:
     assert f".text.{names.pop()}" in text
 
 
+@pytest.mark.slow
 @needs_nvcc
 def test_a_compile_error_is_reported_once(tmp_path: Path) -> None:
     done = _compile(tmp_path, KERNEL.replace("*= a;", "*= undefined_name;"))

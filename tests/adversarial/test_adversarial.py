@@ -17,6 +17,8 @@ import pytest
 import run_suite
 from run_suite import Case, ProblemRun, Suite
 
+from kerneljudge.candidate import Candidate
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -28,6 +30,28 @@ def _grouped(cases: list[Case]) -> list[Case]:
 
 CPU = _grouped(run_suite.load_cases([HERE / "cpu"]))
 GPU = _grouped(run_suite.load_cases([HERE / "gpu"]))
+
+
+def _compiled(case: Case) -> bool:
+    """Whether the case's candidate is built by a compiler (``cpp`` or ``cuda`` backend)."""
+    return Candidate.from_file(case.path).backend in ("cpp", "cuda")
+
+
+#: Problems whose correct baseline is compiled: judging any of their cases builds it first.
+_COMPILED_BASELINES = {c.problem for c in CPU + GPU if c.is_baseline and _compiled(c)}
+
+
+def _params(cases: list[Case]) -> list[object]:
+    """``cases`` as parameters, marked ``slow`` where judging them runs a real compiler build
+    (when the shared build cache does not hold it yet)."""
+    return [
+        pytest.param(
+            c,
+            id=c.name,
+            marks=[pytest.mark.slow] if _compiled(c) or c.problem in _COMPILED_BASELINES else [],
+        )
+        for c in cases
+    ]
 
 
 class _Runs:
@@ -80,12 +104,12 @@ def _check(runs: _Runs, case: Case) -> None:
     assert row.outcome == "OK", f"{row.outcome}: got {row.got}: {run_suite.why(row)}"
 
 
-@pytest.mark.parametrize("case", CPU, ids=[c.name for c in CPU])
+@pytest.mark.parametrize("case", _params(CPU))
 def test_cpu_candidate(runs: _Runs, case: Case) -> None:
     _check(runs, case)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", GPU, ids=[c.name for c in GPU])
+@pytest.mark.parametrize("case", _params(GPU))
 def test_gpu_candidate(runs: _Runs, case: Case) -> None:
     _check(runs, case)

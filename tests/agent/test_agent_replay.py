@@ -104,6 +104,7 @@ def test_example_transcript_on_a_cpu_gets_a_tool_error(tmp_path: Path) -> None:
     assert summary.status == "none" and summary.reward == 0.0
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_example_transcript_replays_on_the_gpu(tmp_path: Path, shared_cache: Path) -> None:
     # Eager only: torch.compile of this reference (a Python loop over 80 positions) takes

@@ -39,6 +39,7 @@ def runner(base_url: str, **kw: Any) -> RunnerConfig:
     return RunnerConfig(model="scripted", base_url=base_url, backoff_s=0.01, **kw)
 
 
+@pytest.mark.slow
 def test_episode_end_to_end_through_the_cli(agent_cache: Path, tmp_path: Path) -> None:
     """compile error -> (fix + failing check, in one reply) -> passing check -> submission."""
     script = by_turn(

@@ -124,6 +124,7 @@ def test_profiler_failure_is_a_note(
         assert r.info.verdict is not None and r.info.verdict.correct
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_benchmark_profiles_the_candidates_own_gpu_kernels(tmp_path: Path) -> None:
     kernel = Path(__file__).resolve().parents[2] / "examples" / "causal_gqa" / "cuda_fused.py"

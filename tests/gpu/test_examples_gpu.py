@@ -9,7 +9,7 @@ import pytest
 from kerneljudge import Judge, JudgeConfig, Status, TimingConfig
 from kerneljudge.cli.examples import find_examples
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
 EXAMPLES = find_examples()
 

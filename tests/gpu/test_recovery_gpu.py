@@ -21,6 +21,7 @@ FAULTS = [
 ]
 
 
+@pytest.mark.slow
 def test_faults_in_a_row_leave_the_judge_healthy(shared_cache: Path) -> None:
     config = JudgeConfig(
         device="cuda",  # "auto" would judge the plain-torch OOM candidate on the CPU

@@ -28,6 +28,7 @@ TASK_FILE = REPO / "src" / "kerneljudge" / "integrations" / "inspect.py"
 CPP = (REPO / "examples" / "causal_gqa" / "cpp_reference.py").read_text()
 
 
+@pytest.mark.slow
 def test_scripted_episode_scores_the_verdicts_reward(shared_cache: Path, tmp_path: Path) -> None:
     seen: list[dict[str, Any]] = []
     script = [

@@ -39,6 +39,7 @@ def _fake_server():
     return module
 
 
+@pytest.mark.slow
 def test_scripted_episode_rewards_the_verdict(shared_cache: Path, tmp_path: Path) -> None:
     fake = _fake_server()
     replies = [

@@ -35,7 +35,7 @@ sys.path.insert(0, str(HERE))
 import run_suite  # noqa: E402
 from loadgen import Load  # noqa: E402
 
-pytestmark = pytest.mark.load
+pytestmark = [pytest.mark.load, pytest.mark.slow]
 
 REPO = TESTS.parent
 PROBLEM_CPU = str(ADV / "problem_cpu.py")

@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from kerneljudge.suite.runner import SuiteOptions, run_pairs, start_run
 from kerneljudge.suite.store import ResultsStore
 
@@ -100,6 +102,7 @@ def _finish(proc: subprocess.Popen[bytes]) -> int:
             pass
 
 
+@pytest.mark.slow
 def test_a_killed_and_interrupted_run_resumes_and_judges_each_pair_once(
     tmp_path: Path, shared_cache: Path
 ) -> None:
