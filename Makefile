@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: setup browser run test test-gpu lint clean
+.PHONY: setup browser run test test-fast test-gpu lint clean
 
 setup: $(STAMP)
 
@@ -37,6 +37,10 @@ run: setup
 ## The test suite (GPU tests are skipped without a GPU).
 test: setup browser
 	$(PY) -m pytest -q
+
+## Every test but real compiler builds, the loaded-host tier and the browser (minutes, not tens).
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow and not load and not browser"
 
 ## GPU tier only (run on a machine with a CUDA GPU).
 test-gpu: setup
