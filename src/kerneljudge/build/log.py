@@ -122,7 +122,9 @@ def trace_to_candidate(
 
 
 def shape_log(messages: list[CompilerMessage], raw: str, candidate_source: str, name: str) -> str:
-    """The log a reader sees: each error at its candidate line with context, then the raw tail."""
+    """The log a reader sees: the first 10 errors, each at its candidate line with one line of
+    context either side (an untraced one at its generated file's line), then the last 60
+    lines of ``raw``."""
     cand_lines = candidate_source.splitlines()
     parts: list[str] = []
     errors = [m for m in messages if m.severity == "error"]
