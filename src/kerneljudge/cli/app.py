@@ -163,15 +163,15 @@ def eval_command(
     json_out: JsonOpt = False,
 ) -> None:
     """Judge CANDIDATE against --problem: build, correctness trials, timing, verdict."""
+    import dataclasses
+
     from kerneljudge.candidate import Candidate
     from kerneljudge.judge import Judge
     from kerneljudge.problem import Problem
     from kerneljudge.verdict.render import render_verdict
 
     try:
-        cand = Candidate.from_file(candidate, backend=backend)
-        sets = Problem.load(problem).shape_sets
-        chosen = tuple(sets) if shape_sets == "all" and sets else _csv(shape_sets)
+        # The options first: a bad value is said before any file is read.
         config = _config(
             device=device,
             trials=trials,
@@ -180,7 +180,7 @@ def eval_command(
             rtol=rtol,
             timing=timing,
             baselines=_csv(baselines),
-            shape_sets=chosen,
+            shape_sets=_csv(shape_sets),
             build_timeout_s=build_timeout,
             run_timeout_s=run_timeout,
             seed=seed,
@@ -188,6 +188,10 @@ def eval_command(
             cache_dir=cache_dir,
             max_time_s=max_time,
         )
+        cand = Candidate.from_file(candidate, backend=backend)
+        sets = Problem.load(problem).shape_sets
+        if shape_sets == "all" and sets:
+            config = dataclasses.replace(config, shape_sets=tuple(sets))
         with Judge(problem, config) as judge, StageReporter(err_console) as progress:
             judge.progress = progress  # stage lines on stderr: live on a terminal
             verdict = judge.evaluate(cand)

@@ -18,7 +18,15 @@ from kerneljudge.judge.reference_side import problem_failed
 from kerneljudge.verdict import BuildResult, CheckResult, Status, TrialResult, Verdict
 from kerneljudge.worker import CandidateFault, WorkerDied, WorkerProcess, WorkerTimeout
 
-__all__ = ["CANDIDATE_FAILURES", "Decided", "Stopwatch", "VerdictWriter", "build_failure"]
+__all__ = [
+    "CANDIDATE_FAILURES",
+    "Decided",
+    "Stopwatch",
+    "VerdictWriter",
+    "build_failure",
+    "now",
+    "versions",
+]
 
 #: What the candidate's run can raise that becomes a verdict (:meth:`VerdictWriter.failure`).
 CANDIDATE_FAILURES = (TrialRejected, CandidateFault, WorkerDied, WorkerTimeout, ReferenceFailed)
