@@ -257,11 +257,12 @@ def test_next_reference_work_is_prepared_ahead_with_a_fresh_seed(judge: Judge) -
     """After a verdict the reference's part of the next one is prepared at once (fresh secret
     run seed); the next verdict of the same configuration uses it, another drops it."""
     evaluate(judge, "good.py")
-    ahead = judge._prep
+    ahead = judge.reference.pending
     assert ahead is not None and ahead.key[0] == "cpu"
     v = evaluate(judge, "good.py")
     assert v.status is Status.CORRECT, v.reason
-    assert judge._prep is not None and judge._prep.run_seed != ahead.run_seed
+    pending = judge.reference.pending
+    assert pending is not None and pending.run_seed != ahead.run_seed
     with judge.configured(trials=2):
         v = evaluate(judge, "good.py")  # another configuration: prepared afresh
     assert v.status is Status.CORRECT and v.check is not None and v.check.n_passed == 2
@@ -273,16 +274,16 @@ def test_next_reference_work_is_prepared_ahead_with_a_fresh_seed(judge: Judge) -
 def test_a_given_seed_is_never_reused_for_a_secret_one(judge: Judge) -> None:
     """Reference work left unused by a verdict (a failed build) is reused by the next one only
     when its seed was drawn in secret; a build known to have failed starts none."""
-    judge._settle()
-    judge._begin_preparation("cpu", 7, secret=False)  # as a cold build failing with seed=7 leaves
-    left = judge._prep
+    judge.reference.settle()
+    # as a cold build failing with seed=7 leaves it
+    left = judge.reference.begin(judge.config, "cpu", 7, secret=False)
     assert judge.evaluate(CANDIDATES / "good.py").status is Status.CORRECT
     assert left is not None and left.dropped
-    ahead = judge._prep
+    ahead = judge.reference.pending
     assert ahead is not None and ahead.secret and ahead.run_seed != 7
     broken = Candidate.from_source("class ModelNew(\n", name="broken.py")
     assert judge.evaluate(broken).status is Status.COMPILE_ERROR
-    assert judge._prep is ahead and not ahead.dropped  # kept for the next verdict
+    assert judge.reference.pending is ahead and not ahead.dropped  # kept for the next verdict
 
 
 def test_work_ahead_waits_for_the_device_lock(tmp_path: Path) -> None:
@@ -297,12 +298,12 @@ def test_work_ahead_waits_for_the_device_lock(tmp_path: Path) -> None:
         with lock:
             assert j.evaluate(CANDIDATES / "good.py").status is Status.CORRECT
         with lock:  # taken again before the work ahead could start
-            ahead = j._prep
+            ahead = j.reference.pending
             assert ahead is not None
             time.sleep(0.5)
-            assert not ahead._future.done()
+            assert not ahead.done()
         ahead.join()
-        assert ahead._future.done() and ahead._future.exception() is None
+        assert ahead.done() and ahead.exception() is None
 
 
 def test_a_closed_judge_starts_no_workers(tmp_path: Path) -> None:
@@ -310,7 +311,7 @@ def test_a_closed_judge_starts_no_workers(tmp_path: Path) -> None:
     j.close()
     with pytest.raises(WorkerError, match="closed"):
         j.evaluate(CANDIDATES / "good.py")
-    assert not j._pools and not j._refs
+    assert not j._pools and not j.reference.sessions
 
 
 def test_a_reference_compile_that_does_not_finish_loses_only_that_baseline(

@@ -329,7 +329,7 @@ def test_identity_candidate_under_real_load_is_covered_or_flagged(tmp_path: Path
                     )
                 )
             v = judge.evaluate(candidate)
-            ref_pid = judge._reference("cpu", "public").worker.worker_pid()
+            ref_pid = judge.reference.session("cpu", "public").worker.worker_pid()
             pinned = os.sched_getaffinity(ref_pid)
     finally:
         for p in spinners:

@@ -7,11 +7,39 @@ one-line message fit for a terminal.
 
 from __future__ import annotations
 
-__all__ = ["KernelJudgeError", "ProblemError", "CandidateError", "DeviceError", "WorkerError"]
+__all__ = [
+    "KernelJudgeError",
+    "ConfigError",
+    "ProblemError",
+    "CandidateError",
+    "DeviceError",
+    "WorkerError",
+]
 
 
 class KernelJudgeError(Exception):
     """Base class of every error kerneljudge raises on purpose."""
+
+
+class ConfigError(KernelJudgeError, ValueError):
+    """A configuration field holds a value out of its range; the one-line message names it.
+
+    Attributes:
+        field: the field's name (``trials``, ``baselines``, ...), as written in the message.
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+    def for_option(self, option: str | None = None) -> str:
+        """The message with the field's name replaced by a command-line option's
+        (``run_timeout_s must be ...`` -> ``--run-timeout must be ...``). None: the option
+        named after the field, its unit suffix (``_s``, ``_mib``) dropped, ``_`` as ``-``."""
+        if option is None:
+            name = self.field.removesuffix("_s").removesuffix("_mib")
+            option = "--" + name.replace("_", "-")
+        return str(self).replace(self.field, option, 1)
 
 
 class ProblemError(KernelJudgeError):

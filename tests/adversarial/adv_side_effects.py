@@ -57,7 +57,7 @@ def judge_worker_pids(judge: Judge | None) -> set[int]:
     pids: set[int] = set()
     if judge is None:
         return pids
-    for ref in getattr(judge, "_refs", {}).values():
+    for ref in judge.reference.sessions.values():
         pids.add(ref.worker.proc.pid)
     for pool in getattr(judge, "_pools", {}).values():
         for w in getattr(pool, "_idle", []):
@@ -106,7 +106,7 @@ def resume_references(judge: Judge | None) -> None:
     """Safety net against a candidate that left the reference worker stopped (SIGSTOP)."""
     if judge is None:
         return
-    for ref in getattr(judge, "_refs", {}).values():
+    for ref in judge.reference.sessions.values():
         try:
             os.kill(ref.worker.proc.pid, signal.SIGCONT)
         except OSError:

@@ -14,7 +14,13 @@ import typer
 from rich.table import Table
 
 from kerneljudge.cli.output import make_console, print_table
-from kerneljudge.errors import KernelJudgeError
+from kerneljudge.errors import ConfigError, KernelJudgeError
+from kerneljudge.judge.config import (
+    DEFAULT_BASELINES,
+    DEFAULT_DEVICE,
+    DEFAULT_TOLERANCE,
+    DEFAULT_TRIALS,
+)
 
 __all__ = ["episode_command"]
 
@@ -111,13 +117,15 @@ def episode_command(
     on_exhausted: Annotated[
         str, _opt("on_exhausted", "submit_last_passing, submit_last or fail.")
     ] = "submit_last_passing",
-    device: Annotated[str, _opt("device", "auto, cpu, cuda or cuda:N.")] = "auto",
-    tolerance: Annotated[str, _opt("tolerance", "oracle or allclose.")] = "oracle",
-    trials: Annotated[int, _opt("trials", "run_correctness trials.", min=1)] = 5,
+    device: Annotated[str, _opt("device", "auto, cpu, cuda or cuda:N.")] = DEFAULT_DEVICE,
+    tolerance: Annotated[str, _opt("tolerance", "oracle or allclose.")] = DEFAULT_TOLERANCE,
+    trials: Annotated[int, _opt("trials", "run_correctness trials.", min=1)] = DEFAULT_TRIALS,
     submit_trials: Annotated[
         int, _opt("submit_trials", "submit_kernel trials per shape set.", min=1)
     ] = 10,
-    baselines: Annotated[str, _opt("baselines", "Comma list of eager, compile.")] = "eager,compile",
+    baselines: Annotated[str, _opt("baselines", "Comma list of eager, compile.")] = ",".join(
+        DEFAULT_BASELINES
+    ),
     benchmark_time: Annotated[float, _opt("benchmark_time", "run_benchmark timing, s.")] = 2.0,
     submit_time: Annotated[float, _opt("submit_time", "submit_kernel timing, s.")] = 4.0,
     profile: Annotated[
@@ -171,6 +179,9 @@ def episode_command(
             cache_dir=str(cache_dir) if cache_dir else None,
             prompt_dir=str(prompt_dir) if prompt_dir else None,
         )
+    except ConfigError as exc:
+        _fail(exc.for_option())
+        return
     except ValueError as exc:
         _fail(str(exc))
         return

@@ -13,7 +13,15 @@ from rich.syntax import Syntax
 from rich.table import Table
 
 from kerneljudge.cli.output import StageReporter, make_console, print_table
-from kerneljudge.errors import KernelJudgeError
+from kerneljudge.errors import ConfigError, KernelJudgeError
+from kerneljudge.judge.config import (
+    DEFAULT_BASELINES,
+    DEFAULT_BUILD_TIMEOUT_S,
+    DEFAULT_DEVICE,
+    DEFAULT_RUN_TIMEOUT_S,
+    DEFAULT_TOLERANCE,
+    DEFAULT_TRIALS,
+)
 
 app = typer.Typer(
     name="kerneljudge",
@@ -90,6 +98,11 @@ def _csv(text: str) -> tuple[str, ...]:
     return tuple(item.strip() for item in text.split(",") if item.strip())
 
 
+def _message(exc: KernelJudgeError) -> str:
+    """The one-line message of ``exc``; a bad configuration value names its option."""
+    return exc.for_option() if isinstance(exc, ConfigError) else str(exc)
+
+
 def _fail(message: str, code: int = 2) -> None:
     err_console.print(f"[bold red]error:[/] {message}", highlight=False)
     raise typer.Exit(code)
@@ -114,25 +127,27 @@ def eval_command(
         ),
     ],
     backend: BackendOpt = None,
-    device: DeviceOpt = "auto",
-    trials: Annotated[int, typer.Option(envvar=_env("trials"), min=1)] = 5,
+    device: DeviceOpt = DEFAULT_DEVICE,
+    trials: Annotated[int, typer.Option(envvar=_env("trials"), min=1)] = DEFAULT_TRIALS,
     tolerance: Annotated[
         str, typer.Option(envvar=_env("tolerance"), help="oracle (float64 rule) or allclose.")
-    ] = "oracle",
+    ] = DEFAULT_TOLERANCE,
     atol: Annotated[Optional[float], typer.Option(envvar=_env("atol"))] = None,
     rtol: Annotated[Optional[float], typer.Option(envvar=_env("rtol"))] = None,
     timing: Annotated[bool, typer.Option("--timing/--no-timing", envvar=_env("timing"))] = True,
     baselines: Annotated[
         str, typer.Option(envvar=_env("baselines"), help="Comma list of eager, compile.")
-    ] = "eager,compile",
+    ] = ",".join(DEFAULT_BASELINES),
     shape_sets: Annotated[
         str, typer.Option(envvar=_env("shape_sets"), help="Comma list; 'all' for every set.")
     ] = "public",
     max_time: Annotated[
         Optional[float], typer.Option(envvar=_env("max_time"), help="Timing budget, seconds.")
     ] = None,
-    build_timeout: Annotated[float, typer.Option(envvar=_env("build_timeout"))] = 300.0,
-    run_timeout: Annotated[float, typer.Option(envvar=_env("run_timeout"))] = 120.0,
+    build_timeout: Annotated[
+        float, typer.Option(envvar=_env("build_timeout"))
+    ] = DEFAULT_BUILD_TIMEOUT_S,
+    run_timeout: Annotated[float, typer.Option(envvar=_env("run_timeout"))] = DEFAULT_RUN_TIMEOUT_S,
     seed: Annotated[
         Optional[int], typer.Option(envvar=_env("seed"), help="Fix the run seed (default: secret).")
     ] = None,
@@ -148,17 +163,15 @@ def eval_command(
     json_out: JsonOpt = False,
 ) -> None:
     """Judge CANDIDATE against --problem: build, correctness trials, timing, verdict."""
+    import dataclasses
+
     from kerneljudge.candidate import Candidate
     from kerneljudge.judge import Judge
     from kerneljudge.problem import Problem
     from kerneljudge.verdict.render import render_verdict
 
-    if tolerance not in ("oracle", "allclose"):
-        _fail(f"--tolerance must be oracle or allclose, not {tolerance!r}")
     try:
-        cand = Candidate.from_file(candidate, backend=backend)
-        sets = Problem.load(problem).shape_sets
-        chosen = tuple(sets) if shape_sets == "all" and sets else _csv(shape_sets)
+        # The options first: a bad value is said before any file is read.
         config = _config(
             device=device,
             trials=trials,
@@ -167,7 +180,7 @@ def eval_command(
             rtol=rtol,
             timing=timing,
             baselines=_csv(baselines),
-            shape_sets=chosen,
+            shape_sets=_csv(shape_sets),
             build_timeout_s=build_timeout,
             run_timeout_s=run_timeout,
             seed=seed,
@@ -175,11 +188,15 @@ def eval_command(
             cache_dir=cache_dir,
             max_time_s=max_time,
         )
+        cand = Candidate.from_file(candidate, backend=backend)
+        sets = Problem.load(problem).shape_sets
+        if shape_sets == "all" and sets:
+            config = dataclasses.replace(config, shape_sets=tuple(sets))
         with Judge(problem, config) as judge, StageReporter(err_console) as progress:
             judge.progress = progress  # stage lines on stderr: live on a terminal
             verdict = judge.evaluate(cand)
     except KernelJudgeError as exc:
-        _fail(str(exc))
+        _fail(_message(exc))
         return
     if json_out:
         print(verdict.to_json())
@@ -200,8 +217,10 @@ def eval_command(
 def build_command(
     candidate: Annotated[Path, typer.Argument(help="The candidate file.")],
     backend: BackendOpt = None,
-    device: DeviceOpt = "auto",
-    build_timeout: Annotated[float, typer.Option(envvar=_env("build_timeout"))] = 300.0,
+    device: DeviceOpt = DEFAULT_DEVICE,
+    build_timeout: Annotated[
+        float, typer.Option(envvar=_env("build_timeout"))
+    ] = DEFAULT_BUILD_TIMEOUT_S,
     cache_dir: CacheOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -291,7 +310,7 @@ def examples_command(
     problem: Annotated[
         Optional[str], typer.Option("--problem", "-p", help="Only this problem.")
     ] = None,
-    device: DeviceOpt = "auto",
+    device: DeviceOpt = DEFAULT_DEVICE,
     cache_dir: CacheOpt = None,
     max_time: Annotated[float, typer.Option(help="Timing budget per candidate, seconds.")] = 2.0,
     baselines: Annotated[
@@ -312,7 +331,7 @@ def examples_command(
             console=None if json_out else console,
         )
     except KernelJudgeError as exc:
-        _fail(str(exc))
+        _fail(_message(exc))
         return
     if json_out:
         print(json.dumps([r.to_dict() for r in rows], indent=2))

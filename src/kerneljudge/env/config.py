@@ -11,8 +11,30 @@ from dataclasses import dataclass
 from typing import Any
 
 from kerneljudge.env.budget import ON_EXHAUSTED
+from kerneljudge.errors import ConfigError
+from kerneljudge.judge.config import (
+    DEFAULT_BASELINES,
+    DEFAULT_BUILD_TIMEOUT_S,
+    DEFAULT_DEVICE,
+    DEFAULT_RUN_TIMEOUT_S,
+    DEFAULT_TOLERANCE,
+    DEFAULT_TRIALS,
+    check_fields,
+)
 
 __all__ = ["EnvConfig"]
+
+#: The fields :class:`EnvConfig` shares with :class:`~kerneljudge.judge.JudgeConfig`, checked
+#: by the same rules (:func:`kerneljudge.judge.config.check_fields`).
+_SHARED = (
+    "device",
+    "tolerance",
+    "trials",
+    "baselines",
+    "build_timeout_s",
+    "run_timeout_s",
+    "threads",
+)
 
 
 @dataclass(frozen=True)
@@ -44,43 +66,47 @@ class EnvConfig:
         threads: torch threads in the workers (0: torch's default).
         prompt_dir: a folder of template files that replace the bundled ones by name
             (``system.md``, ``task.md``, ...; see :mod:`kerneljudge.env.prompts`).
+
+    Raises:
+        ConfigError: a value out of range (a :class:`ValueError`; the message names the field).
     """
 
     max_tool_calls: int = 30
     max_turns: int = 40
     on_exhausted: str = "submit_last_passing"
-    device: str = "auto"
-    tolerance: str = "oracle"
-    trials: int = 5
+    device: str = DEFAULT_DEVICE
+    tolerance: str = DEFAULT_TOLERANCE
+    trials: int = DEFAULT_TRIALS
     submit_trials: int = 10
     submit_shape_sets: tuple[str, ...] | None = None
-    baselines: tuple[str, ...] = ("eager", "compile")
+    baselines: tuple[str, ...] = DEFAULT_BASELINES
     benchmark_time_s: float = 2.0
     submit_time_s: float = 4.0
     profile: bool = True
     profile_calls: int = 5
-    build_timeout_s: float = 300.0
-    run_timeout_s: float = 120.0
+    build_timeout_s: float = DEFAULT_BUILD_TIMEOUT_S
+    run_timeout_s: float = DEFAULT_RUN_TIMEOUT_S
     cache_dir: str | None = None
     threads: int = 0
     prompt_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_tool_calls < 1:
-            raise ValueError(f"max_tool_calls must be at least 1, not {self.max_tool_calls}")
-        if self.max_turns < 1:
-            raise ValueError(f"max_turns must be at least 1, not {self.max_turns}")
-        if self.on_exhausted not in ON_EXHAUSTED:
-            raise ValueError(
-                f"on_exhausted must be one of {', '.join(ON_EXHAUSTED)}, not {self.on_exhausted!r}"
+            raise ConfigError(
+                "max_tool_calls", f"max_tool_calls must be at least 1, not {self.max_tool_calls}"
             )
-        if self.tolerance not in ("oracle", "allclose"):
-            raise ValueError(f"tolerance must be oracle or allclose, not {self.tolerance!r}")
-        unknown = [b for b in self.baselines if b not in ("eager", "compile")]
-        if unknown:
-            raise ValueError(f"unknown baselines {unknown} (use eager, compile)")
-        if self.trials < 1 or self.submit_trials < 1:
-            raise ValueError("trials and submit_trials must be at least 1")
+        if self.max_turns < 1:
+            raise ConfigError("max_turns", f"max_turns must be at least 1, not {self.max_turns}")
+        if self.on_exhausted not in ON_EXHAUSTED:
+            raise ConfigError(
+                "on_exhausted",
+                f"on_exhausted must be one of {', '.join(ON_EXHAUSTED)}, not {self.on_exhausted!r}",
+            )
+        check_fields(self, _SHARED)
+        if self.submit_trials < 1:
+            raise ConfigError(
+                "submit_trials", f"submit_trials must be at least 1, not {self.submit_trials}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (tuples become lists)."""
@@ -95,7 +121,7 @@ class EnvConfig:
         """Rebuild from :meth:`to_dict` output; unknown keys are ignored (newer writers).
 
         Raises:
-            ValueError: a value out of range (see the attributes).
+            ConfigError: a value out of range (see the attributes).
         """
         names = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in data.items() if k in names}

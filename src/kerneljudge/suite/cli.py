@@ -15,7 +15,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from kerneljudge.errors import KernelJudgeError
+from kerneljudge.errors import ConfigError, KernelJudgeError
+from kerneljudge.judge.config import (
+    DEFAULT_BUILD_TIMEOUT_S,
+    DEFAULT_DEVICE,
+    DEFAULT_RUN_TIMEOUT_S,
+    DEFAULT_TOLERANCE,
+    DEFAULT_TRIALS,
+)
 
 __all__ = ["report_command", "results_app", "suite_app"]
 
@@ -101,16 +108,16 @@ def suite_run(
         typer.Option(help="A sampling parameter, key=value (repeatable), e.g. temperature=0.7."),
     ] = None,
     meta: Annotated[str, typer.Option(help="Free-form run metadata, a JSON object.")] = "{}",
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
-    trials: Annotated[int, typer.Option(min=1)] = 5,
-    tolerance: Annotated[str, typer.Option(help="oracle or allclose.")] = "oracle",
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = DEFAULT_DEVICE,
+    trials: Annotated[int, typer.Option(min=1)] = DEFAULT_TRIALS,
+    tolerance: Annotated[str, typer.Option(help="oracle or allclose.")] = DEFAULT_TOLERANCE,
     timing: Annotated[bool, typer.Option("--timing/--no-timing")] = True,
     baselines: Annotated[str, typer.Option(help="Comma list of eager, compile.")] = "eager",
     max_time: Annotated[
         Optional[float], typer.Option(help="Timing budget per candidate, seconds.")
     ] = None,
-    build_timeout: float = 300.0,
-    run_timeout: float = 120.0,
+    build_timeout: float = DEFAULT_BUILD_TIMEOUT_S,
+    run_timeout: float = DEFAULT_RUN_TIMEOUT_S,
     cache_dir: Annotated[Optional[Path], typer.Option(help="Build cache folder.")] = None,
     dry_run: Annotated[bool, typer.Option(help="Print the plan; judge nothing.")] = False,
     store: StoreOpt = None,
@@ -119,8 +126,6 @@ def suite_run(
     from kerneljudge.suite.progress import SuiteProgress
     from kerneljudge.suite.runner import SuiteOptions, plan, run_pairs, start_run
 
-    if tolerance not in ("oracle", "allclose"):
-        _fail(f"--tolerance must be oracle or allclose, not {tolerance!r}")
     try:
         if resume is None and (not suite or candidates is None):
             _fail("give a SUITE and --candidates, or --resume RUN")
@@ -143,6 +148,7 @@ def suite_run(
             run_timeout_s=run_timeout,
             cache_dir=str(cache_dir.resolve()) if cache_dir else None,
         )
+        options.judge_config()  # a bad value fails here, before anything is stored
         if resume is not None and options != SuiteOptions(baselines=("eager",)):
             _fail("--resume judges with the options stored with the run; give none")
         if dry_run:
@@ -193,6 +199,9 @@ def suite_run(
                     markup=False,
                 )
                 raise typer.Exit(130) from None
+    except ConfigError as exc:
+        _fail(exc.for_option())
+        return
     except KernelJudgeError as exc:
         _fail(str(exc))
         return

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from kerneljudge.check.reference import HeldTrial, ReferenceSession
-from kerneljudge.timing import BatchLimit, measure_judged, median_ci, summarise
+from kerneljudge.timing import BatchLimit, TimingConfig, measure_judged, median_ci, summarise
 from kerneljudge.timing.hostload import LoadMonitor, timing_cores
 from kerneljudge.timing.roofline import FLOOR_MARGIN
 from kerneljudge.timing.timer_rule import Batch, TimerCheck, timer_check
@@ -24,12 +24,10 @@ from kerneljudge.verdict import DeviceInfo, Roofline, Status, TimingResult
 from kerneljudge.worker import WorkerProcess
 from kerneljudge.worker.stamps import BatchObservation, Observer, Reservoir, output_digest
 
-if TYPE_CHECKING:
-    from kerneljudge.judge import JudgeConfig
-
 __all__ = [
     "AUDITED_CALLS",
     "Batch",
+    "TimingSettings",
     "TimerCheck",
     "below_floor",
     "roofline_of",
@@ -39,6 +37,22 @@ __all__ = [
 #: Timed calls of the candidate kept for the audit (a uniform sample over all its timed calls,
 #: drawn here after each call's outputs were committed), each checked against the reference.
 AUDITED_CALLS = 8
+
+
+class TimingSettings(Protocol):
+    """What the timing stage reads of the judge's configuration
+    (:class:`kerneljudge.judge.JudgeConfig` has these fields; their meanings are its)."""
+
+    @property
+    def baselines(self) -> tuple[str, ...]: ...
+    @property
+    def timing_config(self) -> TimingConfig: ...
+    @property
+    def run_timeout_s(self) -> float: ...
+    @property
+    def threads(self) -> int: ...
+    @property
+    def tolerance(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -91,7 +105,7 @@ def request_edges(obs: BatchObservation) -> tuple[tuple[float, ...], tuple[float
 
 
 def time_candidate(
-    config: JudgeConfig,
+    config: TimingSettings,
     info: DeviceInfo,
     worker: WorkerProcess,
     ref: ReferenceSession,
@@ -328,7 +342,7 @@ def below_floor(samples_ms: list[float], floor_ms: float) -> bool:
 
 
 def _audit_timed_calls(
-    cfg: JudgeConfig,
+    cfg: TimingSettings,
     worker: WorkerProcess,
     ref: ReferenceSession,
     keys: list[str],

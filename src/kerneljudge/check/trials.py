@@ -1,0 +1,141 @@
+"""The trial loop of a verdict: the candidate runs each prepared trial's inputs in its worker,
+its treatment of its inputs and the operators it called are checked, and its outputs are
+compared by the trusted reference worker that holds the trial's reference outputs and oracle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kerneljudge.candidate.policy import forbidden_ops_used, ops_reason, requires_custom_kernel
+from kerneljudge.check.reference import HeldTrial, ReferenceSession
+from kerneljudge.verdict import CheckResult, TrialResult
+from kerneljudge.worker import WorkerProcess
+
+__all__ = ["TrialRejected", "Trials", "input_effect_violation", "run_trials"]
+
+
+class TrialRejected(Exception):
+    """A trial showed a cheat that no comparison is needed for; the message is the one-line
+    reason (``forward changed its input x in place``, a forbidden operator)."""
+
+
+@dataclass(frozen=True)
+class Trials:
+    """The trials' outcome.
+
+    Attributes:
+        check: every trial's result, the rule and its tolerances.
+        sessions: shape set -> the reference session its trials were checked against.
+    """
+
+    check: CheckResult
+    sessions: Mapping[str, ReferenceSession]
+
+    def failure(self) -> str:
+        """``"k/n trials passed; trial i: why"`` for the first failed trial ("" if none)."""
+        bad = next((t for t in self.check.trials if not t.passed), None)
+        if bad is None:
+            return ""
+        return (
+            f"{self.check.n_passed}/{len(self.check.trials)} trials passed; "
+            f"trial {bad.index}: {bad.reason}"
+        )
+
+
+def run_trials(
+    worker: WorkerProcess,
+    prepared: Mapping[str, Sequence[HeldTrial]],
+    session: Callable[[str], ReferenceSession],
+    *,
+    timeout_s: float,
+    atol: float,
+    rtol: float,
+    mode: str,
+    policy: Any,
+    kept_set: str | None,
+    done: list[TrialResult],
+    say: Callable[[str], None],
+) -> Trials:
+    """Run every prepared trial in the candidate's worker, shape set by shape set.
+
+    Per shape set the worker gets the reference's ``init_inputs`` and weights (``setup``);
+    per trial, the inputs the reference worker holds (relayed one trial at a time), and its
+    reply is checked against the reference's own on the same inputs
+    (:func:`input_effect_violation`), against the problem's operator policy, then its outputs
+    are compared in the reference worker (:meth:`ReferenceSession.compare`, ``mode`` with
+    ``atol``/``rtol``).
+
+    Args:
+        worker: the candidate's worker, its candidate loaded.
+        prepared: shape set -> its held trials (:meth:`ReferenceSide.prepare`).
+        session: the reference session of a shape set.
+        timeout_s: limit of each request (seconds).
+        policy: the problem's custom-kernel policy (:mod:`kerneljudge.candidate.policy`).
+        kept_set: the shape set whose inputs stay in the reference worker for the timing
+            audit (None: none).
+        done: each trial's result is appended to it as it is made, so that whoever handles a
+            fault sees the trials before it.
+        say: called with ``"trial i/n"`` before each trial.
+
+    Returns:
+        The trials' :class:`Trials`.
+
+    Raises:
+        TrialRejected: the candidate changed or aliased its inputs, or called a forbidden op.
+        CandidateFault, WorkerDied, WorkerTimeout: the candidate failed.
+        ReferenceFailed: the reference worker failed meanwhile.
+    """
+    record_ops = requires_custom_kernel(policy)
+    total = sum(map(len, prepared.values()))
+    sessions: dict[str, ReferenceSession] = {}
+    for shape_set, held_trials in prepared.items():
+        ref = sessions[shape_set] = session(shape_set)
+        worker.request("setup", timeout_s, init_inputs=ref.init_inputs, state_dict=ref.state_dict)
+        for held in held_trials:
+            say(f"trial {len(done) + 1}/{total}")
+            got = worker.request(
+                "run",
+                timeout_s,
+                inputs=ref.held_inputs(held.key, timeout_s, forget=shape_set != kept_set),
+                record_ops=record_ops,
+            )
+            effect = input_effect_violation(held.reply, got)
+            if effect:
+                raise TrialRejected(effect)
+            used = forbidden_ops_used(list(got.get("ops", [])), policy)
+            if record_ops and used:
+                raise TrialRejected(ops_reason(used))
+            # Compared by the trusted reference worker, which holds the reference's outputs
+            # and oracle; the caller lets go of the candidate's once sent.
+            trial = ref.compare(
+                held.key,
+                got.pop("outputs"),
+                timeout_s,
+                atol=atol,
+                rtol=rtol,
+                mode=mode,
+                index=len(done),
+            )
+            done.append(dataclasses.replace(trial, shape_set=shape_set))
+    check = CheckResult(
+        passed=all(t.passed for t in done), trials=tuple(done), mode=mode, atol=atol, rtol=rtol
+    )
+    return Trials(check, sessions)
+
+
+def input_effect_violation(reference: dict[str, Any], candidate: dict[str, Any]) -> str:
+    """Why the candidate's treatment of its inputs is a cheat, if it is ("" if not; the
+    reference's own behaviour is allowed: a reference that returns a view may be matched by
+    one)."""
+    if candidate.get("aliases_input") and not reference.get("aliases_input"):
+        return "forward returned a view of one of its inputs"
+    changed = sorted(
+        set(candidate.get("modified_inputs", [])) - set(reference.get("modified_inputs", []))
+    )
+    if changed:
+        return f"forward changed its input {changed[0]} in place"
+    return ""

@@ -1,0 +1,482 @@
+"""The judge's pipeline for one candidate: build -> load -> trials -> timing -> verdict.
+
+Each stage is a method of :class:`Judge` that returns what the next needs or raises: a
+:class:`~kerneljudge.judge.outcome.Decided` when it decided the verdict early (a failed
+build, an import error, wrong outputs), or one of the candidate's failures
+(:data:`~kerneljudge.judge.outcome.CANDIDATE_FAILURES`), which :meth:`Judge._judge` turns into
+a verdict in one place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kerneljudge.build import (
+    IMPORT_ONLY_BACKENDS,
+    BuildCache,
+    build,
+    clear_stale_batons,
+    known_build,
+    toolchain,
+)
+from kerneljudge.build.log import shape_log
+from kerneljudge.candidate import Candidate
+from kerneljudge.candidate.policy import requires_custom_kernel, static_issues, static_reason
+from kerneljudge.check.memory import check_budget, reply_limit
+from kerneljudge.check.reference import first_line
+from kerneljudge.check.trials import Trials, run_trials
+from kerneljudge.device import build_arch, describe_device, resolve_device
+from kerneljudge.errors import WorkerError
+from kerneljudge.judge.config import JudgeConfig
+from kerneljudge.judge.outcome import (
+    CANDIDATE_FAILURES,
+    Decided,
+    Stopwatch,
+    VerdictWriter,
+    build_failure,
+    versions,
+)
+from kerneljudge.judge.reference_side import Prepared, ReferenceSide, derive_seed
+from kerneljudge.problem import Problem
+from kerneljudge.timing.stage import time_candidate
+from kerneljudge.verdict import (
+    BuildResult,
+    CompilerMessage,
+    DeviceInfo,
+    Status,
+    TrialResult,
+    Verdict,
+)
+from kerneljudge.worker import CandidateFault, WorkerPool, WorkerProcess
+from kerneljudge.worker.confine import layers as confinement_layers
+
+__all__ = ["Judge", "judge"]
+
+
+class Judge:
+    """Judges candidates for one problem; holds its workers and build cache between calls.
+
+    Use as a context manager (or call :meth:`close`) so that worker processes end.
+
+    Args:
+        problem: a :class:`Problem`, a bundled problem name, or a path.
+        config: how to judge.
+
+    Attributes:
+        reference: the reference's side of its verdicts (sessions, the pending preparation).
+
+    Raises:
+        ProblemError: the problem cannot be loaded.
+    """
+
+    def __init__(self, problem: Problem | str | Path, config: JudgeConfig | None = None) -> None:
+        self.problem = problem if isinstance(problem, Problem) else Problem.load(problem)
+        self.config = config or JudgeConfig()
+        self.cache = BuildCache(self.config.cache_dir)
+        weight_seed = self.config.seed if self.config.seed is not None else secrets.randbits(62)
+        self.reference = ReferenceSide(self.problem, weight_seed, self.config.threads)
+        self._pools: dict[str, WorkerPool] = {}
+        self._devices: dict[str, DeviceInfo] = {}
+        #: A lock held by everything that runs on the judging device and is shared with other
+        #: judges on it (see :class:`kerneljudge.env.KernelEnv`); work this judge does ahead
+        #: of need takes it first. None: this judge has the device to itself.
+        self.device_lock: Any = None
+        #: Called with a short line at the start of each long stage of :meth:`evaluate`
+        #: (``"building x.py (cpp)"``, ``"trial 2/5"``, ``"timing"``); None: nothing is said.
+        self.progress: Callable[[str], None] | None = None
+
+    # ------------------------------------------------------------------ resources
+    def __enter__(self) -> Judge:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """End every worker this judge started."""
+        self.reference.close()
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()
+
+    def _pool(self, device: str) -> WorkerPool:
+        if self.reference.closed:
+            raise WorkerError("the judge was closed")
+        if device not in self._pools:
+            home = toolchain.cuda_home()
+            env = {"CUDA_HOME": home} if home else {}
+            # Two ahead on a GPU: a worker needs seconds to import torch and create its context,
+            # is stopped while a verdict is timed, and an agent's calls can come back to back.
+            size = 2 if device.startswith("cuda") else 1
+            self._pools[device] = WorkerPool(
+                device,
+                env,
+                size=size,
+                threads=self.config.threads,
+                record_ops=requires_custom_kernel(self.problem.policy),
+                writable=(str(self.cache.root / "builds"),),
+            )
+        return self._pools[device]
+
+    def device_info(self, device: str) -> DeviceInfo:
+        if device not in self._devices:
+            self._devices[device] = describe_device(device)
+        return self._devices[device]
+
+    def arch_for(self, device: str | None) -> str:
+        """The CUDA arch candidates are built for (see :func:`kerneljudge.device.build_arch`)."""
+        return build_arch(device)
+
+    @contextlib.contextmanager
+    def configured(self, **changes: Any) -> Any:
+        """Judge with some :class:`JudgeConfig` fields changed inside a ``with`` block.
+
+        Meant for per-call knobs (``trials``, ``shape_sets``, ``timing``, ``baselines``,
+        ``timing_config``, ``seed`` of the inputs); the workers, build cache and weights stay.
+        Not thread-safe, like the judge itself.
+
+        Raises:
+            TypeError: a name that is not a :class:`JudgeConfig` field.
+            ConfigError: a value out of its field's range.
+        """
+        saved = self.config
+        self.config = dataclasses.replace(saved, **changes)
+        try:
+            yield self
+        finally:
+            self.config = saved
+
+    # ------------------------------------------------------------------ stages
+    def build(self, candidate: Candidate | str | Path, device: str | None = None) -> BuildResult:
+        """Build (or fetch from the cache) without running anything.
+
+        Raises:
+            CandidateError: a candidate path that cannot be read.
+        """
+        cand = _as_candidate(candidate)
+        return build(
+            cand,
+            cache=self.cache,
+            arch=self.arch_for(device),
+            timeout_s=self.config.build_timeout_s,
+        )
+
+    def evaluate(self, candidate: Candidate | str | Path, *, seed: int | None = None) -> Verdict:
+        """Judge one candidate: build, correctness trials, and (when correct) timing.
+
+        Args:
+            candidate: a :class:`Candidate`, or a path to a candidate file.
+            seed: the run seed for this evaluation's inputs (None: a fresh secret one).
+
+        Returns:
+            The :class:`Verdict`; every failure of the candidate is a status in it.
+
+        Raises:
+            CandidateError: the candidate file cannot be read.
+            DeviceError: the candidate needs a GPU and none is visible.
+            ProblemError: the reference failed before the candidate ran (it fails on its own).
+            WorkerError: another harness failure.
+        """
+        cand = _as_candidate(candidate)
+        device = resolve_device(self.config.device, cand.needs_gpu)
+        verdict = self._judge(cand, device, seed)
+        if self.reference.pending is None:  # this verdict used its preparation: start the next
+            self.reference.prepare_ahead(self.config, device, self.device_lock)
+        return verdict
+
+    def _judge(self, cand: Candidate, device: str, seed: int | None) -> Verdict:
+        """:meth:`evaluate` of one candidate on one device."""
+        clock = Stopwatch()
+        pool = self._pool(device)
+        pool.prestart()  # the worker starts while the build runs
+        run_seed, secret, reused = self.reference.claim(self.config, device, seed)
+        out = self._writer(cand, device, clock)
+        try:
+            self._check_source(cand)
+            result, worker = self._build_stage(cand, device, (run_seed, secret, reused), clock)
+        except Decided as early:
+            return out.decided(early)
+        done: list[TrialResult] = []  # the trials so far, for the verdict of a failure
+        with contextlib.ExitStack() as running:
+            running.callback(worker.close)
+            try:
+                prepared = self._reference_stage(worker, device, run_seed, clock)
+                # The pool's workers (this one's replacement is starting up) wait, stopped,
+                # until the verdict ends: beside a starting worker, a trial of a 0.01 s
+                # candidate took 0.12 s on a 2-core machine
+                # (docs/benchmarks/2026-11-30-cpu-verdict-stages.md).
+                running.enter_context(pool.paused())
+                self._load_stage(worker, cand, result, device, clock)
+                trials = self._trials_stage(worker, device, prepared, result, done, clock)
+                return self._timing_stage(out, worker, device, prepared, trials, result, clock)
+            except Decided as early:
+                return out.decided(early)
+            except CANDIDATE_FAILURES as exc:
+                rule = (self.config.tolerance, *self._tolerances())
+                return out.failure(exc, result, worker, done, rule)
+
+    def _writer(self, cand: Candidate, device: str, clock: Stopwatch) -> VerdictWriter:
+        """The writer of ``cand``'s verdict on ``device``, with the fields known at the start."""
+        return VerdictWriter(
+            clock,
+            problem=self.problem.name,
+            candidate_sha256=cand.sha256,
+            backend=cand.backend,
+            device=self.device_info(device),
+            versions=versions(),
+            started_at=clock.started_at,
+            confinement=confinement_layers("candidate"),
+        )
+
+    def _check_source(self, cand: Candidate) -> None:
+        """Reject, before any build, source that breaks the problem's custom-kernel policy."""
+        policy = self.problem.policy
+        if requires_custom_kernel(policy) and not cand.static_issues():
+            issues = static_issues(cand.source, cand.backend, policy)
+            if issues:
+                raise Decided(Status.REJECTED, static_reason(issues[0]))
+
+    def _build_stage(
+        self, cand: Candidate, device: str, claim: tuple[int, bool, bool], clock: Stopwatch
+    ) -> tuple[BuildResult, WorkerProcess]:
+        """Build (the reference's work starts beside it) and take a candidate worker.
+
+        Raises:
+            Decided: the build failed.
+        """
+        run_seed, secret, reused = claim
+        # The reference's work starts beside the build, unless the build is known to have
+        # failed already (then the verdict is immediate and leaves nothing running).
+        result = known_build(cand, cache=self.cache, arch=self.arch_for(device))
+        started_here = not reused and (result is None or result.ok)
+        if started_here:
+            self.reference.begin(self.config, device, run_seed, secret)
+        try:
+            if result is None or result.cached:  # (a syntax error is known before any build)
+                self._say("build cached" if result else f"building {cand.name} ({cand.backend})")
+            result = result or self.build(cand, device)
+            clock.lap("build")
+            if result.ok:
+                self._say("starting the candidate's worker")
+            worker = self._pool(device).take() if result.ok else None
+            clock.lap("worker")
+        except BaseException:
+            if started_here:
+                self.reference.finish_alone(self.device_lock)
+            raise
+        if worker is None:
+            if started_here:
+                self.reference.finish_alone(self.device_lock)
+            raise build_failure(result)
+        return result, worker
+
+    def _reference_stage(
+        self, worker: WorkerProcess, device: str, run_seed: int, clock: Stopwatch
+    ) -> Prepared:
+        """The reference's trials (waited for), checked against the memory budget; the
+        worker's reply limit follows from it. Before any of the candidate's code runs, so a
+        reference failure so far is not its.
+
+        Raises:
+            ProblemError: the reference fails on its own, or the trials do not fit the budget.
+        """
+        self._say("preparing the reference")
+        prepared = self.reference.take(self.config, device, run_seed)
+        budget = check_budget(
+            [held for runs in prepared.values() for held in runs],
+            self.config.memory_budget_mib << 20,
+            self.problem.name,
+        )
+        # A reply larger than the judge can relay ends the worker, unread.
+        worker.reply_limit_bytes = reply_limit(budget)
+        clock.lap("reference")
+        return prepared
+
+    def _load_stage(
+        self,
+        worker: WorkerProcess,
+        cand: Candidate,
+        result: BuildResult,
+        device: str,
+        clock: Stopwatch,
+    ) -> None:
+        """Import the candidate in its worker.
+
+        Raises:
+            Decided: the import of an import-only backend failed (a compile error).
+        """
+        self._say("loading the candidate")
+        failed_import = self._load(worker, cand, result, device)
+        clock.lap("load")
+        if failed_import is not None:
+            first = failed_import.messages[0]
+            where = f"line {first.candidate_line}: " if first.candidate_line else ""
+            raise Decided(Status.COMPILE_ERROR, where + first.message, build=failed_import)
+
+    def _trials_stage(
+        self,
+        worker: WorkerProcess,
+        device: str,
+        prepared: Prepared,
+        result: BuildResult,
+        done: list[TrialResult],
+        clock: Stopwatch,
+    ) -> Trials:
+        """The correctness trials (:func:`kerneljudge.check.trials.run_trials`).
+
+        Raises:
+            Decided: a trial failed (``incorrect``).
+        """
+        atol, rtol = self._tolerances()
+        trials = run_trials(
+            worker,
+            prepared,
+            functools.partial(self.reference.session, device),
+            timeout_s=self.config.run_timeout_s,
+            atol=atol,
+            rtol=rtol,
+            mode=self.config.tolerance,
+            policy=self.problem.policy,
+            kept_set=list(prepared)[-1] if self.config.timing else None,
+            done=done,
+            say=self._say,
+        )
+        clock.lap("trials")
+        if not trials.check.passed:
+            raise Decided(Status.INCORRECT, trials.failure(), build=result, check=trials.check)
+        return trials
+
+    def _timing_stage(
+        self,
+        out: VerdictWriter,
+        worker: WorkerProcess,
+        device: str,
+        prepared: Prepared,
+        trials: Trials,
+        result: BuildResult,
+        clock: Stopwatch,
+    ) -> Verdict:
+        """The verdict of a correct candidate: timed against the baselines on the timed (last)
+        shape set's trials (:func:`kerneljudge.timing.stage.time_candidate`) unless timing is
+        off."""
+        if not self.config.timing:
+            return out.write(Status.CORRECT, "", build=result, check=trials.check)
+        timed_set = list(prepared)[-1]
+        self._say("timing")
+        atol, rtol = self._tolerances()
+        timing, status, note = time_candidate(
+            self.config,
+            self.device_info(device),
+            worker,
+            trials.sessions[timed_set],
+            prepared[timed_set],
+            atol,
+            rtol,
+        )
+        clock.lap("timing")
+        return out.write(status, note, build=result, check=trials.check, timing=timing)
+
+    def _say(self, line: str) -> None:
+        if self.progress is not None:
+            self.progress(line)
+
+    def profile(
+        self, candidate: Candidate | str | Path, *, calls: int = 5, seed: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Profile the candidate's forward with torch.profiler, on the timed shape set's inputs.
+
+        The candidate is built (a cache hit after :meth:`evaluate`), loaded in a fresh worker
+        with the reference's weights, run once, then ``calls`` times under the profiler. On CUDA
+        the rows are GPU kernels and copies; on the CPU, operators by self time, the forward's
+        own Python and extension code being ``ModelNew.forward``.
+
+        Returns:
+            Rows ``{"name", "device_time_ms", "calls", "share"}``, largest first: time per
+            forward call (ms), runs per forward call, fraction of the profiled time. Empty when
+            the candidate does not build or import.
+
+        Raises:
+            CandidateFault, WorkerDied, WorkerTimeout: the candidate failed while profiled.
+            WorkerError: the profiler itself failed.
+            DeviceError: the candidate needs a GPU and none is visible.
+        """
+        cand = _as_candidate(candidate)
+        device = resolve_device(self.config.device, cand.needs_gpu)
+        result = self.build(cand, device)
+        if not result.ok:
+            return []
+        shape_set = self.config.ordered_shape_sets()[-1]
+        self.reference.settle()
+        ref = self.reference.session(device, shape_set)
+        run_seed = seed if seed is not None else secrets.randbits(62)
+        worker = self._pool(device).take()
+        try:
+            if self._load(worker, cand, result, device) is not None:
+                return []
+            timeout = self.config.run_timeout_s
+            worker.request("setup", timeout, init_inputs=ref.init_inputs, state_dict=ref.state_dict)
+            inputs = ref.problem.make_inputs(derive_seed(run_seed, shape_set, "profile"))
+            worker.request("run", timeout, inputs=inputs)
+            return list(worker.request("profile", timeout, calls=calls)["rows"])
+        finally:
+            worker.close()
+
+    def _load(
+        self, worker: WorkerProcess, cand: Candidate, result: BuildResult, device: str
+    ) -> BuildResult | None:
+        """Import the built candidate in its worker.
+
+        Returns None on success. For backends whose build *is* the import (``torch``,
+        ``triton``) an import failure is a compile error: the failed :class:`BuildResult` is
+        returned. For compiled backends it is a runtime error (the fault propagates).
+        """
+        entry = self.cache.entry(result.cache_key)
+        clear_stale_batons(self.cache, result.cache_key)
+        try:
+            worker.request(
+                "load_candidate",
+                self.config.run_timeout_s,
+                path=str(entry / "candidate.py"),
+                env=toolchain.build_environment(self.arch_for(device), entry / "ext"),
+            )
+        except CandidateFault as exc:
+            if cand.backend not in IMPORT_ONLY_BACKENDS or exc.status == "rejected":
+                raise
+            text = str(exc).removeprefix("importing the candidate failed: ")
+            msg = CompilerMessage(
+                cand.name, exc.lineno, None, "error", first_line(text), exc.lineno
+            )
+            log = shape_log([msg], text, cand.source, cand.name)
+            return dataclasses.replace(result, ok=False, messages=(msg,), log=log)
+        return None
+
+    def _tolerances(self) -> tuple[float, float]:
+        atol, rtol = self.problem.tolerance
+        return (
+            self.config.atol if self.config.atol is not None else atol,
+            self.config.rtol if self.config.rtol is not None else rtol,
+        )
+
+
+def _as_candidate(candidate: Candidate | str | Path) -> Candidate:
+    return candidate if isinstance(candidate, Candidate) else Candidate.from_file(candidate)
+
+
+def judge(
+    problem: Problem | str | Path,
+    candidate: Candidate | str | Path,
+    config: JudgeConfig | None = None,
+) -> Verdict:
+    """Judge one candidate on one problem (starts and ends its own workers).
+
+    Raises:
+        ProblemError, CandidateError, DeviceError, WorkerError: see :meth:`Judge.evaluate`.
+    """
+    with Judge(problem, config) as j:
+        return j.evaluate(candidate)

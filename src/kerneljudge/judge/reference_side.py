@@ -1,0 +1,313 @@
+"""The reference's side of a verdict: its workers, and its trials prepared on a thread.
+
+The reference's part of a verdict (its worker's start, its outputs and float64 oracle on every
+trial's inputs, the ``torch.compile`` of the baseline) runs on a helper thread
+(:class:`Preparation`) while the candidate builds, so a cold verdict costs little more than its
+build; after a verdict, the next one's is prepared ahead with a fresh secret seed
+(:meth:`ReferenceSide.prepare_ahead`). :class:`ReferenceSide` holds the reference sessions
+(:class:`~kerneljudge.check.reference.ReferenceSession`, one per device and shape set) and the
+latest preparation.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import secrets
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from types import MappingProxyType
+from typing import Any
+
+from kerneljudge.check.reference import HeldTrial, ReferenceFailed, ReferenceSession
+from kerneljudge.errors import ProblemError, WorkerError
+from kerneljudge.judge.config import JudgeConfig
+from kerneljudge.problem import Problem
+
+__all__ = [
+    "Prepared",
+    "Preparation",
+    "ReferenceSide",
+    "derive_seed",
+    "preparation_key",
+    "problem_failed",
+]
+
+#: Shape set -> its trials, held in the reference worker, in the order they are checked.
+Prepared = dict[str, list[HeldTrial]]
+
+#: Limit of the reference's ``torch.compile`` (seconds; the run timeout when that is longer).
+COMPILE_TIMEOUT_S = 600.0
+
+
+class _Dropped(Exception):
+    """A preparation nobody needs any more, stopped before it started."""
+
+
+class Preparation:
+    """The reference's part of one verdict (:meth:`ReferenceSide.prepare`), on its own thread.
+
+    Preparations run one at a time, in order (each first waits for the one before it: they
+    share the reference workers). One made ahead of need waits for ``lock``, the device lock of
+    everything timed on the same device, unless whoever needs it holds that lock already
+    (:meth:`result`) or it was dropped.
+
+    Attributes:
+        key: what it depends on besides the seed (see :func:`preparation_key`).
+        run_seed: the seed of its inputs.
+        secret: the seed was drawn here, not given by the caller.
+        dropped: nobody will use the result.
+    """
+
+    def __init__(
+        self,
+        key: tuple[Any, ...],
+        run_seed: int,
+        secret: bool,
+        run: Callable[[], Prepared],
+        after: Preparation | None,
+        lock: Any = None,
+    ) -> None:
+        self.key, self.run_seed, self.secret = key, run_seed, secret
+        self.dropped = False
+        self._future: Future[Prepared] = Future()
+        self._lock_held_by_caller = threading.Event()
+        self._thread = threading.Thread(
+            target=self._main, args=(run, after, lock), name="kerneljudge-reference", daemon=True
+        )
+        self._thread.start()
+
+    def _main(self, run: Callable[[], Prepared], after: Preparation | None, lock: Any) -> None:
+        try:
+            if after is not None:
+                after.join()
+            while lock is not None and not self._lock_held_by_caller.is_set():
+                if self.dropped:
+                    raise _Dropped
+                if lock.acquire(timeout=0.05):
+                    try:
+                        if self.dropped:
+                            raise _Dropped
+                        self._future.set_result(run())
+                        return
+                    finally:
+                        lock.release()
+            if self.dropped:
+                raise _Dropped
+            self._future.set_result(run())
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever asks for the result
+            self._future.set_exception(exc)
+
+    def result(self) -> Prepared:
+        """Wait for the result (the caller holds the device lock, if there is one).
+
+        Raises:
+            ReferenceFailed, WorkerError: as :meth:`ReferenceSide.prepare`.
+        """
+        self._lock_held_by_caller.set()
+        return self._future.result()
+
+    def done(self) -> bool:
+        """Whether it has finished (with a result or an error)."""
+        return self._future.done()
+
+    def exception(self) -> BaseException | None:
+        """Its error once finished (None: it succeeded); waits until it has finished."""
+        return self._future.exception()
+
+    def drop(self) -> None:
+        """Nobody will use the result: skip the work if it has not started."""
+        self.dropped = True
+        self._lock_held_by_caller.set()
+
+    def join(self) -> None:
+        self._thread.join()
+
+
+def preparation_key(config: JudgeConfig, device: str) -> tuple[Any, ...]:
+    """What a reference preparation depends on, besides its run seed."""
+    return (
+        device,
+        config.trials,
+        config.shape_sets,
+        config.tolerance,
+        config.timing and "compile" in config.baselines,
+        config.run_timeout_s,
+    )
+
+
+def derive_seed(seed: int, *parts: object) -> int:
+    """A 63-bit seed derived from ``seed`` and ``parts`` (SHA-256 of their text)."""
+    digest = hashlib.sha256(":".join(map(str, (seed, *parts))).encode()).digest()
+    return int.from_bytes(digest[:8], "big") & ((1 << 63) - 1)
+
+
+def problem_failed(exc: ReferenceFailed) -> ProblemError:
+    """A reference that failed before it ever ran to the end: the problem's own error."""
+    return ProblemError(f"{exc} (before the candidate ran: the problem itself fails)")
+
+
+class ReferenceSide:
+    """The reference sessions of one judge and the latest preparation of a verdict's trials.
+
+    Not thread-safe beyond what its preparation thread needs, like the judge.
+
+    Args:
+        problem: the problem whose reference runs.
+        weight_seed: the seed of the weights both models get.
+        threads: torch threads in the reference workers (0: torch's default).
+    """
+
+    def __init__(self, problem: Problem, weight_seed: int, threads: int) -> None:
+        self.problem, self.weight_seed, self.threads = problem, weight_seed, threads
+        #: The latest preparation; while one runs, the reference sessions are its.
+        self.pending: Preparation | None = None
+        self.closed = False
+        self._sessions: dict[tuple[str, str], ReferenceSession] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def sessions(self) -> Mapping[tuple[str, str], ReferenceSession]:
+        """The live sessions by ``(device, shape set)`` (a read-only view)."""
+        return MappingProxyType(self._sessions)
+
+    def session(self, device: str, shape_set: str) -> ReferenceSession:
+        """The reference session of ``shape_set`` on ``device``, started if there is none (a
+        failed one is replaced, never reused).
+
+        Raises:
+            WorkerError: the judge was closed.
+        """
+        key = (device, shape_set)
+        with self._lock:
+            if self.closed:
+                raise WorkerError("the judge was closed")
+            if key in self._sessions and self._sessions[key].failed:
+                self._sessions.pop(key).close()
+            if key not in self._sessions:
+                self._sessions[key] = ReferenceSession(
+                    self.problem, shape_set, device, self.weight_seed, self.threads
+                )
+            return self._sessions[key]
+
+    def claim(self, config: JudgeConfig, device: str, seed: int | None) -> tuple[int, bool, bool]:
+        """The run seed of a verdict: ``(run_seed, secret, reused)``; ``reused``: the pending
+        preparation (made ahead with a fresh secret seed, same key) is this verdict's. Any
+        other pending one is dropped. A given seed (``seed``, else ``config.seed``) is never
+        served by a secret preparation."""
+        ahead = self.pending
+        secret = seed is None and config.seed is None
+        if (
+            secret
+            and ahead is not None
+            and ahead.secret
+            and not ahead.dropped
+            and ahead.key == preparation_key(config, device)
+        ):
+            return ahead.run_seed, True, True
+        if ahead is not None:
+            ahead.drop()
+        if seed is None:
+            seed = config.seed if config.seed is not None else secrets.randbits(62)
+        return seed, secret, False
+
+    def begin(
+        self, config: JudgeConfig, device: str, run_seed: int, secret: bool, lock: Any = None
+    ) -> Preparation:
+        """Start preparing a verdict's reference work (after the pending one) and make it the
+        pending one; ``lock``: the device lock it waits for (None: none)."""
+        run = functools.partial(self.prepare, config, device, run_seed)
+        key = preparation_key(config, device)
+        self.pending = Preparation(key, run_seed, secret, run, after=self.pending, lock=lock)
+        return self.pending
+
+    def prepare_ahead(self, config: JudgeConfig, device: str, lock: Any) -> None:
+        """Prepare the reference for the next verdict now, with a fresh secret run seed, while
+        nothing is timed (an agent's next call comes seconds later); :meth:`claim` gives it to
+        the next verdict when its configuration and device match and no seed is asked for."""
+        if config.seed is None and not self.closed:
+            self.begin(config, device, secrets.randbits(62), True, lock=lock)
+
+    def settle(self) -> None:
+        """Drop the pending preparation and wait until none runs."""
+        prep, self.pending = self.pending, None
+        if prep is not None:
+            prep.drop()
+            prep.join()
+
+    def finish_alone(self, device_lock: Any) -> None:
+        """A verdict ends before the reference work it started: where the device is shared
+        (``device_lock`` not None, held by the caller), that work must not go on after the
+        caller lets the lock go, so it is waited for here. It stays usable by the next verdict:
+        no candidate saw its inputs."""
+        if device_lock is not None and self.pending is not None:
+            self.pending.join()
+
+    def take(self, config: JudgeConfig, device: str, run_seed: int) -> Prepared:
+        """The pending preparation's result; prepared again once, with new reference workers,
+        if a reference that had worked failed meanwhile. Called before the candidate's code
+        runs, so such a failure is never this candidate's.
+
+        Raises:
+            ProblemError: the reference fails on its own.
+            WorkerError: a reference worker failed otherwise, or the judge was closed.
+        """
+        prep, self.pending = self.pending, None
+        assert prep is not None
+        try:
+            return prep.result()
+        except ReferenceFailed as exc:
+            if not exc.had_answered:
+                raise problem_failed(exc) from None
+        try:
+            return self.prepare(config, device, run_seed)
+        except ReferenceFailed as exc:  # fresh reference workers: the problem fails on its own
+            raise problem_failed(exc) from None
+
+    def prepare(self, config: JudgeConfig, device: str, run_seed: int) -> Prepared:
+        """The reference's part of one verdict (runs on the preparation thread).
+
+        For each shape set (the timed one last): the trials, run by the reference and held in
+        its worker (inputs, outputs, float64 oracle outputs; :meth:`ReferenceSession.run_trial`)
+        with its reply on them (input effects, layouts); then the ``torch.compile`` baseline is
+        compiled if it will be timed.
+
+        Raises:
+            ReferenceFailed: the reference failed.
+        """
+        prepared: Prepared = {}
+        sets = config.ordered_shape_sets()
+        for shape_set in sets:
+            ref = self.session(device, shape_set)
+            ref.forget(config.run_timeout_s)  # what an earlier verdict left there
+            prepared[shape_set] = [
+                ref.run_trial(
+                    i,
+                    derive_seed(run_seed, shape_set, i),
+                    config.run_timeout_s,
+                    oracle=config.tolerance == "oracle",
+                )
+                for i in range(config.trials)
+            ]
+        if config.timing and "compile" in config.baselines:
+            self.session(device, sets[-1]).ensure_compiled(
+                max(config.run_timeout_s, COMPILE_TIMEOUT_S), (), config.run_timeout_s
+            )
+        return prepared
+
+    def close(self) -> None:
+        """Stop: no session starts after this, a running preparation fails at once (its
+        workers are killed) and is waited for, and every session ends."""
+        with self._lock:
+            self.closed = True
+        if self.pending is not None:
+            self.pending.drop()
+        with self._lock:
+            running = list(self._sessions.values())
+        for ref in running:
+            ref.kill()
+        self.settle()
+        for ref in list(self._sessions.values()):
+            ref.close()
+        self._sessions.clear()
