@@ -13,7 +13,6 @@ Run:  PYTHONPATH=src python3 benchmarks/verdict_stages.py [--problems a,b] [--ve
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import statistics
 import threading
@@ -36,7 +35,8 @@ def _record(key: tuple[str, str], seconds: float) -> None:
 
 
 def _instrument() -> None:
-    """Wrap worker requests and the supervisor's output comparison with a clock."""
+    """Wrap worker requests with a clock (the comparisons are the reference worker's
+    ``compare`` requests)."""
     request = process.WorkerProcess.request
 
     def timed_request(self, op, timeout_s, **fields):  # type: ignore[no-untyped-def]
@@ -47,20 +47,6 @@ def _instrument() -> None:
             _record((self.role, op), time.perf_counter() - t0)
 
     process.WorkerProcess.request = timed_request  # type: ignore[method-assign]
-    for module_name in ("kerneljudge.judge", "kerneljudge.timing.stage"):  # trials, audits
-        module = importlib.import_module(module_name)  # (the package also has a judge())
-        module.compare_outputs = _timed_compare(module.compare_outputs)
-
-
-def _timed_compare(compare):  # type: ignore[no-untyped-def]
-    def timed(*args, **kw):  # type: ignore[no-untyped-def]
-        t0 = time.perf_counter()
-        try:
-            return compare(*args, **kw)
-        finally:
-            _record(("supervisor", "compare_outputs"), time.perf_counter() - t0)
-
-    return timed
 
 
 def main() -> None:

@@ -23,6 +23,10 @@ from kerneljudge.worker import CandidateFault, WorkerDied, WorkerProcess, Worker
 __all__ = ["HeldTrial", "ReferenceFailed", "ReferenceSession", "first_line"]
 
 
+#: Limit of the reference's ``torch.compile`` (seconds; the run timeout when that is longer).
+COMPILE_TIMEOUT_S = 600.0
+
+
 def first_line(text: str) -> str:
     """The first non-blank line of ``text``, stripped."""
     return next((ln.strip() for ln in text.splitlines() if ln.strip()), "")

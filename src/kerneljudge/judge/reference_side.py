@@ -20,7 +20,12 @@ from concurrent.futures import Future
 from types import MappingProxyType
 from typing import Any
 
-from kerneljudge.check.reference import HeldTrial, ReferenceFailed, ReferenceSession
+from kerneljudge.check.reference import (
+    COMPILE_TIMEOUT_S,
+    HeldTrial,
+    ReferenceFailed,
+    ReferenceSession,
+)
 from kerneljudge.errors import ProblemError, WorkerError
 from kerneljudge.judge.config import JudgeConfig
 from kerneljudge.problem import Problem
@@ -36,9 +41,6 @@ __all__ = [
 
 #: Shape set -> its trials, held in the reference worker, in the order they are checked.
 Prepared = dict[str, list[HeldTrial]]
-
-#: Limit of the reference's ``torch.compile`` (seconds; the run timeout when that is longer).
-COMPILE_TIMEOUT_S = 600.0
 
 
 class _Dropped(Exception):

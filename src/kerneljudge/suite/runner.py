@@ -22,6 +22,14 @@ from typing import Any
 from kerneljudge.candidate import Candidate
 from kerneljudge.errors import CandidateError, DeviceError, KernelJudgeError, ProblemError
 from kerneljudge.judge import Judge, JudgeConfig
+from kerneljudge.judge.config import (
+    DEFAULT_BUILD_TIMEOUT_S,
+    DEFAULT_DEVICE,
+    DEFAULT_RUN_TIMEOUT_S,
+    DEFAULT_SHAPE_SETS,
+    DEFAULT_TOLERANCE,
+    DEFAULT_TRIALS,
+)
 from kerneljudge.suite.layout import Pair, SuiteProblem, find_candidates, load_suite
 from kerneljudge.suite.store import ResultsStore, StoreError
 from kerneljudge.timing import TimingConfig
@@ -37,15 +45,15 @@ class SuiteOptions:
     timing budget per candidate in seconds (None: the timing protocol's default).
     """
 
-    device: str = "auto"
-    trials: int = 5
-    tolerance: str = "oracle"
+    device: str = DEFAULT_DEVICE
+    trials: int = DEFAULT_TRIALS
+    tolerance: str = DEFAULT_TOLERANCE
     timing: bool = True
-    baselines: tuple[str, ...] = ("eager",)
-    shape_sets: tuple[str, ...] = ("public",)
+    baselines: tuple[str, ...] = ("eager",)  # the metrics use the eager speedup
+    shape_sets: tuple[str, ...] = DEFAULT_SHAPE_SETS
     max_time_s: float | None = None
-    build_timeout_s: float = 300.0
-    run_timeout_s: float = 120.0
+    build_timeout_s: float = DEFAULT_BUILD_TIMEOUT_S
+    run_timeout_s: float = DEFAULT_RUN_TIMEOUT_S
     cache_dir: str | None = None
 
     @classmethod

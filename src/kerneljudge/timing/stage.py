@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from kerneljudge.check.reference import HeldTrial, ReferenceSession
+from kerneljudge.check.reference import COMPILE_TIMEOUT_S, HeldTrial, ReferenceSession
 from kerneljudge.timing import BatchLimit, TimingConfig, measure_judged, median_ci, summarise
 from kerneljudge.timing.hostload import LoadMonitor, timing_cores
 from kerneljudge.timing.roofline import FLOOR_MARGIN
@@ -241,7 +241,7 @@ def time_candidate(
     # Compiled (or replaced, when the compile fails) before pinning: the worker pinned is the
     # one that is timed.
     compiled = "compile" in cfg.baselines and ref.ensure_compiled(
-        max(cfg.run_timeout_s, 600.0), (), cfg.run_timeout_s
+        max(cfg.run_timeout_s, COMPILE_TIMEOUT_S), (), cfg.run_timeout_s
     )
     # Both workers on the same timing cores with the same intra-op thread count.
     cores, threads = timing_cores(info.kind, cfg.threads)
