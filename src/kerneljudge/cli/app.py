@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.syntax import Syntax
@@ -14,6 +14,9 @@ from rich.table import Table
 
 from kerneljudge.cli.output import StageReporter, make_console, print_table
 from kerneljudge.errors import KernelJudgeError
+
+if TYPE_CHECKING:
+    from kerneljudge.judge import JudgeConfig
 
 app = typer.Typer(
     name="kerneljudge",
@@ -95,7 +98,7 @@ def _fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-def _config(**kw: object):
+def _config(**kw: object) -> JudgeConfig:
     from kerneljudge.judge import JudgeConfig
     from kerneljudge.timing import TimingConfig
 
