@@ -49,6 +49,7 @@ test-gpu: setup
 lint: setup
 	$(PY) -m ruff check src tests benchmarks
 	$(PY) -m ruff format --check src tests benchmarks
+	$(PY) -m mypy src/kerneljudge
 
 clean:
 	rm -rf $(VENV) .pytest_cache .kerneljudge-cache

@@ -290,7 +290,7 @@ def build(
         env["CUDA_VISIBLE_DEVICES"] = ""
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_SRC_DIR, env.get("PYTHONPATH")]))
         started = time.monotonic()
-        with open(log_path, "wb") as log:
+        with open(log_path, "wb") as log_file:
             # Confined (see kerneljudge.worker.confine): the build worker and every tool it
             # starts live in their own PID namespace, which ends with the build worker, and
             # may write only inside this cache entry.
@@ -299,7 +299,7 @@ def build(
                     ["kerneljudge.worker.build", str(source_path), str(result_path)], [str(entry)]
                 ),
                 stdin=subprocess.DEVNULL,
-                stdout=log,
+                stdout=log_file,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 env=env,

@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         env.update(plan.env)
         host_out: list[bytes] = []
         device_out: list[bytes] = []
-        codes = {}
+        codes: dict[str, int] = {}
         device = threading.Thread(
             target=lambda: codes.__setitem__("device", _run(plan.device, env, device_out))
         )
@@ -208,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
         out.flush()
         if codes.get("device", 1) != 0:
             return codes.get("device", 1)
-        code = _run(plan.tail, env, tail_out := [])
+        tail_out: list[bytes] = []
+        code = _run(plan.tail, env, tail_out)
         out.write(b"".join(tail_out))
         out.flush()
         if code == 0 and depfile and not os.path.exists(depfile):

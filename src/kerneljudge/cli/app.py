@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.syntax import Syntax
@@ -22,6 +22,9 @@ from kerneljudge.judge.config import (
     DEFAULT_TOLERANCE,
     DEFAULT_TRIALS,
 )
+
+if TYPE_CHECKING:
+    from kerneljudge.judge import JudgeConfig
 
 app = typer.Typer(
     name="kerneljudge",
@@ -108,7 +111,7 @@ def _fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-def _config(**kw: object):
+def _config(**kw: object) -> JudgeConfig:
     from kerneljudge.judge import JudgeConfig
     from kerneljudge.timing import TimingConfig
 

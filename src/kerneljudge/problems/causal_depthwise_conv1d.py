@@ -43,7 +43,8 @@ class Model(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         acc = torch.promote_types(x.dtype, torch.float32)
-        w, b = self.conv.weight.to(acc), self.conv.bias.to(acc)
+        w = self.conv.weight.to(acc)
+        b = None if self.conv.bias is None else self.conv.bias.to(acc)
         y = F.conv1d(x.to(acc), w, b, padding=w.shape[-1] - 1, groups=x.shape[1])
         return F.silu(y[..., : x.shape[-1]]).to(x.dtype)  # keep the causal part
 

@@ -39,6 +39,8 @@ SHAPE_SETS = {
 class Model(nn.Module):
     """positions (T,) int64, query (T, Hq, D), key (T, Hkv, D) bf16 -> (query', key') bf16."""
 
+    cos_sin_cache: torch.Tensor  # (P, D) fp32, a buffer: cos in the first half, sin in the second
+
     def __init__(self, head_dim: int, max_position: int, rope_theta: float):
         super().__init__()
         inv_freq = rope_theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)

@@ -228,7 +228,9 @@ def suite_run(
 
 
 @results_app.command("runs")
-def results_runs(store: StoreOpt = None, json_out: Annotated[bool, typer.Option("--json")] = False):
+def results_runs(
+    store: StoreOpt = None, json_out: Annotated[bool, typer.Option("--json")] = False
+) -> None:
     """List the runs in the store."""
     try:
         with _open(store) as db:

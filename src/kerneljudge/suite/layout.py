@@ -74,12 +74,17 @@ class Pair:
 
 def _literal(tree: ast.Module, name: str) -> object:
     for node in tree.body:
-        targets = node.targets if isinstance(node, ast.Assign) else []
-        if isinstance(node, ast.AnnAssign):
-            targets = [node.target]
+        targets: list[ast.expr] = []
+        value: ast.expr | None = None
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign):
+            targets, value = [node.target], node.value
         if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            if value is None:  # an annotation without a value
+                return None
             try:
-                return ast.literal_eval(node.value)  # type: ignore[arg-type]
+                return ast.literal_eval(value)
             except (ValueError, TypeError, SyntaxError):
                 return None
     return None

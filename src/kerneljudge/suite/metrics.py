@@ -233,7 +233,7 @@ def _group(
         fast_p=tuple(fast),
         pass_at_k={k: v for k, (v, _) in estimates.items()},
         problems_at_k={k: used for k, (_, used) in estimates.items()},
-        geomean_speedup=geomean(timed),  # type: ignore[arg-type]
+        geomean_speedup=geomean(timed),
         timed_correct=len(timed),
     )
 

@@ -114,12 +114,12 @@ class StoredVerdict:
         return out
 
     def as_sample(self) -> Sample:
-        ci = (self.speedup_lo, self.speedup_hi)
+        lo, hi = self.speedup_lo, self.speedup_hi
         return Sample(
             problem=self.problem,
             correct=self.status == "correct",
             speedup=self.speedup,
-            ci95=ci if None not in ci else None,  # type: ignore[arg-type]
+            ci95=(lo, hi) if lo is not None and hi is not None else None,
             level=self.level,
             tags=self.tags,
         )
@@ -294,7 +294,12 @@ class ResultsStore:
         for row in self._db.execute(sql, args):
             out.append(
                 RunInfo(
-                    *row[:6],
+                    run_id=row[0],
+                    created_at=row[1],
+                    updated_at=row[2],
+                    state=row[3],
+                    owner=row[4],
+                    model=row[5],
                     sampling=json.loads(row[6]),
                     metadata=json.loads(row[7]),
                     spec=json.loads(row[8]),
@@ -387,7 +392,10 @@ class ResultsStore:
         )
         for row in rows:
             yield StoredVerdict(
-                *row[:4],
+                id=row[0],
+                run_id=row[1],
+                problem=row[2],
+                level=row[3],
                 tags=tuple(json.loads(row[4])),
                 sample=row[5],
                 candidate_path=row[6],

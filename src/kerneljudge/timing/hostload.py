@@ -152,16 +152,23 @@ class Readings:
     run_delay_ns: int | None = None
 
     def __add__(self, other: Readings) -> Readings:
-        def add(a, b):  # type: ignore[no-untyped-def]
+        def add(a: int | None, b: int | None) -> int | None:
             if a is None or b is None:
                 return a if b is None else b
-            return tuple(x + y for x, y in zip(a, b)) if isinstance(a, tuple) else a + b
+            return a + b
+
+        def add_ticks(
+            a: tuple[int, int, int] | None, b: tuple[int, int, int] | None
+        ) -> tuple[int, int, int] | None:
+            if a is None or b is None:
+                return a if b is None else b
+            return (a[0] + b[0], a[1] + b[1], a[2] + b[2])
 
         return Readings(
             self.seconds + other.seconds,
             self.runnable + other.runnable,
             add(self.pressure_us, other.pressure_us),
-            add(self.ticks, other.ticks),
+            add_ticks(self.ticks, other.ticks),
             add(self.preemptions, other.preemptions),
             add(self.run_delay_ns, other.run_delay_ns),
         )
@@ -207,11 +214,8 @@ class LoadMonitor:
         both = [k for k in tasks if k in self._tasks]
         switches = sum(tasks[k][0] - self._tasks[k][0] for k in both)
         delays = [(tasks[k][1], self._tasks[k][1]) for k in both]
-        delay = (
-            sum(a - b for a, b in delays)  # type: ignore[operator]
-            if delays and all(a is not None and b is not None for a, b in delays)
-            else None
-        )
+        known = [(a, b) for a, b in delays if a is not None and b is not None]
+        delay = sum(a - b for a, b in known) if delays and len(known) == len(delays) else None
         return Readings(
             seconds=seconds,
             runnable=list(self._runnable),
@@ -221,7 +225,7 @@ class LoadMonitor:
                 else None
             ),
             ticks=(
-                tuple(a - b for a, b in zip(ticks, self._ticks))  # type: ignore[arg-type]
+                (ticks[0] - self._ticks[0], ticks[1] - self._ticks[1], ticks[2] - self._ticks[2])
                 if ticks is not None and self._ticks is not None
                 else None
             ),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -404,7 +405,7 @@ def _precision(dtype: torch.dtype | str) -> str:
         raise ValueError(f"unknown dtype for the roofline: {dtype!r}") from None
 
 
-def _best_time_s(fn, repeats: int) -> float:
+def _best_time_s(fn: Callable[[], object], repeats: int) -> float:
     fn()  # warm-up: page faults, thread pool start
     best = float("inf")
     for _ in range(repeats):

@@ -9,6 +9,7 @@ itself runs inside the workers (:mod:`kerneljudge.worker.measure`).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -76,7 +77,7 @@ def _observed(obs: BatchObservation) -> tuple[tuple[float, ...], tuple[float, ..
     gaps = tuple(
         (
             (calls[i].commit_ns - calls[i].end_ns)  # type: ignore[operator]
-            + calls[i + 1].start_ns  # type: ignore[operator]
+            + calls[i + 1].start_ns
             - max(calls[i].commit_ns, calls[i].next_seed_ns)  # type: ignore[type-var]
         )
         / 1e6
@@ -308,7 +309,7 @@ def time_candidate(
     return timing, Status.CORRECT, ""
 
 
-def _batch_limited(request):  # type: ignore[no-untyped-def]
+def _batch_limited(request: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
     """``request`` with the limit of each ``time`` request scaled to the calls it asks for by a
     :class:`~kerneljudge.timing.BatchLimit` of its own (the limit the caller gives is the
     floor); other requests pass through."""

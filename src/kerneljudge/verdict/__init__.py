@@ -422,7 +422,7 @@ def _from_jsonable(tp: Any, value: Any) -> Any:
         return _from_jsonable(args[0], value) if len(args) == 1 else value
     if isinstance(tp, type) and issubclass(tp, Enum):
         return tp(value)
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         hints = typing.get_type_hints(tp)
         kwargs = {
             f.name: _from_jsonable(hints[f.name], value[f.name])
@@ -431,10 +431,10 @@ def _from_jsonable(tp: Any, value: Any) -> Any:
         }
         return tp(**kwargs)
     if origin is tuple:
-        args = typing.get_args(tp)
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_from_jsonable(args[0], v) for v in value)
-        return tuple(_from_jsonable(a, v) for a, v in zip(args, value))
+        items = typing.get_args(tp)
+        if len(items) == 2 and items[1] is Ellipsis:
+            return tuple(_from_jsonable(items[0], v) for v in value)
+        return tuple(_from_jsonable(a, v) for a, v in zip(items, value))
     if origin is dict:
         return dict(value)
     return value

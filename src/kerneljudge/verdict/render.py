@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -91,7 +91,7 @@ def render_verdict(v: Verdict, console: Console | None = None) -> None:
                 ("  (cached)" if b.cached else ""),
             )
         )
-    parts: list[object] = [Text("\n").join(lines)]
+    parts: list[RenderableType] = [Text("\n").join(lines)]
     if v.build and not v.build.ok and v.build.log:
         # The shaped log starts with the errors at the candidate's lines: show its start.
         log = _head(v.build.log, 3000)
@@ -132,8 +132,8 @@ def render_verdict(v: Verdict, console: Console | None = None) -> None:
             mm = Table(title=f"first mismatches (trial {bad.index})")
             for col in ("index", "expected", "got"):
                 mm.add_column(col, justify="right")
-            for m in bad.mismatches:
-                mm.add_row(str(m.index), f"{m.expected:.6g}", f"{m.got:.6g}")
+            for bad_at in bad.mismatches:
+                mm.add_row(str(bad_at.index), f"{bad_at.expected:.6g}", f"{bad_at.got:.6g}")
             parts.append(mm)
     if v.timing:
         tm = v.timing
@@ -184,12 +184,12 @@ def render_verdict(v: Verdict, console: Console | None = None) -> None:
     if not console.is_terminal:
         _print_plain(console, [title, *parts])
         return
-    console.print(Panel(parts[0], title=title, expand=False))  # type: ignore[arg-type]
+    console.print(Panel(parts[0], title=title, expand=False))
     for part in parts[1:]:
         console.print(part)
 
 
-def _print_plain(console: Console, parts: list[object]) -> None:
+def _print_plain(console: Console, parts: list[RenderableType]) -> None:
     """Texts, tables and panels as plain lines (a panel: its title in a rule, then its text)."""
     for part in parts:
         if isinstance(part, Table):

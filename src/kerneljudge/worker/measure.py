@@ -304,7 +304,7 @@ def time_calls(
             seed = link.seed(i) if link is not None else _randbits(62)
         args = perturb(input_sets[k], nudgeable[k], seed, roll)
         with torch.no_grad():
-            if cuda:
+            if start_ev is not None and end_ev is not None and stream is not None:  # CUDA
                 if flush is not None:
                     flush.fill_(i & 0xFF)
                 _synchronize()

@@ -137,7 +137,12 @@ class Channel:
         self._fill(buf, filled, deadline)
         self._partial, self._length = None, None
         try:
-            message = torch.load(_Reader(buf), weights_only=True, map_location="cpu")
+            # torch.load reads any seekable binary file object; its FileLike names IO[bytes] only.
+            message = torch.load(
+                _Reader(buf),  # type: ignore[arg-type]
+                weights_only=True,
+                map_location="cpu",
+            )
         except Exception as exc:  # any unpickling failure means a corrupt or forged stream
             raise ChannelClosed(f"unreadable message: {type(exc).__name__}: {exc}") from None
         finally:

@@ -157,9 +157,10 @@ class BatchObservation:
         if self.junk or len(self.calls) != total:
             return False
         for rec in self.calls.values():
-            if rec.duplicate or None in (rec.start_ns, rec.end_ns, rec.commit_ns):
+            start, end, commit = rec.start_ns, rec.end_ns, rec.commit_ns
+            if rec.duplicate or start is None or end is None or commit is None:
                 return False
-            if not rec.start_ns <= rec.end_ns <= rec.commit_ns:  # type: ignore[operator]
+            if not start <= end <= commit:
                 return False
         return True
 

@@ -164,11 +164,12 @@ def compare_problem(a: StoredVerdict | None, b: StoredVerdict | None) -> str:
     ok_b = b is not None and b.status == "correct"
     if ok_a and ok_b:
         assert a is not None and b is not None
-        if None in (a.speedup_lo, a.speedup_hi, b.speedup_lo, b.speedup_hi):
+        a_lo, a_hi, b_lo, b_hi = a.speedup_lo, a.speedup_hi, b.speedup_lo, b.speedup_hi
+        if a_lo is None or a_hi is None or b_lo is None or b_hi is None:
             return "both correct, not timed"
-        if b.speedup_lo > a.speedup_hi:  # type: ignore[operator]
+        if b_lo > a_hi:
             return "b faster"
-        if a.speedup_lo > b.speedup_hi:  # type: ignore[operator]
+        if a_lo > b_hi:
             return "a faster"
         return "tie"
     if ok_a:

@@ -23,6 +23,7 @@ from kerneljudge.suite.htmlreport.markup import (
 from kerneljudge.suite.htmlreport.plots import Plot
 from kerneljudge.suite.metrics import GroupMetrics
 from kerneljudge.suite.store import StoredVerdict
+from kerneljudge.verdict import Verdict
 
 __all__ = ["render_page"]
 
@@ -137,7 +138,7 @@ def _index(run: RunData) -> str:
     rows = []
     for r in run.rows:
         verdict = run.verdicts.get(r.id)
-        reason = verdict.reason if hasattr(verdict, "reason") else str(verdict)
+        reason = verdict.reason if isinstance(verdict, Verdict) else str(verdict)
         short = reason if len(reason) <= 100 else reason[:99] + "…"
         med, ci = speedup_text(r)
         rows.append(
@@ -165,7 +166,8 @@ def _index(run: RunData) -> str:
 
 
 def _comparison(a: RunData, b: RunData) -> str:
-    rows, counts = [], {}
+    rows: list[list[str]] = []
+    counts: dict[str, int] = {}
     for c in comparisons(a, b):
         counts[c.outcome] = counts.get(c.outcome, 0) + 1
         cells = [esc(c.problem), esc(c.level if c.level is not None else "-")]

@@ -176,7 +176,9 @@ def per_candidate_speedups(runs: Sequence[RunData]) -> Plot:
     ax = fig.subplots()
     for n, (colour, run) in enumerate(zip(_COLOURS, runs)):
         offset = 0.0 if len(runs) == 1 else (0.18 if n == 0 else -0.18)
-        xs, ys, err = [], [], [[], []]
+        xs: list[float] = []
+        ys: list[float] = []
+        err: list[list[float]] = [[], []]
         for r in run.rows:
             key = (r.problem, r.sample)
             if key not in row_of or r.status != "correct" or r.speedup is None:
