@@ -27,13 +27,13 @@ import ast
 import ctypes
 import fnmatch
 import os
-import re
 import resource
 import sys
-import threading
-import time
 from collections.abc import Iterable
 from pathlib import Path
+
+from kerneljudge.worker.environment import INDUCTOR_IN_PROCESS, candidate_environment
+from kerneljudge.worker.threads import lingering_threads, thread_idents
 
 __all__ = [
     "COMPILER_TOOLS",
@@ -43,8 +43,10 @@ __all__ = [
     "candidate_environment",
     "child_pids",
     "library_probe",
+    "lingering_threads",
     "set_subreaper",
     "set_undumpable",
+    "thread_idents",
 ]
 
 #: Largest log (stdout + stderr) a candidate worker may write; beyond it the worker gets SIGXFSZ.
@@ -158,83 +160,6 @@ DENIED_SYMBOLS = frozenset(
         "sigaction",
     }
 )
-
-
-_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|COOKIE|SESSION")
-#: What a process running candidate code inherits of the judge's environment: the toolchain's
-#: and the libraries' own settings, nothing else (no API keys, no configuration of the judge).
-_ENV_NAMES = frozenset(
-    {
-        "PATH",
-        "HOME",
-        "USER",
-        "LOGNAME",
-        "LANG",
-        "LANGUAGE",
-        "TZ",
-        "TERM",
-        "SHELL",
-        "LD_LIBRARY_PATH",
-        "LIBRARY_PATH",
-        "CPATH",
-        "TMPDIR",
-        "CC",
-        "CXX",
-        "MAX_JOBS",
-        "PYTHONPATH",
-        "PYTHONHASHSEED",
-        "VIRTUAL_ENV",
-        "SSL_CERT_FILE",
-    }
-)
-_ENV_PREFIXES = (
-    "CUDA_",
-    "TORCH",
-    "PYTORCH_",
-    "TRITON_",
-    "NVIDIA_",
-    "NCCL_",
-    "NVSHMEM_",
-    "CUBLAS",
-    "CUDNN",
-    "LC_",
-    "OMP_",
-    "MKL_",
-    "OPENBLAS_",
-    "KMP_",
-    "GOMP_",
-    "XDG_CACHE_HOME",
-)
-
-
-#: Settings that keep ``torch.compile`` (TorchInductor) inside the process that calls it, so that
-#: a candidate using it starts no process but the compiler tools of :data:`COMPILER_TOOLS`:
-#:
-#: * ``TORCHINDUCTOR_COMPILE_THREADS=1``: kernels compile in the calling process, not in a pool
-#:   of ``python -m torch._inductor.compile_worker`` subprocesses;
-#: * ``TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS=0``: no precompiled header, whose cache key
-#:   is hashed by an ``openssl sha512`` child.
-#:
-#: They override the judge's own environment: a pool of compile workers would be refused. The
-#: one other child CPU inductor starts, its vector-instruction probe (``python -c`` loading a
-#: test library, see :func:`library_probe`), is allowed by the audit hook.
-INDUCTOR_IN_PROCESS = {
-    "TORCHINDUCTOR_COMPILE_THREADS": "1",
-    "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0",
-}
-
-
-def candidate_environment(base: dict[str, str]) -> dict[str, str]:
-    """The part of ``base`` a process running candidate code may see: the names toolchains and
-    libraries read (``PATH``, ``CUDA_*``, ``TORCH*``, ``TRITON_*``, ``OMP_*``, ...), minus any
-    that look like credentials, plus :data:`INDUCTOR_IN_PROCESS`."""
-    env = {
-        k: v
-        for k, v in base.items()
-        if (k in _ENV_NAMES or k.startswith(_ENV_PREFIXES)) and not _SECRET_NAME.search(k.upper())
-    }
-    env.update(INDUCTOR_IN_PROCESS)
-    return env
 
 
 def set_subreaper() -> None:
@@ -510,68 +435,3 @@ def resolutions(path: str, dir_fd: object) -> list[str]:
         if target.startswith("/") and os.path.isdir(target):
             out.append(os.path.join(target, path))
     return out
-
-
-def _library_monitors() -> tuple[type, type, object] | None:
-    """tqdm's monitor thread class, tqdm's own class and the monitor's ``run`` function, as
-    this module found them when it was imported (before any candidate code ran), or None
-    without tqdm."""
-    try:
-        from tqdm._monitor import TMonitor
-        from tqdm.std import tqdm
-    except Exception:  # noqa: BLE001 - any failure of an optional library means "none"
-        return None
-    return TMonitor, tqdm, TMonitor.run
-
-
-_MONITORS = _library_monitors()
-
-
-def _library_threads() -> set[int]:
-    """Idents of the one monitor thread that tqdm starts for its own progress bars
-    (torch.compile's autotuning makes one during a call, and it lives as long as the process):
-    a thread of tqdm's class, with tqdm's own ``run``, watching tqdm's bars."""
-    if _MONITORS is None:
-        return set()
-    monitor, bar, run = _MONITORS
-    return {
-        t.ident
-        for t in threading.enumerate()
-        if type(t) is monitor
-        and monitor.run is run
-        and "run" not in vars(t)
-        and getattr(t, "tqdm_cls", None) is bar
-        and t.ident is not None
-    }
-
-
-def thread_idents() -> set[int]:
-    """Idents of every Python thread: those of :mod:`threading` and those started with
-    ``_thread.start_new_thread``, which never register there (``sys._current_frames`` lists
-    every thread running Python code); less tqdm's monitor (:func:`_library_threads`)."""
-    idents = {t.ident for t in threading.enumerate() if t.ident is not None} | set(
-        sys._current_frames()
-    )
-    return idents - _library_threads()
-
-
-def lingering_threads(before: set[int], grace_s: float = 0.2) -> list[str]:
-    """Names of Python threads started since ``before`` (see :func:`thread_idents`) that are
-    still alive after a grace period of ``grace_s`` seconds."""
-    before = before | _library_threads()
-    alive = [t for t in threading.enumerate() if t.ident not in before and t.is_alive()]
-    deadline = time.monotonic() + grace_s
-    for t in alive:
-        t.join(timeout=grace_s / max(1, len(alive)))
-    known = {t.ident for t in threading.enumerate()}
-
-    def raw() -> list[int]:
-        return [i for i in sys._current_frames() if i not in before and i not in known]
-
-    hidden = raw()
-    while hidden and time.monotonic() < deadline:
-        time.sleep(0.01)
-        hidden = raw()
-    return [t.name for t in alive if t.is_alive()] + [
-        f"thread {i}, started outside the threading module" for i in hidden
-    ]
