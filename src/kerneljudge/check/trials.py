@@ -14,6 +14,7 @@ from kerneljudge.candidate.policy import forbidden_ops_used, ops_reason, require
 from kerneljudge.check.reference import HeldTrial, ReferenceSession
 from kerneljudge.verdict import CheckResult, TrialResult
 from kerneljudge.worker import WorkerProcess
+from kerneljudge.worker.replies import RunReply
 
 __all__ = ["TrialRejected", "Trials", "input_effect_violation", "run_trials"]
 
@@ -103,10 +104,11 @@ def run_trials(
                 inputs=ref.held_inputs(held.key, timeout_s, forget=shape_set != kept_set),
                 record_ops=record_ops,
             )
-            effect = input_effect_violation(held.reply, got)
+            run = RunReply.decode(got, worker.role)
+            effect = input_effect_violation(held.reply, run)
             if effect:
                 raise TrialRejected(effect)
-            used = forbidden_ops_used(list(got.get("ops", [])), policy)
+            used = forbidden_ops_used(list(run.ops), policy)
             if record_ops and used:
                 raise TrialRejected(ops_reason(used))
             # Compared by the trusted reference worker, which holds the reference's outputs
@@ -127,15 +129,13 @@ def run_trials(
     return Trials(check, sessions)
 
 
-def input_effect_violation(reference: dict[str, Any], candidate: dict[str, Any]) -> str:
+def input_effect_violation(reference: dict[str, Any], candidate: RunReply) -> str:
     """Why the candidate's treatment of its inputs is a cheat, if it is ("" if not; the
-    reference's own behaviour is allowed: a reference that returns a view may be matched by
-    one)."""
-    if candidate.get("aliases_input") and not reference.get("aliases_input"):
+    reference's own behaviour, from its trusted worker's reply, is allowed: a reference that
+    returns a view may be matched by one)."""
+    if candidate.aliases_input and not reference.get("aliases_input"):
         return "forward returned a view of one of its inputs"
-    changed = sorted(
-        set(candidate.get("modified_inputs", [])) - set(reference.get("modified_inputs", []))
-    )
+    changed = sorted(set(candidate.modified_inputs) - set(reference.get("modified_inputs", [])))
     if changed:
         return f"forward changed its input {changed[0]} in place"
     return ""

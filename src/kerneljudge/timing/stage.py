@@ -23,6 +23,7 @@ from kerneljudge.timing.roofline import FLOOR_MARGIN
 from kerneljudge.timing.timer_rule import Batch, TimerCheck, timer_check
 from kerneljudge.verdict import DeviceInfo, Roofline, Status, TimingResult
 from kerneljudge.worker import WorkerProcess
+from kerneljudge.worker.replies import TimeReply
 from kerneljudge.worker.stamps import BatchObservation, Observer, Reservoir, output_digest
 
 __all__ = [
@@ -196,8 +197,8 @@ def time_candidate(
                     worker.pause(False)
             wall_ms = (time.perf_counter() - t0) * 1e3
             pace[name] = wall_ms / max(1, n + warmup)
-            times = [float(x) for x in reply["times_ms"]]
-            n_sets = reply.get("n_sets")
+            timed = TimeReply.decode(reply, process().role)
+            times, n_sets = list(timed.times_ms), timed.n_sets
             if len(times) != n or not all(0 < x < float("inf") for x in times):
                 tampered.append(f"{name} reported {len(times)} invalid times for {n} calls")
             elif sum(times) > wall_ms + 1.0:
@@ -213,7 +214,7 @@ def time_candidate(
                 # CPU workers only: a GPU worker polls for the supervisor's answers and waits
                 # for the device between calls, on the CPU.
                 on_cpu = info.kind != "cuda" and obs.stamped
-                trusted = tuple(float(x) for x in reply.get("between_cpu_ms") or ())
+                trusted = timed.between_cpu_ms
                 lead, edges = request_edges(obs)
                 counted = on_cpu and cand and obs.cpu_ns is not None and bool(lead or not warmup)
                 seen.setdefault(name, []).append(
