@@ -1,8 +1,8 @@
 """How the judge looks at a forward call, stated once for the workers and the problem lint.
 
 * :func:`float64_oracle`: the reference evaluated in float64, the ground truth of the
-  ``oracle`` rule (:mod:`kerneljudge.check`). The reference worker computes it for every trial;
-  the lint computes it for its ``nulls_fail`` check.
+  ``oracle`` rule (:mod:`kerneljudge.check`). The reference worker computes it for every trial
+  judged under that rule; the lint computes it for its ``nulls_fail`` check.
 * :class:`OpRecorder`: the ATen operators a call dispatches. Their names feed the custom-kernel
   policy (:mod:`kerneljudge.candidate.policy`) in the workers; their count (views aside) feeds
   the lint's ``not_launch_bound`` check.
