@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from rich.console import Console
 
 from kerneljudge.lint import (
@@ -240,3 +241,94 @@ def test_typer_app_mounts_as_problems_lint(tmp_path: Path) -> None:
     result = runner.invoke(root, ["problems", "lint", str(good), str(bad), "--json"])
     assert result.exit_code == 1
     assert [r["passed"] for r in json.loads(result.stdout)] == [True, False]
+
+
+# Masks (0/1 floats) and indices beside a continuous input: the inputs the judge's input
+# classifier tells apart, and a float64 oracle and operators to record.
+_MASKED_GATHER = """
+import torch
+import torch.nn as nn
+
+NAME = "masked_gather"
+n, k = 48, 12
+SHAPE_SETS = {"public": {"n": 48, "k": 12}, "small": {"n": 24, "k": 6}}
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(n) + 2.0)
+
+    def forward(self, x, mask, idx):
+        y = torch.tanh(x * self.w) * mask
+        return torch.softmax(y.index_select(1, idx) * 4.0, dim=-1)
+
+
+def get_inputs():
+    mask = (torch.rand(n, n) > 0.3).float()
+    return [torch.randn(n, n), mask, torch.randint(0, n, (k,))]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_lint_and_worker_share_one_oracle_recorder_and_classifier() -> None:
+    """The lint imports the judge's own float64 oracle, operator recorder and input classifier
+    (one module, the same function objects), not copies of them."""
+    import kerneljudge.lint as lint
+    from kerneljudge.lint import checks, report, running
+    from kerneljudge.worker import forward, measure, runtime
+
+    assert lint.float64_oracle is forward.float64_oracle is runtime.float64_oracle
+    assert running.OpRecorder is forward.OpRecorder is runtime.OpRecorder
+    assert forward.continuous is measure.continuous
+    assert runtime.nudgeable is forward.nudgeable
+    # Nothing left in the lint that computes them on its own.
+    lint_sources = "".join(
+        Path(str(m.__file__)).read_text() for m in (lint, checks, report, running)
+    )
+    for name in ("TorchDispatchMode", "deepcopy", "model64", "def continuous"):
+        assert name not in lint_sources, name
+
+
+def test_lint_and_worker_agree_on_a_problem_with_masks_and_indices(tmp_path: Path) -> None:
+    """On one problem with a mask and an index input, a real reference worker and the lint's
+    code give the same float64 oracle (bit for bit), record the same operators, and classify
+    the inputs alike (the worker's perturbed call equals one on inputs perturbed here)."""
+    from kerneljudge.lint.running import _operator_count
+    from kerneljudge.problem import Problem
+    from kerneljudge.worker import WorkerProcess, forward, measure
+
+    path = tmp_path / "masked_gather.py"
+    path.write_text(_MASKED_GATHER)
+    problem = Problem.load(path)
+    problem.use_shape_set("public")
+    inputs = problem.make_inputs(7)
+    assert forward.nudgeable(inputs) == [True, False, False]  # x, mask, idx
+    model = problem.make_model(3)
+    oracle = forward.float64_oracle(model, inputs, torch.device("cpu"))
+    args = [x.clone() for x in inputs]
+    with torch.no_grad(), forward.OpRecorder() as recorder:
+        model(*args)
+    assert oracle.dtype == torch.float64 and {"index_select", "_softmax"} <= recorder.ops
+
+    worker = WorkerProcess("reference", "cpu", record_ops=True)
+    try:
+        worker.request("load_problem", 120, path=str(path), shape_set="public")
+        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        worker.request("setup", 120, init_inputs=[], state_dict=state)
+        reply = worker.request("run", 120, inputs=inputs, oracle=True, record_ops=True)
+        assert torch.equal(reply["oracle"], oracle)
+        assert reply["ops"] == sorted(recorder.ops)
+        assert _operator_count(model, inputs) == recorder.count
+        worker.request("run", 120, inputs=inputs, expect="k", hold_inputs=True)
+        timed = worker.request("run", 120, from_held="k", perturb=11, keep=False)
+    finally:
+        worker.close()
+    here = measure.perturb(inputs, forward.nudgeable(inputs), 11)
+    assert torch.equal(here[1], inputs[1]) and torch.equal(here[2], inputs[2])
+    assert not torch.equal(here[0], inputs[0])
+    with torch.no_grad():
+        assert torch.equal(timed["outputs"], model(*here))

@@ -90,20 +90,35 @@ def traced_output_shapes(problem: Problem, real: dict[str, Any] | None = None) -
     return out
 
 
-def _rules(per_set: list[dict[str, int]]) -> list[tuple[str, Callable[[dict[str, int]], int]]]:
+Rule = Callable[[dict[str, int]], int]
+
+
+def _value(k: str) -> Rule:
+    return lambda v: v[k]
+
+
+def _product(a: str, b: str) -> Rule:
+    return lambda v: v[a] * v[b]
+
+
+def _sum(a: str, b: str) -> Rule:
+    return lambda v: v[a] + v[b]
+
+
+def _quotient(a: str, b: str) -> Rule:
+    return lambda v: v[a] // v[b] if v[b] and v[a] % v[b] == 0 else -1
+
+
+def _rules(per_set: list[dict[str, int]]) -> list[tuple[str, Rule]]:
     """Candidate explanations of a dimension: named values common to every set, and the
     products, sums and exact quotients of two of them."""
     common = sorted(set.intersection(*(set(v) for v in per_set)))
-    rules: list[tuple[str, Callable[[dict[str, int]], int]]] = [
-        (k, lambda v, k=k: v[k]) for k in common
-    ]
+    rules: list[tuple[str, Rule]] = [(k, _value(k)) for k in common]
     for a, b in itertools.combinations_with_replacement(common, 2):
-        rules.append((f"{a} * {b}", lambda v, a=a, b=b: v[a] * v[b]))
-        rules.append((f"{a} + {b}", lambda v, a=a, b=b: v[a] + v[b]))
+        rules.append((f"{a} * {b}", _product(a, b)))
+        rules.append((f"{a} + {b}", _sum(a, b)))
     for a, b in itertools.permutations(common, 2):
-        rules.append(
-            (f"{a} / {b}", lambda v, a=a, b=b: v[a] // v[b] if v[b] and v[a] % v[b] == 0 else -1)
-        )
+        rules.append((f"{a} / {b}", _quotient(a, b)))
     return rules
 
 

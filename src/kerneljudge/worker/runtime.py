@@ -4,14 +4,17 @@ Started by :class:`kerneljudge.worker.process.WorkerProcess` as
 ``python -m kerneljudge.worker --role {reference,candidate} --device DEV --read-fd R --write-fd W``.
 It answers one request at a time (see the handlers below) and exits on ``exit`` or when the
 supervisor's pipe closes. A candidate worker serves exactly one candidate and is then discarded.
+
+The handlers are :class:`Worker`'s ``op_<name>`` methods, the reference worker's kept trials
+among them (:mod:`kerneljudge.worker.kept_trials`). What they make of a call lives beside them:
+the float64 oracle, the operator recorder and the input classifier, shared with the problem lint,
+in :mod:`kerneljudge.worker.forward`; confinement, tracebacks and the rest in
+:mod:`kerneljudge.worker.calls`.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
-import dataclasses
-import errno
 import importlib.util
 import os
 import socket
@@ -22,21 +25,49 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.utils._python_dispatch
 
 from kerneljudge.worker import measure
+from kerneljudge.worker.calls import (
+    Confined,
+    align_state_dict,
+    candidate_lineno,
+    candidate_traceback,
+    check_cpu_copyable,
+    input_effects,
+    layout,
+    nbytes,
+    profile_rows,
+    trial_fields,
+)
+from kerneljudge.worker.forward import (
+    Fault,
+    OpRecorder,
+    float64_oracle,
+    nudgeable,
+    to_cpu,
+    to_device,
+)
+from kerneljudge.worker.kept_trials import KeptTrials
 from kerneljudge.worker.protocol import Channel, ChannelClosed
 from kerneljudge.worker.sandbox import (
-    LOG_LIMIT_BYTES,
     Sandbox,
-    child_pids,
     limit_output,
-    lingering_threads,
     set_subreaper,
     set_undumpable,
     thread_idents,
 )
 from kerneljudge.worker.torchlog import drop_no_cuda_runtime_notice
+
+# Fault, align_state_dict and trial_fields are defined in forward and calls, and named here too.
+__all__ = [
+    "MAX_TIMING_SETS",
+    "Fault",
+    "Worker",
+    "align_state_dict",
+    "main",
+    "serve",
+    "trial_fields",
+]
 
 # Captured before any candidate code runs, so a candidate that patches these names in torch
 # cannot change how the worker synchronises or how many threads it runs once pinned.
@@ -49,138 +80,7 @@ _time_calls = measure.time_calls
 MAX_TIMING_SETS = 4
 
 
-class Fault(Exception):
-    """A failure of the code under test, reported to the supervisor as data.
-
-    Attributes:
-        lineno: the candidate line the failure came from, when known.
-        status: the verdict status it implies: ``runtime_error``, or ``rejected`` for a policy
-            violation (network, processes, writes outside the scratch folder, ...).
-    """
-
-    def __init__(self, message: str, lineno: int | None = None, status: str = "runtime_error"):
-        super().__init__(message)
-        self.lineno = lineno
-        self.status = status
-
-
-class _OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
-    """Records the names of the ATen operators a call runs (``mm``, ``_softmax``, ...)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: set[str] = set()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        self.ops.add(func.overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
-
-
-def _candidate_lineno(exc: BaseException, path: str | None) -> int | None:
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if path and f.filename == path]
-    if frames:
-        return frames[-1].lineno
-    return getattr(exc, "lineno", None) if isinstance(exc, SyntaxError) else None
-
-
-def _to_device(values: list[Any], device: torch.device) -> list[Any]:
-    return [v.to(device) if isinstance(v, torch.Tensor) else v for v in values]
-
-
-def _to_cpu(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu").clone()
-    if isinstance(value, (tuple, list)):
-        return (
-            [_to_cpu(v) for v in value]
-            if isinstance(value, list)
-            else tuple(_to_cpu(v) for v in value)
-        )
-    if value is None or isinstance(value, (bool, int, float)):
-        return value
-    raise Fault(f"forward returned an unsupported {type(value).__name__}; return tensors")
-
-
-def _check_cpu_copyable(value: Any) -> None:
-    """Raise what :func:`_to_cpu` raises for ``value``, without copying it."""
-    if isinstance(value, (tuple, list)):
-        for v in value:
-            _check_cpu_copyable(v)
-    elif not (value is None or isinstance(value, (torch.Tensor, bool, int, float))):
-        raise Fault(f"forward returned an unsupported {type(value).__name__}; return tensors")
-
-
-def _layout(values: Any) -> list[list[Any]]:
-    """``[shape, dtype name]`` of each tensor in ``values`` (nested lists/tuples flattened)."""
-    return [
-        [list(t.shape), str(t.dtype).removeprefix("torch.")]
-        for t in measure.flatten_tensors(values)
-    ]
-
-
-def trial_fields(result: Any) -> dict[str, Any]:
-    """A :class:`~kerneljudge.verdict.TrialResult` as plain data for the wire (its
-    mismatches as ``[index, expected, got]``)."""
-    fields = dataclasses.asdict(result)
-    fields["mismatches"] = [[list(m.index), m.expected, m.got] for m in result.mismatches]
-    return fields
-
-
-def _to_double(values: list[Any]) -> list[Any]:
-    return [
-        v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for v in values
-    ]
-
-
-def _candidate_traceback(exc: BaseException, path: str | None) -> str:
-    """The exception with only the frames in the candidate file (all frames when none are)."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    mine = [f for f in frames if path and f.filename == path]
-    lines = [f"  line {f.lineno}: {(f.line or '').strip()}" for f in (mine or frames)[-6:]]
-    head = f"{type(exc).__name__}: {exc}".strip()
-    if isinstance(exc, OSError) and exc.errno == errno.EFBIG:
-        head = f"the candidate wrote more than {LOG_LIMIT_BYTES >> 20} MiB of output ({head})"
-    return "\n".join([head, *lines]) if lines else head
-
-
-def align_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> str:
-    """Load the reference's parameters into ``model``; returns a note when matched by position.
-
-    Names are matched first. When they differ but the ordered list of shapes is identical, the
-    tensors are loaded by position.
-
-    Raises:
-        Fault: the parameters do not line up, with the names and shapes that differ.
-    """
-    own = model.state_dict()
-    if not state:
-        return ""
-    if set(own) == set(state) and all(own[k].shape == state[k].shape for k in own):
-        model.load_state_dict(state, strict=True)
-        return ""
-    own_shapes = [tuple(v.shape) for v in own.values()]
-    ref_shapes = [tuple(v.shape) for v in state.values()]
-    if own_shapes == ref_shapes:
-        model.load_state_dict(dict(zip(own.keys(), state.values())), strict=True)
-        return "ModelNew's parameters were matched to Model's by position (names differ)"
-    missing = [f"{k}{tuple(v.shape)}" for k, v in state.items() if k not in own]
-    extra = [f"{k}{tuple(v.shape)}" for k, v in own.items() if k not in state]
-    wrong = [
-        f"{k}: {tuple(own[k].shape)} vs {tuple(v.shape)}"
-        for k, v in state.items()
-        if k in own and own[k].shape != v.shape
-    ]
-    parts = []
-    if missing:
-        parts.append("missing " + ", ".join(missing[:6]))
-    if extra:
-        parts.append("unexpected " + ", ".join(extra[:6]))
-    if wrong:
-        parts.append("shape mismatch " + ", ".join(wrong[:6]))
-    raise Fault("ModelNew's parameters do not line up with Model's: " + "; ".join(parts))
-
-
-class Worker:
+class Worker(KeptTrials):
     """State of one worker process and its request handlers (``op_<name>``)."""
 
     def __init__(
@@ -214,8 +114,8 @@ class Worker:
             self.sandbox.install()
 
     # ------------------------------------------------------------------ confinement
-    def _confined(self) -> _Confined:
-        return _Confined(self)
+    def _confined(self) -> Confined:
+        return Confined(self)
 
     def _check_output(self, out: Any) -> None:
         """Outputs must be plain tensors (no subclass that computes later)."""
@@ -245,8 +145,8 @@ class Worker:
             raise
         except BaseException as exc:  # noqa: BLE001 - candidate code may raise anything
             raise Fault(
-                "importing the candidate failed: " + _candidate_traceback(exc, path),
-                _candidate_lineno(exc, path),
+                "importing the candidate failed: " + candidate_traceback(exc, path),
+                candidate_lineno(exc, path),
             ) from None
         cls = getattr(module, "ModelNew", None)
         if cls is None:
@@ -279,7 +179,7 @@ class Worker:
             raise
         except BaseException as exc:  # noqa: BLE001
             raise Fault(
-                "constructing the model failed: " + _candidate_traceback(exc, self.source_path)
+                "constructing the model failed: " + candidate_traceback(exc, self.source_path)
             ) from None
         self.compiled = None
         self.sets, self.nudgeable, self.snapshots = [], [], {}
@@ -288,7 +188,7 @@ class Worker:
     # ------------------------------------------------------------------ running
     def _call(self, fn: Callable[..., Any], args: list[Any], record_ops: bool = False) -> Any:
         """One forward call, confined, synchronised; with the ATen ops it ran when asked."""
-        recorder = _OpRecorder() if record_ops else None
+        recorder = OpRecorder() if record_ops else None
         try:
             with self._confined(), torch.no_grad():
                 if recorder is not None:
@@ -302,8 +202,8 @@ class Worker:
             raise
         except BaseException as exc:  # noqa: BLE001 - SystemExit, CUDA errors, anything
             raise Fault(
-                _candidate_traceback(exc, self.source_path),
-                _candidate_lineno(exc, self.source_path),
+                candidate_traceback(exc, self.source_path),
+                candidate_lineno(exc, self.source_path),
             ) from None
         self._check_output(out)
         self.ops = sorted(recorder.ops) if recorder is not None else []
@@ -330,27 +230,22 @@ class Worker:
         if "from_held" in msg:
             base = self._reference_only(self.held, msg["from_held"])
             received = measure.perturb(
-                base,
-                [measure.continuous(x) for x in base],
-                int(msg["perturb"]),
-                bool(msg.get("roll", True)),
+                base, nudgeable(base), int(msg["perturb"]), bool(msg.get("roll", True))
             )
         else:
             received = list(msg["inputs"])
-        self.inputs = _to_device(received, self.device)
+        self.inputs = to_device(received, self.device)
         if msg.get("keep", True):
             self.sets = (self.sets + [self.inputs])[-MAX_TIMING_SETS:]
             # Decided on the inputs as sent (a copy to the device can change their layout),
             # as the supervisor decides when it rebuilds a timed call's inputs.
-            self.nudgeable = (self.nudgeable + [[measure.continuous(x) for x in received]])[
-                -MAX_TIMING_SETS:
-            ]
+            self.nudgeable = (self.nudgeable + [nudgeable(received)])[-MAX_TIMING_SETS:]
         args = [x.clone() if isinstance(x, torch.Tensor) else x for x in self.inputs]
-        measure.poison(self.poison_bytes or _nbytes(args), self.device)
+        measure.poison(self.poison_bytes or nbytes(args), self.device)
         out = self._call(self.model, args, record_ops=bool(msg.get("record_ops")))
-        effects = _input_effects(args, self.inputs, out)
-        self.poison_bytes = max(self.poison_bytes, _nbytes(measure.flatten_tensors(out)))
-        outputs = _to_cpu(out)
+        effects = input_effects(args, self.inputs, out)
+        self.poison_bytes = max(self.poison_bytes, nbytes(measure.flatten_tensors(out)))
+        outputs = to_cpu(out)
         del out, args
         oracle = self._oracle() if msg.get("oracle") else None
         if msg.get("expect") is not None and self.role == "reference":
@@ -360,8 +255,8 @@ class Worker:
                 self.held[key] = received
             return {
                 "ops": self.ops,
-                "output_layout": _layout(outputs),
-                "input_layout": _layout(received),
+                "output_layout": layout(outputs),
+                "input_layout": layout(received),
                 **effects,
             }
         reply: dict[str, Any] = {"outputs": outputs, "ops": self.ops, **effects}
@@ -369,69 +264,11 @@ class Worker:
             reply["oracle"] = oracle
         return reply
 
-    def _reference_only(self, table: dict[str, Any], key: Any) -> Any:
-        """``table[str(key)]`` in the reference worker.
-
-        Raises:
-            RuntimeError: another role, or no such key (a harness error).
-        """
-        if self.role != "reference":
-            raise RuntimeError("only the reference worker keeps trials")
-        if str(key) not in table:
-            raise RuntimeError(f"no trial kept under {key!r}")
-        return table[str(key)]
-
-    def op_held_inputs(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """The inputs held under ``key`` (as received: on the CPU), dropped here if ``forget``."""
-        inputs = self._reference_only(self.held, msg["key"])
-        if msg.get("forget"):
-            del self.held[str(msg["key"])]
-        return {"inputs": inputs}
-
-    def op_compare(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Compare ``outputs`` (a candidate's, relayed by the supervisor) with the reference's
-        kept under ``key`` (:func:`kerneljudge.check.compare_outputs` with ``atol``, ``rtol``,
-        ``mode`` and ``index``); drops them if ``forget``. Returns ``trial``: the
-        :class:`~kerneljudge.verdict.TrialResult` as a dict (:func:`trial_fields`)."""
-        from kerneljudge.check import compare_outputs
-
-        kept = self._reference_only(self.expected, msg["key"])
-        if msg.get("forget"):
-            del self.expected[str(msg["key"])]
-        result = compare_outputs(
-            kept["outputs"],
-            msg["outputs"],
-            oracle=kept["oracle"],
-            atol=float(msg["atol"]),
-            rtol=float(msg["rtol"]),
-            mode=str(msg["mode"]),
-            index=int(msg.get("index", 0)),
-        )
-        return {"trial": trial_fields(result)}
-
-    def op_forget(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Drop the kept trials (outputs, oracle, inputs) of ``keys``, or all of them."""
-        keys = msg.get("keys")
-        if keys is None:
-            self.expected.clear()
-            self.held.clear()
-        for key in map(str, keys or ()):
-            self.expected.pop(key, None)
-            self.held.pop(key, None)
-        return {}
-
     def _oracle(self) -> Any:
-        """The reference evaluated in float64 (on the device, else on the CPU)."""
+        """The reference evaluated in float64 on the current inputs
+        (:func:`kerneljudge.worker.forward.float64_oracle`: on the device, else on the CPU)."""
         assert self.model is not None
-        for dev in (self.device, torch.device("cpu")):
-            try:
-                model64 = copy.deepcopy(self.model).to(dev).double()
-                args = _to_double(_to_device(self.inputs, dev))
-                with torch.no_grad():
-                    return _to_cpu(model64(*args))
-            except (RuntimeError, NotImplementedError, TypeError):
-                continue
-        return None
+        return float64_oracle(self.model, self.inputs, self.device)
 
     def op_compile(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Compile the reference with ``torch.compile`` and warm it up on the current inputs."""
@@ -489,7 +326,7 @@ class Worker:
                     check_call=self._check_output,
                     roll=bool(msg.get("roll", True)),
                     link=link,
-                    seed=int(spec["seed"]) if link is not None else None,
+                    seed=int(spec["seed"]) if link is not None and isinstance(spec, dict) else None,
                     threads_before=before if self.sandbox is not None else None,
                 )
         except Fault:
@@ -498,8 +335,8 @@ class Worker:
             raise Fault(str(exc), status="rejected") from None
         except BaseException as exc:  # noqa: BLE001
             raise Fault(
-                _candidate_traceback(exc, self.source_path),
-                _candidate_lineno(exc, self.source_path),
+                candidate_traceback(exc, self.source_path),
+                candidate_lineno(exc, self.source_path),
             ) from None
         self.snapshots.update(kept)
         between = link.between_cpu_ms if link is not None else []
@@ -535,31 +372,13 @@ class Worker:
             slots = {}
             for s, outs in self.snapshots.items():
                 if wanted is None or int(s) in wanted:
-                    slots[int(s)] = _to_cpu(list(outs))
+                    slots[int(s)] = to_cpu(list(outs))
                 else:
                     int(s)
-                    _check_cpu_copyable(list(outs))
+                    check_cpu_copyable(list(outs))
         except (TypeError, ValueError):  # the record was replaced by code under test
             return {"slots": None, "n_sets": len(self.sets)}
         return {"slots": slots, "n_sets": len(self.sets)}
-
-    def _check_aftermath(self, threads_before: set[int]) -> None:
-        """Raise a rejecting Fault for threads or processes that outlived the call."""
-        if self.sandbox is None:
-            return
-        threads = lingering_threads(threads_before)
-        if threads:
-            raise Fault(
-                f"the candidate left {len(threads)} thread(s) running after the call "
-                f"({', '.join(threads[:3])})",
-                status="rejected",
-            )
-        kids = child_pids(os.getpid())
-        if kids:
-            raise Fault(
-                f"the candidate left {len(kids)} process(es) running after the call",
-                status="rejected",
-            )
 
     def op_profile(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Run ``calls`` forward calls under torch.profiler on the current inputs.
@@ -569,97 +388,12 @@ class Worker:
         extension code is the row ``ModelNew.forward``); time and calls are per forward call,
         ``share`` the fraction of all rows' time; largest first, at most 30 rows.
         """
-        from torch.autograd import DeviceType
-        from torch.profiler import ProfilerActivity, profile, record_function
-
         if self.model is None:
             raise RuntimeError("profile before setup")
         n = max(1, int(msg.get("calls", 5)))
-        cuda = self.device.type == "cuda"
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-
-        def clones() -> list[Any]:
-            return [x.clone() if isinstance(x, torch.Tensor) else x for x in self.inputs]
-
-        self._call(self.model, clones())
-        batches = [clones() for _ in range(n)]  # cloned outside the profiled window
-        with profile(activities=activities) as prof:
-            for args in batches:
-                with record_function("ModelNew.forward"):
-                    self._call(self.model, args)
-        totals: dict[str, list[float]] = {}
-        for evt in prof.key_averages():
-            if cuda:
-                if getattr(evt, "device_type", None) != DeviceType.CUDA:
-                    continue
-                us = getattr(evt, "self_device_time_total", None)
-                us = us if us is not None else getattr(evt, "self_cuda_time_total", 0.0)
-            else:
-                us = evt.self_cpu_time_total
-            if us and us > 0:
-                entry = totals.setdefault(str(evt.key), [0.0, 0.0])
-                entry[0] += float(us)
-                entry[1] += float(evt.count)
-        total_us = sum(t for t, _ in totals.values()) or 1.0
-        rows = [
-            {"name": name, "device_time_ms": t / n / 1e3, "calls": c / n, "share": t / total_us}
-            for name, (t, c) in totals.items()
-        ]
-        rows.sort(key=lambda r: -r["device_time_ms"])
-        return {"rows": rows[:30], "calls": n}
-
-
-def _input_effects(args: list[Any], originals: list[Any], out: Any) -> dict[str, Any]:
-    """Whether a call returned a view of an input, and which inputs it changed in place."""
-    inputs = [a for a in args if isinstance(a, torch.Tensor)]
-    storages = {a.untyped_storage().data_ptr() for a in inputs if a.numel()}
-    aliases = any(
-        t.numel() and t.untyped_storage().data_ptr() in storages
-        for t in measure.flatten_tensors(out)
-    )
-    modified = [
-        i
-        for i, (a, o) in enumerate(zip(args, originals))
-        if isinstance(a, torch.Tensor) and not torch.equal(a, o)
-    ]
-    return {"aliases_input": bool(aliases), "modified_inputs": modified}
-
-
-def _nbytes(values: list[Any]) -> int:
-    return sum(t.numel() * t.element_size() for t in values if isinstance(t, torch.Tensor))
-
-
-class _Confined:
-    """Arms the sandbox around candidate code and turns what it caught into a rejecting Fault.
-
-    A thread or process left behind by the call is checked by the caller (the timed loop checks
-    after every call; a trial checks here).
-    """
-
-    def __init__(self, worker: Worker) -> None:
-        self.worker = worker
-        self.before: set[int] = set()
-
-    def __enter__(self) -> _Confined:
-        sb = self.worker.sandbox
-        self.before = thread_idents()
-        if sb is not None:
-            sb.take_violations()
-            sb.armed = True
-        return self
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        sb = self.worker.sandbox
-        if sb is None:
-            return
-        sb.armed = False
-        violations = sb.take_violations()
-        if violations:
-            raise Fault(
-                "the candidate attempted " + "; ".join(dict.fromkeys(violations)), status="rejected"
-            ) from None
-        if exc_type is None:
-            self.worker._check_aftermath(self.before)
+        model = self.model
+        rows = profile_rows(lambda args: self._call(model, args), self.inputs, n, self.device)
+        return {"rows": rows, "calls": n}
 
 
 def serve(chan: Channel, worker: Worker) -> int:
@@ -725,10 +459,10 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.set_device(device)
         torch.empty(1, device=device)  # create the context now, not in the first timed call
     if args.record_ops:
-        # The first call under a TorchDispatchMode (``_OpRecorder``, in every trial of a
+        # The first call under a TorchDispatchMode (``OpRecorder``, in every trial of a
         # problem that requires a custom kernel) imports torch._dynamo, 1-3 s: here, while the
         # worker waits in the pool, not in the candidate's first correctness trial.
-        with _OpRecorder():
+        with OpRecorder():
             torch.ones(1, device=device).add_(1)
     if args.role == "candidate":
         set_subreaper()

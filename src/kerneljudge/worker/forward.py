@@ -1,0 +1,138 @@
+"""How the judge looks at a forward call, stated once for the workers and the problem lint.
+
+* :func:`float64_oracle`: the reference evaluated in float64, the ground truth of the
+  ``oracle`` rule (:mod:`kerneljudge.check`). The reference worker computes it for every trial
+  judged under that rule; the lint computes it for its ``nulls_fail`` check.
+* :class:`OpRecorder`: the ATen operators a call dispatches. Their names feed the custom-kernel
+  policy (:mod:`kerneljudge.candidate.policy`) in the workers; their count (views aside) feeds
+  the lint's ``not_launch_bound`` check.
+* :func:`continuous`: which inputs are continuous floating data and which are masks, ids or
+  integer-valued (not rolled or nudged between timed calls, see
+  :func:`kerneljudge.worker.measure.perturb`). The implementation is the timed loop's own
+  (:func:`kerneljudge.worker.measure.continuous`), named here so that no second copy appears.
+
+The linter imports this module, so what it vouches for is what the judge computes. Imports only
+the standard library, torch and :mod:`kerneljudge.worker` modules, as a sandboxed worker may.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+import torch.utils._python_dispatch
+
+from kerneljudge.worker.measure import continuous
+
+__all__ = [
+    "Fault",
+    "OpRecorder",
+    "continuous",
+    "float64_oracle",
+    "nudgeable",
+    "to_cpu",
+    "to_device",
+    "to_double",
+]
+
+
+class Fault(Exception):
+    """A failure of the code under test, reported to the supervisor as data.
+
+    Attributes:
+        lineno: the candidate line the failure came from, when known.
+        status: the verdict status it implies: ``runtime_error``, or ``rejected`` for a policy
+            violation (network, processes, writes outside the scratch folder, ...).
+    """
+
+    def __init__(self, message: str, lineno: int | None = None, status: str = "runtime_error"):
+        super().__init__(message)
+        self.lineno = lineno
+        self.status = status
+
+
+def to_device(values: list[Any], device: torch.device) -> list[Any]:
+    """``values`` with every tensor moved to ``device`` (other values as they are)."""
+    return [v.to(device) if isinstance(v, torch.Tensor) else v for v in values]
+
+
+def to_double(values: list[Any]) -> list[Any]:
+    """``values`` with every floating tensor converted to float64 (masks in a floating dtype
+    included; integer and bool tensors and non-tensors as they are)."""
+    return [
+        v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for v in values
+    ]
+
+
+def to_cpu(value: Any) -> Any:
+    """A detached CPU copy of an output: tensors cloned, lists and tuples kept as such, None,
+    bool, int and float as they are.
+
+    Raises:
+        Fault: any other type (a dict, a custom object): forward must return tensors.
+    """
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu").clone()
+    if isinstance(value, (tuple, list)):
+        return (
+            [to_cpu(v) for v in value]
+            if isinstance(value, list)
+            else tuple(to_cpu(v) for v in value)
+        )
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    raise Fault(f"forward returned an unsupported {type(value).__name__}; return tensors")
+
+
+def float64_oracle(model: torch.nn.Module, inputs: list[Any], device: torch.device) -> Any:
+    """The reference evaluated in float64: a deep copy of ``model`` with its floating
+    parameters and buffers in float64, called (under ``no_grad``) on ``inputs`` with every
+    floating tensor upcast to float64 (:func:`to_double`).
+
+    Tried on ``device``, then on the CPU (once more when ``device`` is the CPU); a
+    ``RuntimeError``, ``NotImplementedError`` or ``TypeError`` moves on to the next try.
+    ``model`` is not changed; an input tensor that needs no conversion (integer, bool or
+    float64, already on the device of the try) is passed as it is, not copied.
+
+    Returns:
+        The outputs as :func:`to_cpu` copies them (float64 where the reference computes in
+        it), or None when no try succeeded (float64 unsupported by the reference).
+
+    Raises:
+        Fault: the float64 call returned a type other than tensors, None or numbers.
+    """
+    for dev in (device, torch.device("cpu")):
+        try:
+            model64 = copy.deepcopy(model).to(dev).double()
+            args = to_double(to_device(inputs, dev))
+            with torch.no_grad():
+                return to_cpu(model64(*args))
+        except (RuntimeError, NotImplementedError, TypeError):
+            continue
+    return None
+
+
+class OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the ATen operators dispatched inside it (``with OpRecorder() as rec: ...``).
+
+    Attributes:
+        ops: the operators' names (``mm``, ``_softmax``, ...; overloads merged), views included.
+        count: the number of operators dispatched, views (which launch nothing) left out.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: set[str] = set()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        self.ops.add(func.overloadpacket.__name__)
+        if not func.is_view:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def nudgeable(values: list[Any]) -> list[bool]:
+    """Per value, whether the timed loop changes it between calls (:func:`continuous`)."""
+    return [continuous(x) for x in values]

@@ -1,0 +1,84 @@
+"""The reference worker's kept trials: its handlers for what it keeps between requests.
+
+A trial's inputs, reference outputs and float64 oracle stay in the reference worker, under the
+supervisor's key (:meth:`kerneljudge.worker.runtime.Worker.op_run` with ``expect``); the
+handlers here hand the inputs back, compare a candidate's outputs with the kept ones and drop
+them. A mixin of :class:`kerneljudge.worker.runtime.Worker`, whose request table lists them with
+its own handlers; another role's worker answers them with a harness error.
+
+Imports only the standard library, torch and :mod:`kerneljudge.worker` modules at load;
+:mod:`kerneljudge.check` when a comparison is asked for.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kerneljudge.worker.calls import trial_fields
+
+__all__ = ["KeptTrials"]
+
+
+class KeptTrials:
+    """The handlers ``held_inputs``, ``compare`` and ``forget`` (``op_<name>``).
+
+    Attributes:
+        role: ``"reference"`` or ``"candidate"``; only the reference keeps trials.
+        expected: per key, the reference's ``{"outputs", "oracle"}`` of that trial.
+        held: per key, the trial's inputs as received (on the CPU), when asked to hold them.
+    """
+
+    role: str
+    expected: dict[str, dict[str, Any]]
+    held: dict[str, list[Any]]
+
+    def _reference_only(self, table: dict[str, Any], key: Any) -> Any:
+        """``table[str(key)]`` in the reference worker.
+
+        Raises:
+            RuntimeError: another role, or no such key (a harness error).
+        """
+        if self.role != "reference":
+            raise RuntimeError("only the reference worker keeps trials")
+        if str(key) not in table:
+            raise RuntimeError(f"no trial kept under {key!r}")
+        return table[str(key)]
+
+    def op_held_inputs(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """The inputs held under ``key`` (as received: on the CPU), dropped here if ``forget``."""
+        inputs = self._reference_only(self.held, msg["key"])
+        if msg.get("forget"):
+            del self.held[str(msg["key"])]
+        return {"inputs": inputs}
+
+    def op_compare(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Compare ``outputs`` (a candidate's, relayed by the supervisor) with the reference's
+        kept under ``key`` (:func:`kerneljudge.check.compare_outputs` with ``atol``, ``rtol``,
+        ``mode`` and ``index``); drops them if ``forget``. Returns ``trial``: the
+        :class:`~kerneljudge.verdict.TrialResult` as a dict (:func:`trial_fields`)."""
+        from kerneljudge.check import compare_outputs
+
+        kept = self._reference_only(self.expected, msg["key"])
+        if msg.get("forget"):
+            del self.expected[str(msg["key"])]
+        result = compare_outputs(
+            kept["outputs"],
+            msg["outputs"],
+            oracle=kept["oracle"],
+            atol=float(msg["atol"]),
+            rtol=float(msg["rtol"]),
+            mode=str(msg["mode"]),
+            index=int(msg.get("index", 0)),
+        )
+        return {"trial": trial_fields(result)}
+
+    def op_forget(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Drop the kept trials (outputs, oracle, inputs) of ``keys``, or all of them."""
+        keys = msg.get("keys")
+        if keys is None:
+            self.expected.clear()
+            self.held.clear()
+        for key in map(str, keys or ()):
+            self.expected.pop(key, None)
+            self.held.pop(key, None)
+        return {}
