@@ -1,7 +1,19 @@
 """Worker processes: where candidate code (and, separately, the reference) runs.
 
-The supervisor side is :mod:`kerneljudge.worker.process`; the process itself is
-:mod:`kerneljudge.worker.runtime`; builds run in :mod:`kerneljudge.worker.build`.
+Supervisor side: :mod:`~kerneljudge.worker.process` (spawn, request, kill, the pool),
+:mod:`~kerneljudge.worker.protocol` (the pipe's framing), :mod:`~kerneljudge.worker.replies`
+(replies decoded into frozen types), :mod:`~kerneljudge.worker.faults` (how a request fails),
+:mod:`~kerneljudge.worker.confine` (operating-system confinement),
+:mod:`~kerneljudge.worker.environment` (the environment candidate code inherits).
+
+The process itself: :mod:`~kerneljudge.worker.runtime` (the request handlers),
+:mod:`~kerneljudge.worker.calls` (one confined call and what it left behind),
+:mod:`~kerneljudge.worker.kept_trials` (the reference's kept trials and comparisons),
+:mod:`~kerneljudge.worker.forward` (the float64 oracle, the operator recorder and the input
+classifier, shared with the linter), :mod:`~kerneljudge.worker.measure` (the timed loop),
+:mod:`~kerneljudge.worker.stamps` (kernel-stamped marks), :mod:`~kerneljudge.worker.sandbox` and
+:mod:`~kerneljudge.worker.threads` (the audit hook, lingering threads). Builds run in
+:mod:`~kerneljudge.worker.build`.
 """
 
 from kerneljudge.worker.process import (

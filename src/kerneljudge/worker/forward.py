@@ -126,7 +126,7 @@ class OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
         self.ops: set[str] = set()
         self.count = 0
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.ops.add(func.overloadpacket.__name__)
         if not func.is_view:
             self.count += 1
