@@ -8,10 +8,14 @@ import platform
 import torch
 
 from kerneljudge.build import toolchain
+from kerneljudge.candidate.backends import REGISTRY
 from kerneljudge.errors import DeviceError
 from kerneljudge.verdict import DeviceInfo
 
 __all__ = ["build_arch", "describe_device", "resolve_device"]
+
+#: The GPU backends' names as the messages write them (``cuda/triton``).
+_GPU_NAMES = "/".join(b.name for b in REGISTRY if b.needs_gpu)
 
 
 def resolve_device(requested: str, needs_gpu: bool) -> str:
@@ -19,9 +23,10 @@ def resolve_device(requested: str, needs_gpu: bool) -> str:
 
     Args:
         requested: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
-        needs_gpu: the candidate's backend runs on a CUDA device (``cuda``, ``triton``).
+        needs_gpu: the candidate's backend runs on a CUDA device
+            (:attr:`kerneljudge.candidate.backends.Backend.needs_gpu`: ``cuda``, ``triton``).
 
-    ``auto`` is ``cuda:0`` for GPU backends and ``cpu`` for ``cpp``/``torch`` candidates.
+    ``auto`` is ``cuda:0`` for GPU backends and ``cpu`` for the others (``cpp``, ``torch``).
 
     Raises:
         DeviceError: a GPU is needed or requested but none is visible; a CPU was requested for
@@ -36,7 +41,7 @@ def resolve_device(requested: str, needs_gpu: bool) -> str:
     if requested.startswith("cuda"):
         if not torch.cuda.is_available():
             raise DeviceError(
-                "no CUDA GPU is visible on this machine: a cuda/triton candidate can be built "
+                f"no CUDA GPU is visible on this machine: a {_GPU_NAMES} candidate can be built "
                 "(kerneljudge build) but not run here"
             )
         index = int(requested.split(":")[1]) if ":" in requested else 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -16,6 +17,7 @@ from kerneljudge.env import (
     EpisodeOver,
     EpisodeState,
     KernelEnv,
+    Observation,
     SpeedupReward,
     ToolCall,
     ToolError,
@@ -220,6 +222,17 @@ def test_tool_errors_are_observations_and_count(fast_config: EnvConfig) -> None:
         )
         assert "needs a CUDA GPU" in r.observation and r.info.outcome == "tool_error"
         assert [h.outcome for h in env.state.history] == ["tool_error"] * 4
+        # the step carries the tool's one frozen observation; the refused code was read
+        result = r.info.result
+        assert isinstance(result, Observation) and result.tool == "run_correctness"
+        assert r.observation.startswith(result.text) and result.error == r.info.error
+        assert result.code is not None and env.state.last_code == result.code
+        assert env.state.history[-1].code_sha256 and not env.state.history[1].code_sha256
+        assert result.verdict is None and not result.passed and not result.submitted
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            result.text = "changed"  # type: ignore[misc]
+        assert "result" not in r.info.to_dict()
+        assert json.loads(json.dumps(result.to_dict()))["outcome"] == "tool_error"
 
 
 def test_compile_error_is_mapped_to_a_line_and_budget_runs_out(fast_config: EnvConfig) -> None:
@@ -471,3 +484,27 @@ def test_reward_hint_in_prompt_mentions_full_evaluation(fast_config: EnvConfig) 
     assert values["submit_trials"] == 1 and values["atol"] == "1e-4"
     assert prompts.format_tolerance(0.01) == "1e-2"
     assert prompts.format_tolerance(2.5e-3) == "2.5e-3"
+
+
+# ---------------------------------------------------------------------------- backend registry
+def test_backend_registry_is_the_one_source_of_backend_facts() -> None:
+    from kerneljudge.build import IMPORT_ONLY_BACKENDS
+    from kerneljudge.candidate import BACKENDS, GPU_BACKENDS, Candidate
+    from kerneljudge.candidate.backends import REGISTRY, backend, detect_backend
+    from kerneljudge.errors import CandidateError
+
+    assert BACKENDS == ("cuda", "cpp", "triton", "torch")
+    assert tuple(b.name for b in REGISTRY) == BACKENDS
+    assert GPU_BACKENDS == {b.name for b in REGISTRY if b.needs_gpu} == {"cuda", "triton"}
+    assert IMPORT_ONLY_BACKENDS == {b.name for b in REGISTRY if not b.compiled}
+    assert IMPORT_ONLY_BACKENDS == {"torch", "triton"}
+    assert [b.name for b in REGISTRY if not b.custom_kernel] == ["torch"]
+    with pytest.raises(CandidateError, match="unknown backend 'rust'"):
+        backend("rust")
+    with pytest.raises(CandidateError, match="unknown backend 'rust'"):
+        Candidate.from_source("x = 1", backend="rust")
+    cuda = "from torch.utils.cpp_extension import load_inline\nload_inline('a', '', 'k')\n"
+    assert detect_backend(cuda) == "cuda" and Candidate.from_source(cuda).needs_gpu
+    assert detect_backend("import triton\n") == "triton"
+    assert detect_backend("load_inline(name='a', cpp_sources='')") == "cpp"
+    assert not Candidate.from_source("import torch\n").needs_gpu

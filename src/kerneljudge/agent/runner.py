@@ -77,6 +77,7 @@ def summarize(
         duration_s=round(time.monotonic() - started, 3),
         error=error,
         transcript=str(transcript),
+        verdict=verdict,
     )
 
 
@@ -158,8 +159,7 @@ def run_episode(
                     except ModelRequestError as exc:
                         error, stop_reason = str(exc), "model_error"
                         say(f"{tag} turn {turn}: {exc}")
-                        final = env.finish("model_error")
-                        tw.end(final)
+                        tw.end(env.finish("model_error"))
                         break
                     for key in usage:
                         usage[key] += int(reply.usage.get(key, 0))

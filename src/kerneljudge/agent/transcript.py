@@ -34,12 +34,13 @@ import dataclasses
 import json
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from kerneljudge.env import EnvConfig, StepResult, ToolCall
+from kerneljudge.verdict import Verdict
 
 __all__ = [
     "TRANSCRIPT_VERSION",
@@ -71,6 +72,8 @@ class EpisodeSummary:
         duration_s: wall time of the episode (seconds).
         error: the error that stopped the episode, "" when none.
         transcript: the transcript's path.
+        verdict: the final verdict itself (None without one); not part of :meth:`to_dict`,
+            whose ``status`` and speedups come from it.
     """
 
     episode_id: str
@@ -89,9 +92,13 @@ class EpisodeSummary:
     duration_s: float
     error: str = ""
     transcript: str = ""
+    verdict: Verdict | None = field(default=None, compare=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The summary's JSON fields (all but :attr:`verdict`)."""
+        return {
+            f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "verdict"
+        }
 
 
 def _now() -> str:

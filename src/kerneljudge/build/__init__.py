@@ -27,6 +27,7 @@ from pathlib import Path
 from kerneljudge.build import toolchain
 from kerneljudge.build.log import parse_diagnostics, shape_log, trace_to_candidate
 from kerneljudge.candidate import Candidate
+from kerneljudge.candidate.backends import IMPORT_ONLY_BACKENDS
 from kerneljudge.verdict import BuildResult, CompilerMessage, decode
 from kerneljudge.worker import confine
 from kerneljudge.worker.sandbox import candidate_environment, child_pids
@@ -36,8 +37,6 @@ __all__ = ["BuildCache", "build", "default_cache_dir"]
 
 _SRC_DIR = str(Path(__file__).resolve().parents[2])
 DEFAULT_BUILD_TIMEOUT_S = 300.0
-#: Backends with no ahead-of-time compile step (Triton compiles on the first call, on the GPU).
-IMPORT_ONLY_BACKENDS = frozenset({"torch", "triton"})
 #: Stands for the candidate's file name in a stored build result (its log and messages).
 SOURCE_NAME = "<kerneljudge:source-name>"
 

@@ -1,5 +1,8 @@
 """Candidates: source text that defines ``ModelNew``, its backend, and static checks.
 
+The backends and what is known of each live in :mod:`kerneljudge.candidate.backends`; the custom
+kernel policy in :mod:`kerneljudge.candidate.policy`.
+
 Static checks here never import the candidate; they read its syntax tree.
 """
 
@@ -7,19 +10,14 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from kerneljudge.candidate.backends import BACKENDS, GPU_BACKENDS, detect_backend
+from kerneljudge.candidate.backends import backend as backend_record
 from kerneljudge.errors import CandidateError
 
-__all__ = ["BACKENDS", "Candidate", "StaticIssue", "detect_backend"]
-
-#: ``cuda``: load_inline with CUDA sources; ``cpp``: load_inline with C++ only (CPU);
-#: ``triton``: Triton kernels; ``torch``: plain PyTorch (no custom kernel).
-BACKENDS = ("cuda", "cpp", "triton", "torch")
-#: Backends whose kernels run on a CUDA device.
-GPU_BACKENDS = frozenset({"cuda", "triton"})
+__all__ = ["BACKENDS", "GPU_BACKENDS", "Candidate", "StaticIssue", "detect_backend"]
 
 
 @dataclass(frozen=True)
@@ -28,41 +26,6 @@ class StaticIssue:
 
     message: str
     line: int | None = None
-
-
-def detect_backend(source: str) -> str:
-    """The backend a candidate's source uses, from what it imports and calls.
-
-    A line that imports triton (``import triton``, ``from triton ...``) makes it ``triton``,
-    whatever else it calls. Otherwise a call of any function named ``load_inline`` or ``load``
-    (``cpp_extension.load``, but also e.g. ``torch.load``) makes it ``cuda`` when such a call
-    passes ``cuda_sources`` or ``with_cuda``, or three positional arguments, or the source
-    holds ``__global__`` or ``<<<`` anywhere, and ``cpp`` otherwise; with no such call it is
-    plain ``torch``. Calls are found in the syntax tree, so the words in a comment or docstring
-    do not count; a file that does not parse falls back to searching the text.
-    """
-    if re.search(r"^\s*(import triton|from triton\b)", source, re.MULTILINE):
-        return "triton"
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        if re.search(r"\bload_inline\b|\bcpp_extension\.load\b", source):
-            return "cuda" if re.search(r"\bcuda_sources\s*=|__global__|<<<", source) else "cpp"
-        return "torch"
-    calls = [
-        node
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Call)
-        and (getattr(node.func, "id", None) or getattr(node.func, "attr", None))
-        in ("load_inline", "load")
-    ]
-    if not calls:
-        return "torch"
-    cuda_kw = any(kw.arg in ("cuda_sources", "with_cuda") for c in calls for kw in c.keywords)
-    cuda_kw = cuda_kw or any(len(c.args) >= 3 for c in calls)  # load_inline(name, cpp, cuda)
-    if cuda_kw or re.search(r"__global__|<<<", source):
-        return "cuda"
-    return "cpp"
 
 
 @dataclass(frozen=True)
@@ -90,9 +53,8 @@ class Candidate:
         Raises:
             CandidateError: ``backend`` is not one of :data:`BACKENDS`.
         """
-        if backend is not None and backend not in BACKENDS:
-            raise CandidateError(f"unknown backend {backend!r} (use one of {', '.join(BACKENDS)})")
-        return cls(source=source, backend=backend or detect_backend(source), name=name)
+        name_ = backend_record(backend).name if backend is not None else detect_backend(source)
+        return cls(source=source, backend=name_, name=name)
 
     @classmethod
     def from_file(cls, path: str | Path, backend: str | None = None) -> Candidate:
@@ -117,6 +79,7 @@ class Candidate:
 
     @property
     def needs_gpu(self) -> bool:
+        """The backend's kernels run on a CUDA device (see :data:`GPU_BACKENDS`)."""
         return self.backend in GPU_BACKENDS
 
     def static_issues(self) -> list[StaticIssue]:

@@ -18,6 +18,8 @@ import ast
 import re
 from typing import Any
 
+from kerneljudge.candidate.backends import BY_NAME
+
 __all__ = [
     "CUSTOM_KERNEL_REQUIRED",
     "DEFAULT_FORBIDDEN_OPS",
@@ -156,7 +158,8 @@ def static_issues(source: str, backend: str, policy: dict[str, Any] | None = Non
     """Reasons, read off the source, why this candidate is not a custom kernel (operators its
     C++ source calls count when ``policy`` forbids them, see :func:`forbidden_ops`)."""
     issues = []
-    if backend == "torch":
+    record = BY_NAME.get(backend)
+    if record is not None and not record.custom_kernel:
         issues.append("the candidate is plain PyTorch (no load_inline or Triton kernel)")
     try:
         tree = ast.parse(source)

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from kerneljudge.candidate import GPU_BACKENDS
+from kerneljudge.candidate.backends import GPU_BACKENDS
 from kerneljudge.cli.output import print_table
 from kerneljudge.errors import KernelJudgeError
 from kerneljudge.judge import Judge, JudgeConfig

@@ -12,6 +12,10 @@ An episode in ten lines::
         result = env.step(ToolCall("submit_kernel", {"kernel_code": code}))
         print(result.done, result.reward, result.info.verdict.status)
 
+Every tool returns one frozen :class:`Observation` (its text, the verdict or build result it came
+from, its code); the environment reads it to keep the episode's state and builds each step's
+:class:`StepResult` from it (``result.info.result``).
+
 This package needs nothing beyond the judge's own dependencies (no ``openai``); the runner that
 drives a model server lives in :mod:`kerneljudge.agent`. See ``docs/environment.md``.
 """
@@ -20,6 +24,7 @@ from kerneljudge.env._env import EpisodeOver, KernelEnv, StepInfo, StepResult, T
 from kerneljudge.env._tool import Tool, ToolError, tool
 from kerneljudge.env.budget import ON_EXHAUSTED, Budget
 from kerneljudge.env.config import EnvConfig
+from kerneljudge.env.observations import Observation
 from kerneljudge.env.prompts import TEMPLATE_NAMES, bundled_prompts_dir
 from kerneljudge.env.rewards import RewardFn, SpeedupReward, default_reward
 from kerneljudge.env.state import CallRecord, EpisodeState
@@ -35,6 +40,7 @@ __all__ = [
     "EpisodeOver",
     "EpisodeState",
     "KernelEnv",
+    "Observation",
     "RewardFn",
     "SpeedupReward",
     "StepInfo",

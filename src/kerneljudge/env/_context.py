@@ -1,12 +1,12 @@
-"""What the tools act on: the judge with per-tool settings, and the current step's report."""
+"""What the tools act on: the judge with per-tool settings, and the environment's reward."""
 
 from __future__ import annotations
 
 import dataclasses
 import re
 import threading
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 
@@ -20,7 +20,9 @@ from kerneljudge.problem import Problem
 from kerneljudge.verdict import BuildResult, DeviceInfo, Verdict
 from kerneljudge.worker import CandidateFault, WorkerDied, WorkerTimeout
 
-__all__ = ["JudgeSession", "StepReport", "ToolContext", "resolve_env_device"]
+__all__ = ["JudgeSession", "ToolContext", "resolve_env_device"]
+
+T = TypeVar("T")
 
 
 def resolve_env_device(device: str) -> str:
@@ -196,36 +198,20 @@ def _mark_own(rows: list[dict[str, Any]], source: str) -> list[dict[str, Any]]:
     return out
 
 
-@dataclass
-class StepReport:
-    """What the current tool call found, beyond its observation text."""
-
-    outcome: str = ""
-    code: str | None = None
-    verdict: Verdict | None = None
-    build: BuildResult | None = None
-    profile: list[dict[str, Any]] | None = None
-    passed: bool = False
-    submitted: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
 class ToolContext:
-    """Handed to the tool factories: the judge session and the step report to fill in.
+    """Handed to the tool factories: the judge session and the environment's reward function.
 
     Args:
         session: the judge session.
-        submit: the environment's submission hook: evaluates the code, ends the episode and
-            returns ``(verdict, reward)``.
+        reward: ``reward(verdict) -> float``, the environment's reward of a submitted verdict.
     """
 
-    def __init__(self, session: JudgeSession, submit: Any) -> None:
+    def __init__(self, session: JudgeSession, reward: Callable[[Verdict | None], float]) -> None:
         self.session = session
-        self._submit = submit
-        self.report = StepReport()
+        self._reward = reward
 
     def candidate(self, tool: str, kernel_code: str) -> Candidate:
-        """The model's code as a candidate (remembered as the last code given).
+        """The model's code as a candidate.
 
         Raises:
             ToolError: the code is empty.
@@ -234,22 +220,23 @@ class ToolContext:
             raise ToolError(
                 tool, "kernel_code is empty; pass your complete Python file defining ModelNew"
             )
-        self.report.code = kernel_code
         return Candidate.from_source(kernel_code, name="kernel_code")
 
-    def submit(self, cand: Candidate) -> tuple[Verdict | None, float]:
-        return self._submit(cand)
+    def reward(self, verdict: Verdict | None) -> float:
+        """The environment's reward of a submitted verdict."""
+        return float(self._reward(verdict))
 
-    def run(self, tool: str, fn: Any, cand: Candidate) -> Any:
+    def run(self, tool: str, fn: Callable[[Candidate], T], cand: Candidate) -> T:
         """Call a session method; a device the candidate cannot use becomes a tool error.
 
         Raises:
-            ToolError: the candidate needs a GPU on a CPU-only environment (or the reverse).
+            ToolError: the candidate needs a GPU on a CPU-only environment (or the reverse);
+                it carries the candidate's code.
         """
         try:
             return fn(cand)
         except DeviceError:
-            raise ToolError(tool, _device_message(cand, self.session.device)) from None
+            raise ToolError(tool, _device_message(cand, self.session.device), cand.source) from None
 
 
 def _device_message(cand: Candidate, device: str) -> str:

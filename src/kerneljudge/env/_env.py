@@ -18,7 +18,6 @@ A model-driven loop calls :meth:`KernelEnv.begin_turn` before handling each mode
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import time
 import uuid
 from dataclasses import dataclass
@@ -28,12 +27,13 @@ from typing import Any
 from kerneljudge.candidate import Candidate
 from kerneljudge.env import observations as obs
 from kerneljudge.env import prompts
-from kerneljudge.env._context import JudgeSession, StepReport, ToolContext
+from kerneljudge.env._context import JudgeSession, ToolContext
 from kerneljudge.env._tool import Tool, ToolError
 from kerneljudge.env.budget import Budget
 from kerneljudge.env.config import EnvConfig
+from kerneljudge.env.observations import Observation
 from kerneljudge.env.rewards import RewardFn, default_reward
-from kerneljudge.env.state import CallRecord, EpisodeState
+from kerneljudge.env.state import EpisodeState
 from kerneljudge.env.tools import default_tools
 from kerneljudge.errors import DeviceError, KernelJudgeError
 from kerneljudge.judge import Judge
@@ -126,6 +126,9 @@ class StepInfo:
         duration_s: wall time of the step (seconds).
         submitted_by: ``model`` or ``budget`` when the episode ended with an evaluation.
         stop_reason: why the episode ended ("" while it runs).
+        result: the tool's own :class:`~kerneljudge.env.observations.Observation` (its text
+            without the budget line; None for a step that ended the episode outside a tool
+            call); not part of :meth:`to_dict`.
     """
 
     tool: str
@@ -139,10 +142,13 @@ class StepInfo:
     duration_s: float = 0.0
     submitted_by: str = ""
     stop_reason: str = ""
+    result: Observation | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (the verdict and build as their own dicts)."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out = {
+            f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "result"
+        }
         out["budget"] = dataclasses.asdict(self.budget)
         out["verdict"] = self.verdict.to_dict() if self.verdict else None
         out["build"] = dataclasses.asdict(self.build) if self.build else None
@@ -204,8 +210,8 @@ class KernelEnv:
         )
         self.session = JudgeSession(loaded, self.config, judge, device_lock)
         self.reward_fn: RewardFn = reward or default_reward
-        self._ctx = ToolContext(self.session, self._submit)
-        self.tools: list[Tool] = default_tools(self._ctx)
+        self._ctx = ToolContext(self.session, self._reward)
+        self.tools: list[Tool[Observation]] = default_tools(self._ctx)
         self._by_name = {t.name: t for t in self.tools}
         self.state = EpisodeState(episode_id or _new_id(), self._problem_spec, self.config)
         self._final: Verdict | None = None
@@ -348,50 +354,35 @@ class KernelEnv:
             call = ToolCall(str(getattr(call, "name", "")), "{}", "")
         t0 = time.monotonic()
         self.state.calls_used += 1
-        self._ctx.report = report = StepReport()
-        error = ""
         tool = self._by_name.get(call.name)
         try:
             if tool is None:
                 names = ", ".join(self._by_name)
                 raise ToolError("", f"there is no tool {call.name!r}; the tools are {names}")
-            text = tool(call.arguments)
+            result = tool(call.arguments)
         except ToolError as exc:
-            error = exc.message
-            report.outcome = "tool_error"
-            label = f"{call.name} ERROR" if tool is not None else "ERROR"
-            text = f"{label}: {exc.message}"
-        if report.code is not None:
-            self.state.last_code = report.code
-            if report.passed:
-                self.state.last_passing_code = report.code
-        sha = hashlib.sha256(report.code.encode()).hexdigest() if report.code else ""
-        self.state.history.append(
-            CallRecord(
-                index=self.state.calls_used,
-                turn=self.state.turns_used,
-                tool=call.name,
-                outcome=report.outcome or "done",
-                code_sha256=sha,
-                duration_s=time.monotonic() - t0,
-            )
-        )
+            result = Observation.tool_error(call.name, exc.message, tool is not None, exc.code)
+        if result.submitted:
+            self._end(result.verdict, result.reward, "model", "submitted")
+        self.state.record(result, time.monotonic() - t0)
+        text = result.text
         if not self.state.done and self.state.budget.calls_left == 0:
             text += "\n\n" + self._exhaust("tool calls", "tool_calls_exhausted")
         text += "\n\n" + self._budget_text()
-        verdict = self._final if self.state.submitted_by == "budget" else report.verdict
+        verdict = self._final if self.state.submitted_by == "budget" else result.verdict
         info = StepInfo(
             tool=call.name,
             call_id=call.id,
-            outcome=report.outcome or "done",
+            outcome=result.outcome,
             budget=self.state.budget,
-            error=error,
+            error=result.error,
             verdict=verdict,
-            build=report.build,
-            profile=report.profile,
+            build=result.build,
+            profile=list(result.profile) if result.profile is not None else None,
             duration_s=time.monotonic() - t0,
             submitted_by=self.state.submitted_by,
             stop_reason=self.state.stop_reason,
+            result=result,
         )
         return StepResult(text, self.state.done, self.state.reward, info)
 
@@ -411,14 +402,15 @@ class KernelEnv:
                 )
         return "\n".join([*notes, budget.line()])
 
-    def _submit(self, cand: Candidate) -> tuple[Verdict, float]:
-        """The submit_kernel hook: full evaluation, end of the episode."""
-        verdict = self.session.submit(cand)
-        reward = self._end(verdict, "model", "submitted")
-        return verdict, reward
+    def _reward(self, verdict: Verdict | None) -> float:
+        """The reward function of a final verdict (None: nothing was evaluated)."""
+        return float(self.reward_fn(verdict))
 
-    def _end(self, verdict: Verdict | None, submitted_by: str, stop_reason: str) -> float:
-        reward = float(self.reward_fn(verdict))
+    def _end(
+        self, verdict: Verdict | None, reward: float | None, submitted_by: str, stop_reason: str
+    ) -> float:
+        """End the episode with ``verdict``; ``reward`` None: the reward function's."""
+        reward = self._reward(verdict) if reward is None else reward
         self._final = verdict
         self.state.done = True
         self.state.reward = reward
@@ -441,7 +433,7 @@ class KernelEnv:
                 verdict = self.session.submit(Candidate.from_source(code, name="kernel_code"))
             except DeviceError:  # the last code needs a device this environment lacks
                 verdict = None
-        reward = self._end(verdict, "budget", stop_reason)
+        reward = self._end(verdict, None, "budget", stop_reason)
         if verdict is not None:
             which = "passed run_correctness" if policy == "submit_last_passing" else "you wrote"
             action = f"the last kernel that {which} was submitted for you.\n" + obs.submit_text(

@@ -1,5 +1,8 @@
 """Tools: a Python function whose docstring is what the model reads.
 
+A tool's function returns what the call produced: the environment's tools return an
+:class:`~kerneljudge.env.observations.Observation`.
+
 :func:`tool` turns a function into a :class:`Tool`: its name is the function's name, its
 description the docstring up to the ``Args:`` section, and its JSON-schema parameters come from
 the signature (types, defaults) and the ``Args:`` lines (descriptions). There is one place to edit
@@ -19,9 +22,12 @@ import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 __all__ = ["Tool", "ToolError", "parse_docstring", "tool"]
+
+#: What a tool's function returns.
+R = TypeVar("R")
 
 _JSON_TYPES: dict[type, str] = {str: "string", int: "integer", float: "number", bool: "boolean"}
 _SECTION = re.compile(r"^(Args|Arguments|Returns|Raises|Yields|Examples?|Notes?):\s*$")
@@ -33,11 +39,14 @@ class ToolError(Exception):
     Attributes:
         tool: the tool's name ("" when the name itself was unknown).
         message: what went wrong, written for the model.
+        code: the code the call was given, when the tool had read it before failing (None
+            otherwise).
     """
 
-    def __init__(self, tool: str, message: str) -> None:
+    def __init__(self, tool: str, message: str, code: str | None = None) -> None:
         self.tool = tool
         self.message = message
+        self.code = code
         super().__init__(f"{tool}: {message}" if tool else message)
 
 
@@ -115,20 +124,21 @@ def _check_type(value: Any, annotation: Any) -> bool:
 
 
 @dataclass(frozen=True)
-class Tool:
+class Tool(Generic[R]):
     """One agent-facing tool.
 
     Attributes:
         name: the function name the model calls.
         description: the docstring without its ``Args:`` section.
         parameters: the JSON schema of the arguments (an ``object`` schema).
-        fn: the function; it returns the observation text.
+        fn: the function; it returns what the call produced (the environment's tools: an
+            :class:`~kerneljudge.env.observations.Observation`).
     """
 
     name: str
     description: str
     parameters: dict[str, Any]
-    fn: Callable[..., str]
+    fn: Callable[..., R]
 
     def schema(self) -> dict[str, Any]:
         """The OpenAI function-calling entry: ``{"type": "function", "function": {...}}``."""
@@ -193,8 +203,8 @@ class Tool:
                 )
         return dict(arguments)
 
-    def __call__(self, arguments: str | dict[str, Any] | None) -> str:
-        """Validate ``arguments`` and run the tool.
+    def __call__(self, arguments: str | dict[str, Any] | None) -> R:
+        """Validate ``arguments`` and run the tool; returns what :attr:`fn` returns.
 
         Raises:
             ToolError: bad arguments, or the tool's own report of a failure.
@@ -206,12 +216,12 @@ class Tool:
         return json.dumps({k: "..." for k in props})
 
 
-def tool(fn: Callable[..., str], *, name: str | None = None) -> Tool:
+def tool(fn: Callable[..., R], *, name: str | None = None) -> Tool[R]:
     """Make a :class:`Tool` of ``fn`` from its signature and docstring.
 
     Args:
         fn: a function with annotated parameters (str, int, float, bool, Literal, list, or
-            Optional of these) returning the observation text, and a docstring with an
+            Optional of these) returning the call's result, and a docstring with an
             ``Args:`` entry for every parameter.
         name: the tool's name (default: ``fn.__name__``).
 

@@ -1,4 +1,4 @@
-"""Observation texts: what the model reads after each tool call.
+"""Observations: what a tool call returns (:class:`Observation`) and the texts the model reads.
 
 They follow the shape agents already know, e.g.::
 
@@ -8,12 +8,17 @@ They follow the shape agents already know, e.g.::
 Compiler errors come first and name lines of the submitted code; runtime errors come in a few
 lines; timings carry their spread and the speedup's 95% interval. The budget line is added by
 the environment, not here.
+
+Every tool returns one frozen :class:`Observation`: its text, the verdict or build result the
+text came from, and the details the environment, its state and transcripts read.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from kerneljudge.candidate.policy import CUSTOM_KERNEL_REQUIRED
@@ -21,6 +26,7 @@ from kerneljudge.verdict import BuildResult, CheckResult, Status, Verdict
 from kerneljudge.verdict.render import noise_line
 
 __all__ = [
+    "Observation",
     "benchmark_text",
     "build_text",
     "check_text",
@@ -38,6 +44,66 @@ _GENERATED = re.compile(
 )
 _COMMAND = re.compile(r"^\s*(\[\d+/\d+\]\s|FAILED:|c\+\+ |g\+\+ |gcc |clang|\S*nvcc |ninja: )")
 _BASELINE_NAMES = {"eager": "PyTorch eager", "compile": "torch.compile"}
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What one tool call returns.
+
+    Attributes:
+        tool: the tool's name as the model called it.
+        text: the text for the model (the environment appends the budget line to it).
+        outcome: ``passed``/``failed`` (run_correctness), ``built``/``compile_error``
+            (compile_kernel), the verdict's status (run_benchmark, submit_kernel), or
+            ``tool_error``.
+        error: a tool error's message, "" otherwise.
+        code: the ``kernel_code`` the call was given; None when the call stopped before
+            reading it (bad arguments, empty code, an unknown tool).
+        verdict: the verdict of run_correctness, run_benchmark or submit_kernel; None
+            otherwise.
+        build: compile_kernel's build result; None otherwise.
+        profile: run_benchmark's profile rows (``name, device_time_ms, calls, share, own``);
+            None when no profile was taken.
+        passed: the verdict is ``correct`` (run_correctness, run_benchmark): the code becomes
+            the episode's last passing code.
+        submitted: submit_kernel evaluated the code; the episode ends with :attr:`verdict`.
+        reward: submit_kernel's reward (the environment's reward function of the verdict);
+            None otherwise.
+    """
+
+    tool: str
+    text: str
+    outcome: str
+    error: str = ""
+    code: str | None = None
+    verdict: Verdict | None = None
+    build: BuildResult | None = None
+    profile: tuple[dict[str, Any], ...] | None = None
+    passed: bool = False
+    submitted: bool = False
+    reward: float | None = None
+
+    @classmethod
+    def tool_error(cls, tool: str, message: str, known: bool, code: str | None) -> Observation:
+        """The observation of a tool error.
+
+        Args:
+            tool: the name the model called.
+            message: what went wrong, written for the model.
+            known: the tool exists (its name labels the text; else the text starts
+                ``ERROR:``).
+            code: the code the call was given, when it had been read.
+        """
+        label = f"{tool} ERROR" if known else "ERROR"
+        return cls(tool, f"{label}: {message}", "tool_error", error=message, code=code)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (the verdict and build as their own dicts, the profile a list)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["verdict"] = self.verdict.to_dict() if self.verdict else None
+        out["build"] = dataclasses.asdict(self.build) if self.build else None
+        out["profile"] = list(self.profile) if self.profile is not None else None
+        return out
 
 
 def _short_paths(text: str) -> str:
@@ -119,8 +185,8 @@ def _oracle_note(check: CheckResult) -> str:
         return ""
     worst = max(
         (t for t in check.trials if t.oracle_err is not None and t.oracle_bound),
-        key=lambda t: t.oracle_err / t.oracle_bound,
-        default=None,  # type: ignore[operator]
+        key=lambda t: (t.oracle_err or 0.0) / (t.oracle_bound or 1.0),
+        default=None,
     )
     if worst is None:
         return ""

@@ -8,12 +8,14 @@ on from the same budget, history and best code.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from kerneljudge.env.budget import Budget
 from kerneljudge.env.config import EnvConfig
+from kerneljudge.env.observations import Observation
 
 __all__ = ["CallRecord", "EpisodeState", "STATE_VERSION"]
 
@@ -82,6 +84,34 @@ class EpisodeState:
         return Budget(
             self.config.max_tool_calls, self.config.max_turns, self.calls_used, self.turns_used
         )
+
+    def record(self, result: Observation, duration_s: float) -> CallRecord:
+        """Add a tool call's observation to the history (as call :attr:`calls_used`).
+
+        Its code becomes :attr:`last_code`, and :attr:`last_passing_code` too when it passed.
+
+        Args:
+            result: the tool's observation.
+            duration_s: wall time of the call (seconds).
+
+        Returns:
+            The record added.
+        """
+        if result.code is not None:
+            self.last_code = result.code
+            if result.passed:
+                self.last_passing_code = result.code
+        sha = hashlib.sha256(result.code.encode()).hexdigest() if result.code else ""
+        record = CallRecord(
+            index=self.calls_used,
+            turn=self.turns_used,
+            tool=result.tool,
+            outcome=result.outcome,
+            code_sha256=sha,
+            duration_s=duration_s,
+        )
+        self.history.append(record)
+        return record
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict carrying :data:`STATE_VERSION`."""

@@ -35,7 +35,7 @@ try:
     from inspect_ai.dataset import MemoryDataset, Sample
     from inspect_ai.model import ChatMessageSystem, ChatMessageUser, execute_tools
     from inspect_ai.scorer import Score, Target, mean, scorer
-    from inspect_ai.solver import Generate, TaskState, solver
+    from inspect_ai.solver import Generate, Solver, TaskState, solver
     from inspect_ai.tool import ToolDef, ToolParam, ToolParams
 except ImportError:
     raise MissingExtraError("inspect", "inspect-ai") from None
@@ -106,7 +106,7 @@ def kernel_solver(
     config: EnvConfig | None = None,
     reward: RewardFn | None = None,
     device_lock: Any = None,
-):
+) -> Solver:
     """Run one kerneljudge episode on the sample's problem (``sample.metadata["problem"]``).
 
     The sample's messages are replaced by the environment's system and task prompts; the

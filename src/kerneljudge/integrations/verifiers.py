@@ -224,11 +224,6 @@ class KernelHarness(vf.Harness[KernelHarnessConfig]):
             request_timeout_s=self.config.request_timeout_s,
             max_retries=self.config.max_retries,
         )
-        final: dict[str, Verdict | None] = {}
-
-        def reward(verdict: Verdict | None) -> float:
-            final["verdict"] = verdict
-            return float(SpeedupReward()(verdict))
 
         def play(out_dir: str) -> Any:
             return run_episode(
@@ -237,7 +232,7 @@ class KernelHarness(vf.Harness[KernelHarnessConfig]):
                 config,
                 out_dir=out_dir,
                 device_lock=_DEVICE_LOCK,
-                reward=reward,
+                reward=SpeedupReward(),
             )
 
         if self.config.transcript_dir:
@@ -245,7 +240,7 @@ class KernelHarness(vf.Harness[KernelHarnessConfig]):
         else:
             with tempfile.TemporaryDirectory(prefix="kerneljudge-vf-") as tmp:
                 summary = await asyncio.to_thread(play, tmp)
-        verdict = final.get("verdict")
+        verdict = summary.verdict
         trace.info[INFO_KEY] = {
             "episode_id": summary.episode_id,
             "status": summary.status,
