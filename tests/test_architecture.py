@@ -46,6 +46,10 @@ def _import_time_imports(path: Path, name: str, known: set[str]) -> set[str]:
                 visit(node.orelse)
             elif isinstance(node, ast.Try):
                 visit(node.body)
+                for handler in node.handlers:
+                    visit(handler.body)
+                visit(node.orelse)
+                visit(node.finalbody)
             elif isinstance(node, ast.Import):
                 for alias in node.names:
                     add(alias.name)

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from kerneljudge.build import (
-    IMPORT_ONLY_BACKENDS,
     BuildCache,
     build,
     clear_stale_batons,
@@ -27,6 +26,7 @@ from kerneljudge.build import (
 )
 from kerneljudge.build.log import shape_log
 from kerneljudge.candidate import Candidate
+from kerneljudge.candidate.backends import IMPORT_ONLY_BACKENDS
 from kerneljudge.candidate.policy import requires_custom_kernel, static_issues, static_reason
 from kerneljudge.check.memory import check_budget, reply_limit
 from kerneljudge.check.reference import first_line
@@ -99,11 +99,14 @@ class Judge:
         self.close()
 
     def close(self) -> None:
-        """End every worker this judge started."""
-        self.reference.close()
-        for pool in self._pools.values():
-            pool.close()
-        self._pools.clear()
+        """End every worker this judge started: the candidate workers first, then the reference
+        side (its workers and its preparation thread), even when a pool fails to close."""
+        try:
+            for pool in self._pools.values():
+                pool.close()
+            self._pools.clear()
+        finally:
+            self.reference.close()
 
     def _pool(self, device: str) -> WorkerPool:
         if self.reference.closed:

@@ -254,9 +254,11 @@ def check_aftermath(sandbox: Sandbox | None, threads_before: set[int]) -> None:
 class Confined:
     """Arms the sandbox around candidate code and turns what it caught into a rejecting Fault.
 
-    The owner's ``sandbox`` is read on entry and on exit. A call that raised is left to the
-    caller; after one that returned, threads or processes it left behind are a rejecting Fault
-    (:func:`check_aftermath`; the timed loop checks after each of its calls itself).
+    The owner's ``sandbox`` is read on entry and on exit. Whatever the sandbox refused during the
+    call is a rejecting Fault, whether the call raised or returned; otherwise a call that raised
+    is left to the caller, and after one that returned, threads or processes it left behind are a
+    rejecting Fault (:func:`check_aftermath`; the timed loop checks after each of its calls
+    itself).
     """
 
     def __init__(self, worker: SandboxOwner) -> None:
