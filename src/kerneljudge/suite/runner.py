@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -204,6 +206,38 @@ def _record_problems(
     store.set_problems(run_id, [p.to_dict(counts.get(p.name, 0)) for p in problems])
 
 
+class _CtrlC:
+    """Ctrl-C (SIGINT) that is never lost: while the block runs, SIGINT records that it came,
+    then raises :class:`KeyboardInterrupt` as Python's own handler does. Python drops an
+    exception raised while a finalizer (``__del__``, a weakref callback) runs, so a
+    KeyboardInterrupt can vanish; :meth:`check`, called between pairs, raises it again.
+    Outside the main thread (where no signal handler can be set) it only checks."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: Any = None
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.requested = True
+        raise KeyboardInterrupt
+
+    def check(self) -> None:
+        """Raise :class:`KeyboardInterrupt` if SIGINT came since the block began."""
+        if self.requested:
+            raise KeyboardInterrupt
+
+    def __enter__(self) -> _CtrlC:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+        if exc[0] is None:
+            self.check()
+
+
 Reporter = Callable[[str, Pair | None, Any], None]
 """``reporter(event, pair, data)``: ``start`` (data: (pairs to judge, already done)), ``pair``
 (a pair begins; data None), ``verdict`` (data: the Verdict), ``skip`` (data: why), ``end``."""
@@ -234,13 +268,14 @@ def run_pairs(store: ResultsStore, run: str, reporter: Reporter | None = None) -
     summary.unmatched = [str(p) for p in unmatched]
     report = reporter or (lambda *a: None)
     store.set_state(run_id, "running", owner=_owner())
-    report("start", None, (len(todo), summary.already))
     by_problem: dict[str, list[Pair]] = {}
     for p in todo:
         by_problem.setdefault(p.problem.name, []).append(p)
     try:
-        for group in by_problem.values():
-            _judge_problem(store, run_id, group, config, summary, report)
+        with _CtrlC() as ctrl_c:
+            report("start", None, (len(todo), summary.already))
+            for group in by_problem.values():
+                _judge_problem(store, run_id, group, config, summary, report, ctrl_c)
     except BaseException as exc:  # Ctrl-C, or a harness failure: the run stays resumable
         summary.interrupted = isinstance(exc, KeyboardInterrupt)
         store.set_state(run_id, "interrupted")
@@ -258,8 +293,10 @@ def _judge_problem(
     config: JudgeConfig,
     summary: RunSummary,
     report: Reporter,
+    ctrl_c: _CtrlC,
 ) -> None:
-    """Judge one problem's pending pairs with one warm judge."""
+    """Judge one problem's pending pairs with one warm judge; a Ctrl-C is honoured between
+    pairs even if its KeyboardInterrupt was lost."""
     problem = group[0].problem
 
     def skip(pair: Pair, why: str) -> None:
@@ -274,6 +311,7 @@ def _judge_problem(
         return
     with judge:
         for i, pair in enumerate(group):
+            ctrl_c.check()
             report("pair", pair, None)
             try:
                 cand = Candidate.from_file(pair.path)

@@ -1,0 +1,43 @@
+"""A Ctrl-C during a suite run is never lost, even when Python drops its KeyboardInterrupt
+(raised while a finalizer runs)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from kerneljudge.suite.runner import _CtrlC
+
+# The dropped KeyboardInterrupt is reported by Python as unraisable, which is the point here.
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
+
+class _SignalsInFinalizer:
+    def __del__(self) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # the handler runs here, inside __del__: its exception is dropped
+
+
+def test_python_drops_a_keyboard_interrupt_raised_in_a_finalizer() -> None:
+    reached = False
+    _SignalsInFinalizer()  # made and collected at once
+    reached = True
+    assert reached  # the plain handler's KeyboardInterrupt did not stop this code
+
+
+def test_a_lost_ctrl_c_is_raised_again_at_the_next_check() -> None:
+    reached = False
+    with pytest.raises(KeyboardInterrupt), _CtrlC() as ctrl_c:
+        _SignalsInFinalizer()
+        reached = True  # dropped here as well...
+        ctrl_c.check()  # ...but remembered
+    assert reached and ctrl_c.requested
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+
+
+def test_a_lost_ctrl_c_after_the_last_check_is_raised_when_the_block_ends() -> None:
+    with pytest.raises(KeyboardInterrupt), _CtrlC():
+        _SignalsInFinalizer()
