@@ -24,62 +24,15 @@ from typing import Any
 from kerneljudge.candidate import Candidate
 from kerneljudge.errors import CandidateError, DeviceError, KernelJudgeError, ProblemError
 from kerneljudge.judge import Judge, JudgeConfig
-from kerneljudge.judge.config import (
-    DEFAULT_BUILD_TIMEOUT_S,
-    DEFAULT_DEVICE,
-    DEFAULT_RUN_TIMEOUT_S,
-    DEFAULT_SHAPE_SETS,
-    DEFAULT_TOLERANCE,
-    DEFAULT_TRIALS,
-)
+from kerneljudge.judge.options import JudgeOptions
 from kerneljudge.suite.layout import Pair, SuiteProblem, find_candidates, load_suite
 from kerneljudge.suite.store import ResultsStore, StoreError
-from kerneljudge.timing import TimingConfig
 
 __all__ = ["RunSummary", "SuiteOptions", "host_versions", "plan", "run_pairs", "start_run"]
 
 
-@dataclass(frozen=True)
-class SuiteOptions:
-    """The judge's options for every pair of a run (stored with it; a resume reuses them).
-
-    Field meanings are :class:`~kerneljudge.judge.JudgeConfig`'s; ``max_time_s`` is the
-    timing budget per candidate in seconds (None: the timing protocol's default).
-    """
-
-    device: str = DEFAULT_DEVICE
-    trials: int = DEFAULT_TRIALS
-    tolerance: str = DEFAULT_TOLERANCE
-    timing: bool = True
-    baselines: tuple[str, ...] = ("eager",)  # the metrics use the eager speedup
-    shape_sets: tuple[str, ...] = DEFAULT_SHAPE_SETS
-    max_time_s: float | None = None
-    build_timeout_s: float = DEFAULT_BUILD_TIMEOUT_S
-    run_timeout_s: float = DEFAULT_RUN_TIMEOUT_S
-    cache_dir: str | None = None
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> SuiteOptions:
-        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        for key in ("baselines", "shape_sets"):
-            if key in known:
-                known[key] = tuple(known[key])
-        return cls(**known)
-
-    def judge_config(self) -> JudgeConfig:
-        timing = TimingConfig(max_time_s=self.max_time_s) if self.max_time_s else TimingConfig()
-        return JudgeConfig(
-            device=self.device,
-            trials=self.trials,
-            tolerance=self.tolerance,
-            timing=self.timing,
-            baselines=self.baselines,
-            shape_sets=self.shape_sets,
-            timing_config=timing,
-            build_timeout_s=self.build_timeout_s,
-            run_timeout_s=self.run_timeout_s,
-            cache_dir=Path(self.cache_dir) if self.cache_dir else None,
-        )
+#: The judge's options for every pair of a run (stored with it; a resume reuses them).
+SuiteOptions = JudgeOptions
 
 
 @dataclass
