@@ -127,7 +127,7 @@ def test_two_cpu_slots_judge_at_once_on_disjoint_cores(
 ) -> None:
     cores = executor.slot_cores()
     assert set(cores["cpu:0"]).isdisjoint(cores["cpu:1"]) and cores["cpu:0"] and cores["cpu:1"]
-    options = _options(tmp_path, run_timeout_s=60.0)
+    options = _options(tmp_path, run_timeout_s=20.0)
     futures = [executor.submit(Job(PROBLEM, HANG, options)) for _ in range(2)]
     pids = executor.slot_pids()
     # Both slots are judging at the same moment: each has its judge's workers running.
@@ -148,13 +148,23 @@ def test_two_cpu_slots_judge_at_once_on_disjoint_cores(
     assert [f.result(WAIT_S).status.value for f in futures] == ["timeout", "timeout"]
 
 
+def _judging(executor: LocalExecutor, job_id: str) -> tuple[str, int] | None:
+    """(slot, pid) of the slot judging ``job_id`` once its judge's workers are up."""
+    for name, running in executor.slot_jobs().items():
+        pid = executor.slot_pids()[name]
+        if running == job_id and pid is not None and len(child_pids(pid)) >= 2:
+            return name, pid
+    return None
+
+
 def test_a_killed_slot_is_replaced_and_its_job_retried(
     executor: LocalExecutor, tmp_path: Path
 ) -> None:
-    hang = executor.submit(Job(PROBLEM, HANG, _options(tmp_path, run_timeout_s=30.0)))
-    _until(lambda: executor.stats().running == 1)
-    _until(lambda: any(len(child_pids(p)) >= 2 for p in executor.slot_pids().values() if p))
-    victim = next((n, p) for n, p in executor.slot_pids().items() if p and len(child_pids(p)) >= 2)
+    job = Job(PROBLEM, HANG, _options(tmp_path, run_timeout_s=10.0))
+    hang = executor.submit(job)
+    _until(lambda: _judging(executor, job.job_id) is not None)
+    victim = _judging(executor, job.job_id)
+    assert victim is not None
     os.kill(victim[1], signal.SIGKILL)
     other = executor.submit(Job(PROBLEM, GOOD, _options(tmp_path)))
     assert other.result(WAIT_S).status.value == "correct"
@@ -166,26 +176,23 @@ def test_a_killed_slot_is_replaced_and_its_job_retried(
 def test_a_job_whose_slot_dies_twice_is_a_harness_error(
     executor: LocalExecutor, tmp_path: Path
 ) -> None:
-    job = Job(PROBLEM, HANG, _options(tmp_path, run_timeout_s=120.0))
+    job = Job(PROBLEM, HANG, _options(tmp_path, run_timeout_s=30.0))
     future = executor.submit(job)
     killed: set[int] = set()
     while len(killed) < 2:
-        _until(lambda: any(len(child_pids(p)) >= 2 for p in _fresh(executor, killed)))
-        pid = next(p for p in _fresh(executor, killed) if len(child_pids(p)) >= 2)
-        os.kill(pid, signal.SIGKILL)
-        killed.add(pid)
+        _until(lambda: (_judging(executor, job.job_id) or ("", 0))[1] not in (0, *killed))
+        where = _judging(executor, job.job_id)
+        assert where is not None
+        os.kill(where[1], signal.SIGKILL)
+        killed.add(where[1])
     with pytest.raises(JobError) as info:
         future.result(WAIT_S)
     assert info.value.kind == "harness"
     assert "SIGKILL" in str(info.value) and "2 times" in str(info.value)
 
 
-def _fresh(executor: LocalExecutor, killed: set[int]) -> list[int]:
-    return [p for p in executor.slot_pids().values() if p and p not in killed]
-
-
 def test_cancel_and_duplicate_job_ids(executor: LocalExecutor, tmp_path: Path) -> None:
-    options = _options(tmp_path, run_timeout_s=60.0)
+    options = _options(tmp_path, run_timeout_s=20.0)
     hangs = [Job(PROBLEM, HANG, options) for _ in range(2)]
     busy = [executor.submit(job) for job in hangs]
     _until(lambda: executor.stats().running == 2)

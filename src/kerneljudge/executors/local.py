@@ -32,6 +32,7 @@ from typing import Any
 from kerneljudge.build import BuildCache, build
 from kerneljudge.candidate import Candidate
 from kerneljudge.errors import KernelJudgeError
+from kerneljudge.executors._cores import core_sets, cuda_name, default_cpu_slots
 from kerneljudge.executors._process import SlotDied, SlotProcess
 from kerneljudge.executors.base import Executor, ExecutorStats, Job, JobError
 from kerneljudge.verdict import Verdict
@@ -45,34 +46,6 @@ log = logging.getLogger(__name__)
 ATTEMPTS = 2
 #: Seconds a slot process may take to start (import torch, create the device's context).
 START_TIMEOUT_S = 300.0
-
-
-def default_cpu_slots(gpus: int = 0, cores: int | None = None) -> int:
-    """The CPU slots the CPU timing can honour on ``cores`` cores (None: this process's
-    affinity) beside ``gpus`` GPU slots: :func:`kerneljudge.timing.hostload.timing_cores`
-    reserves ``max(1, (n - 1) // 2)`` of ``n`` cores for timed CPU work and leaves the rest to
-    the harness, so each CPU slot stands for one timed core and one harness core; a GPU slot
-    takes two cores. At least one CPU slot when there is no GPU slot."""
-    n = len(os.sched_getaffinity(0)) if cores is None else cores
-    return max(0 if gpus else 1, (n - 2 * gpus - 1) // 2)
-
-
-def core_sets(slots: int, cores: Sequence[int] | None = None) -> list[tuple[int, ...]]:
-    """``slots`` disjoint sets of ``len(cores) // slots`` consecutive cores each (``cores``
-    None: this process's affinity, sorted); leftover cores belong to no slot.
-
-    Raises:
-        ValueError: fewer cores than slots.
-    """
-    allowed = sorted(os.sched_getaffinity(0) if cores is None else cores)
-    if slots <= 0:
-        return []
-    per = len(allowed) // slots
-    if per == 0:
-        raise ValueError(
-            f"{slots} slots need at least {slots} CPU cores; this process may use {len(allowed)}"
-        )
-    return [tuple(allowed[i * per : (i + 1) * per]) for i in range(slots)]
 
 
 @dataclass(eq=False)
@@ -110,6 +83,7 @@ class _Slot:
     thread: threading.Thread | None = None
     restarts: int = 0
     starting: SlotProcess | None = None
+    current: _Entry | None = None
 
     def takes(self, entry: _Entry) -> bool:
         return self.kind == entry.kind and entry.pinned in (None, self.device)
@@ -143,7 +117,7 @@ class LocalExecutor(Executor):
             import torch
 
             devices = [f"cuda:{i}" for i in range(torch.cuda.device_count())]
-        gpus = [_cuda_name(d) for d in devices]
+        gpus = [cuda_name(d) for d in devices]
         if len(set(gpus)) != len(gpus):
             raise ValueError(f"a device is named twice: {list(devices)}")
         n_cpu = default_cpu_slots(len(gpus)) if cpu_slots is None else cpu_slots
@@ -183,6 +157,11 @@ class LocalExecutor(Executor):
     def slot_pids(self) -> dict[str, int | None]:
         """Each slot's process id now (None while it is being started)."""
         return {s.name: (s.proc.pid if s.proc else None) for s in self._slots}
+
+    def slot_jobs(self) -> dict[str, str | None]:
+        """The job id each slot is judging now (None: idle or starting)."""
+        with self._cond:
+            return {s.name: (s.current.job.job_id if s.current else None) for s in self._slots}
 
     def wait_started(self, timeout_s: float = START_TIMEOUT_S) -> None:
         """Wait until every slot's process has started (or failed to).
@@ -288,7 +267,7 @@ class LocalExecutor(Executor):
             kind = "cpu"
         else:
             try:
-                pinned = _cuda_name(requested) if requested != "cuda" else None
+                pinned = cuda_name(requested) if requested != "cuda" else None
             except ValueError as exc:
                 raise JobError(str(exc), kind="device") from None
             kind = "cuda"
@@ -411,6 +390,7 @@ class LocalExecutor(Executor):
                         if slot.takes(entry) and not self._warm_elsewhere(slot, entry):
                             self._ready.remove(entry)
                             entry.state = "running"
+                            slot.current = entry
                             slot.busy_since = time.monotonic()
                             return entry
                     self._cond.wait()
@@ -475,6 +455,7 @@ class LocalExecutor(Executor):
 
     def _idle(self, slot: _Slot) -> None:
         with self._cond:
+            slot.current = None
             if slot.busy_since is not None:
                 slot.busy_s += time.monotonic() - slot.busy_since
                 slot.busy_since = None
@@ -499,18 +480,6 @@ class LocalExecutor(Executor):
                 self._done += 1
         except InvalidStateError:
             pass
-
-
-def _cuda_name(device: str) -> str:
-    """``cuda:N`` for ``cuda:N``.
-
-    Raises:
-        ValueError: any other string.
-    """
-    head, _, index = device.partition(":")
-    if head != "cuda" or not index.isdigit():
-        raise ValueError(f"unknown device {device!r} (expected cuda:N)")
-    return f"cuda:{int(index)}"
 
 
 def _one_line(exc: BaseException) -> str:
