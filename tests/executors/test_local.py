@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,6 +23,7 @@ from kerneljudge.judge.options import JudgeOptions
 from kerneljudge.worker.sandbox import child_pids
 
 SMOKE = Path(__file__).resolve().parents[1] / "fixtures" / "smoke"
+SRC = Path(__file__).resolve().parents[2] / "src"
 PROBLEM = str(SMOKE / "problem.py")
 GOOD = (SMOKE / "candidate.py").read_text()
 WRONG = GOOD.replace("2.0))", "2.0)) + 1")
@@ -89,6 +92,28 @@ def test_close_ends_every_process_of_the_executor(tmp_path: Path) -> None:
     ex.close()  # idempotent
 
 
+def test_a_slot_dies_with_its_executor_process() -> None:
+    """SIGKILL of the executor's process (nothing of it runs after) ends its slot's process."""
+    script = (
+        "from kerneljudge.executors.local import LocalExecutor\n"
+        "ex = LocalExecutor(devices=[], cpu_slots=1)\n"
+        "ex.wait_started()\n"
+        "print(ex.slot_pids()['cpu:0'], flush=True)\n"
+        "import time; time.sleep(600)\n"
+    )
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SRC), env.get("PYTHONPATH")]))
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, env=env)
+    try:
+        assert proc.stdout is not None
+        slot_pid = int(proc.stdout.readline())
+        assert _alive(slot_pid)
+    finally:
+        proc.kill()
+        proc.wait()
+    _until(lambda: not _alive(slot_pid), 60.0)
+
+
 @pytest.fixture(scope="module")
 def executor() -> Iterator[LocalExecutor]:
     ex = LocalExecutor(devices=[], cpu_slots=2)
@@ -127,7 +152,7 @@ def test_two_cpu_slots_judge_at_once_on_disjoint_cores(
 ) -> None:
     cores = executor.slot_cores()
     assert set(cores["cpu:0"]).isdisjoint(cores["cpu:1"]) and cores["cpu:0"] and cores["cpu:1"]
-    options = _options(tmp_path, run_timeout_s=20.0)
+    options = _options(tmp_path, run_timeout_s=15.0)
     futures = [executor.submit(Job(PROBLEM, HANG, options)) for _ in range(2)]
     pids = executor.slot_pids()
     # Both slots are judging at the same moment: each has its judge's workers running.
@@ -192,7 +217,7 @@ def test_a_job_whose_slot_dies_twice_is_a_harness_error(
 
 
 def test_cancel_and_duplicate_job_ids(executor: LocalExecutor, tmp_path: Path) -> None:
-    options = _options(tmp_path, run_timeout_s=20.0)
+    options = _options(tmp_path, run_timeout_s=15.0)
     hangs = [Job(PROBLEM, HANG, options) for _ in range(2)]
     busy = [executor.submit(job) for job in hangs]
     _until(lambda: executor.stats().running == 2)
