@@ -242,6 +242,9 @@ def test_harness_failures_are_job_errors(executor: LocalExecutor, tmp_path: Path
     with pytest.raises(JobError) as info:
         cuda.result(WAIT_S)
     assert info.value.kind == "device" and "\n" not in str(info.value)
+    with pytest.raises(JobError) as info:
+        executor.judge(Job(PROBLEM, GOOD, _options(tmp_path, device="tpu")), WAIT_S)
+    assert info.value.kind == "device"
     missing = executor.submit(Job(str(tmp_path / "missing.py"), GOOD, _options(tmp_path)))
     with pytest.raises(JobError) as info:
         missing.result(WAIT_S)

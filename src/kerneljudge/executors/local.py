@@ -189,7 +189,10 @@ class LocalExecutor(Executor):
                 self._failed += 1
                 return future
             self._pending[job.job_id] = entry
-        self._builds.submit(self._build, entry)
+        try:
+            self._builds.submit(self._build, entry)
+        except RuntimeError:  # closed meanwhile: close() has cancelled the job
+            pass
         return future
 
     def cancel(self, job_id: str) -> bool:
@@ -250,8 +253,9 @@ class LocalExecutor(Executor):
         """The job's entry, routed; raises its JobError when it cannot be judged here."""
         try:
             job.options.judge_config()
-        except (KernelJudgeError, ValueError) as exc:
-            raise JobError(_one_line(exc), kind="harness") from None
+        except (KernelJudgeError, ValueError) as exc:  # an unknown device is a device error
+            kind = "device" if getattr(exc, "field", "") == "device" else "harness"
+            raise JobError(_one_line(exc), kind=kind) from None
         try:
             cand = Candidate.from_source(job.source, name=job.name)
         except KernelJudgeError as exc:
