@@ -126,9 +126,9 @@ def test_statuses_are_a_plain_judges(executor: LocalExecutor, tmp_path: Path) ->
     sources = {"good": GOOD, "wrong": WRONG, "crash": CRASH, "hang": HANG}
     options = _options(tmp_path, run_timeout_s=5.0)
     futures = {k: executor.submit(Job(PROBLEM, s, options)) for k, s in sources.items()}
-    got = {k: f.result(WAIT_S).status.value for k, f in futures.items()}
-    with Judge(PROBLEM, options.judge_config()) as judge:
+    with Judge(PROBLEM, options.judge_config()) as judge:  # (while the executor judges)
         want = {k: judge.evaluate(_candidate(s)).status.value for k, s in sources.items()}
+    got = {k: f.result(WAIT_S).status.value for k, f in futures.items()}
     assert got == want
     assert got == {
         "good": "correct",
@@ -152,16 +152,12 @@ def test_two_cpu_slots_judge_at_once_on_disjoint_cores(
 ) -> None:
     cores = executor.slot_cores()
     assert set(cores["cpu:0"]).isdisjoint(cores["cpu:1"]) and cores["cpu:0"] and cores["cpu:1"]
-    options = _options(tmp_path, run_timeout_s=15.0)
-    futures = [executor.submit(Job(PROBLEM, HANG, options)) for _ in range(2)]
-    pids = executor.slot_pids()
+    options = _options(tmp_path, run_timeout_s=10.0)
+    jobs = [Job(PROBLEM, HANG, options) for _ in range(2)]
+    futures = [executor.submit(job) for job in jobs]
     # Both slots are judging at the same moment: each has its judge's workers running.
-    _until(
-        lambda: (
-            executor.stats().running == 2
-            and all(len(child_pids(pid)) >= 2 for pid in pids.values() if pid)
-        )
-    )
+    _until(lambda: all(_judging(executor, job.job_id) for job in jobs))
+    pids = executor.slot_pids()
     for name, pid in pids.items():
         assert pid is not None
         for p in [pid, *child_pids(pid)]:
@@ -185,7 +181,7 @@ def _judging(executor: LocalExecutor, job_id: str) -> tuple[str, int] | None:
 def test_a_killed_slot_is_replaced_and_its_job_retried(
     executor: LocalExecutor, tmp_path: Path
 ) -> None:
-    job = Job(PROBLEM, HANG, _options(tmp_path, run_timeout_s=10.0))
+    job = Job(PROBLEM, HANG, _options(tmp_path, run_timeout_s=6.0))
     hang = executor.submit(job)
     _until(lambda: _judging(executor, job.job_id) is not None)
     victim = _judging(executor, job.job_id)
@@ -217,10 +213,10 @@ def test_a_job_whose_slot_dies_twice_is_a_harness_error(
 
 
 def test_cancel_and_duplicate_job_ids(executor: LocalExecutor, tmp_path: Path) -> None:
-    options = _options(tmp_path, run_timeout_s=15.0)
+    options = _options(tmp_path, run_timeout_s=10.0)
     hangs = [Job(PROBLEM, HANG, options) for _ in range(2)]
     busy = [executor.submit(job) for job in hangs]
-    _until(lambda: executor.stats().running == 2)
+    _until(lambda: set(executor.slot_jobs().values()) == {job.job_id for job in hangs})
     queued = Job(PROBLEM, GOOD, options)
     first = executor.submit(queued)
     assert executor.submit(queued) is first  # the same id while pending: the same future
@@ -252,3 +248,19 @@ def test_harness_failures_are_job_errors(executor: LocalExecutor, tmp_path: Path
     # The slot that failed to load the problem still judges.
     ok = executor.submit(Job(PROBLEM, GOOD, _options(tmp_path)))
     assert ok.result(WAIT_S).status.value == "correct"
+
+
+def test_a_job_goes_to_the_free_slot_whose_judge_is_warm(
+    executor: LocalExecutor, tmp_path: Path
+) -> None:
+    other = tmp_path / "problem_two.py"
+    other.write_text(Path(PROBLEM).read_text())
+    where: list[str] = []
+    for _ in range(2):
+        _until(lambda: executor.stats().running == 0 and not any(executor.slot_jobs().values()))
+        job = Job(str(other), GOOD, _options(tmp_path))
+        future = executor.submit(job)
+        _until(lambda j=job, f=future: j.job_id in executor.slot_jobs().values() or f.done())
+        where += [n for n, j in executor.slot_jobs().items() if j == job.job_id]
+        assert future.result(WAIT_S).status.value == "correct"
+    assert len(where) == 2 and where[0] == where[1]  # the second one where the first warmed up

@@ -396,6 +396,8 @@ class LocalExecutor(Executor):
                             entry.state = "running"
                             slot.current = entry
                             slot.busy_since = time.monotonic()
+                            # A job left to this slot as the warm one goes to another now.
+                            self._cond.notify_all()
                             return entry
                     self._cond.wait()
                 return None
