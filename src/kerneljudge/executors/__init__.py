@@ -6,5 +6,6 @@ CPU build pool) and the Ray executor (a cluster; ``pip install 'kerneljudge[ray]
 """
 
 from kerneljudge.executors.base import Executor, ExecutorStats, Job, JobError, new_job_id
+from kerneljudge.executors.local import LocalExecutor
 
-__all__ = ["Executor", "ExecutorStats", "Job", "JobError", "new_job_id"]
+__all__ = ["Executor", "ExecutorStats", "Job", "JobError", "LocalExecutor", "new_job_id"]
