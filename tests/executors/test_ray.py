@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,25 +20,30 @@ from pathlib import Path
 
 import pytest
 
-ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'kerneljudge[ray]')")
+try:
+    import ray
+    from ray.cluster_utils import Cluster
+except ImportError:  # the tests that need a cluster are skipped, the one of its absence runs
+    ray = None
 
-from ray.cluster_utils import Cluster  # noqa: E402
-
-import kerneljudge  # noqa: E402
-from kerneljudge.build import BuildCache, build  # noqa: E402
-from kerneljudge.candidate import Candidate  # noqa: E402
-from kerneljudge.executors._ray_host import install_entry, pack_entry  # noqa: E402
-from kerneljudge.executors.base import Job, JobError  # noqa: E402
-from kerneljudge.executors.ray_executor import RayExecutor  # noqa: E402
-from kerneljudge.judge import Judge  # noqa: E402
-from kerneljudge.judge.options import JudgeOptions  # noqa: E402
-from kerneljudge.verdict import Status, Verdict  # noqa: E402
+import kerneljudge
+from kerneljudge.build import BuildCache, build
+from kerneljudge.candidate import Candidate
+from kerneljudge.executors._ray_host import install_entry, pack_entry
+from kerneljudge.executors.base import Job, JobError
+from kerneljudge.executors.ray_executor import RayExecutor
+from kerneljudge.judge import Judge
+from kerneljudge.judge.options import JudgeOptions
+from kerneljudge.verdict import Status, Verdict
 
 #: Command-line words of Ray's processes and of the judge's workers.
 _PROCESS_WORDS = ("raylet", "gcs_server", "ray::", "default_worker.py", "kerneljudge.worker")
 #: Set in this process's environment before the cluster starts: Ray's processes inherit it.
 _MARK = f"KERNELJUDGE_RAY_TEST={os.getpid()}".encode()
 SRC = str(Path(kerneljudge.__file__).resolve().parents[1]).encode()
+needs_ray = pytest.mark.skipif(
+    ray is None, reason="ray is not installed (pip install 'kerneljudge[ray]')"
+)
 SMOKE = Path(__file__).resolve().parents[1] / "fixtures" / "smoke"
 PROBLEM = str(SMOKE / "problem.py")
 GOOD = (SMOKE / "candidate.py").read_text()
@@ -47,7 +54,7 @@ CRASH = GOOD.replace(
 OPTIONS = JudgeOptions(device="cpu", trials=2, timing=False)
 #: Jobs of the chaos test. 1,000 jobs take about TODO minutes on this 2-core machine (a
 #: fresh candidate worker per verdict); the figure is in docs/executors-ray.md.
-CHAOS_JOBS = int(os.environ.get("KERNELJUDGE_RAY_CHAOS_JOBS", "120"))
+CHAOS_JOBS = int(os.environ.get("KERNELJUDGE_RAY_CHAOS_JOBS", "40"))
 #: Small nodes: this machine is shared (75 MiB is Ray's smallest object store).
 NODE = {"object_store_memory": 75 * 1024 * 1024, "include_dashboard": False}
 
@@ -73,7 +80,7 @@ def _ray_pids() -> set[int]:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def cluster() -> Iterator[Cluster]:
     """A head (1 CPU, for builds) and two worker nodes (2 CPUs each), the driver connected."""
     os.environ["KERNELJUDGE_RAY_TEST"] = str(os.getpid())
     before = _ray_pids()
@@ -126,6 +133,7 @@ def test_entry_travels_between_caches(tmp_path: Path) -> None:
     assert not list(there.root.rglob(".tmp"))
 
 
+@needs_ray
 def test_same_statuses_as_a_plain_judge(cluster: Cluster, tmp_path: Path) -> None:
     expected = {
         "good": (GOOD, Status.CORRECT),
@@ -153,6 +161,7 @@ def test_same_statuses_as_a_plain_judge(cluster: Cluster, tmp_path: Path) -> Non
     assert set(stats.busy_share) == {"cpu:0", "cpu:1"}
 
 
+@needs_ray
 def test_submit_twice_and_cancel(cluster: Cluster, tmp_path: Path) -> None:
     with RayExecutor(cpu_actors=1, cache_dir=str(tmp_path), threads=1, max_builds=1) as ex:
         first = _job(GOOD)
@@ -176,10 +185,10 @@ def _last_id(ex: RayExecutor) -> str:
         return list(ex._jobs)[-1]
 
 
+@needs_ray
 def test_chaos_node_removed_every_job_answered_once(cluster: Cluster, tmp_path: Path) -> None:
     """CHAOS_JOBS jobs while a worker node is removed: each future completes exactly once with
     a verdict, none is lost, and the executor's actors end with it."""
-    victim = next(iter(cluster.worker_nodes))
     answers: dict[str, list[object]] = {}
     lock = threading.Lock()
 
@@ -197,14 +206,44 @@ def test_chaos_node_removed_every_job_answered_once(cluster: Cluster, tmp_path: 
         deadline = time.monotonic() + 600
         while ex.stats().done < max(3, CHAOS_JOBS // 5) and time.monotonic() < deadline:
             time.sleep(0.5)
-        cluster.remove_node(victim, allow_graceful=False)
+        cluster.remove_node(_busy_node(ex, cluster), allow_graceful=False)
         cluster.add_node(num_cpus=2, **NODE)  # a node joins: the lost actor has room again
         for job_id, future in futures.items():
             verdict = future.result(timeout=900)
             assert verdict.status is Status.CORRECT, (job_id, verdict.reason)
         stats = ex.stats()
-        replaced = ex.replaced_actors
+        replaced, retried = ex.replaced_actors, ex.retried_jobs
     assert stats.done == CHAOS_JOBS and stats.failed == 0
     assert set(answers) == {job.job_id for job in jobs}
     assert all(len(a) == 1 for a in answers.values())
-    assert replaced >= 1
+    assert replaced >= 1 and retried >= 1
+
+
+def _busy_node(ex: RayExecutor, cluster: Cluster) -> object:
+    """A worker node (not the head) where one of ``ex``'s actors is judging a job now."""
+    nodes = {node.node_id: node for node in cluster.worker_nodes}
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        with ex._lock:
+            busy = [s.node_id for s in ex._slots if s.state == "busy" and s.node_id in nodes]
+        if busy:
+            return nodes[busy[0]]
+        time.sleep(0.05)
+    raise AssertionError("no actor of the executor was judging on a worker node")
+
+
+def test_without_ray_the_error_is_one_line() -> None:
+    """Where Ray cannot be imported, constructing the executor raises RayMissing (an
+    ImportError) whose one-line message says what to install."""
+    code = (
+        "import sys; sys.modules['ray'] = None\n"
+        "from kerneljudge.executors.ray_executor import RayExecutor, RayMissing\n"
+        "try:\n    RayExecutor()\nexcept RayMissing as exc:\n"
+        "    assert isinstance(exc, ImportError); print(exc)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(kerneljudge.__file__).parents[1])}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "the Ray executor needs Ray: install kerneljudge[ray]"

@@ -146,6 +146,8 @@ class RayExecutor(Executor):
         self.dropped_answers = 0
         #: Judging actors replaced after their node or process died.
         self.replaced_actors = 0
+        #: Jobs judged again after their actor died.
+        self.retried_jobs = 0
         self._started = time.monotonic()
         self._closed = False
         self._next_refresh = 0.0
@@ -359,8 +361,11 @@ class RayExecutor(Executor):
             msg = f"the judging actor failed {pending.attempts} times ({type(error).__name__})"
             self._finish(pending.job.job_id, error=JobError(f"{msg}: {why}"[:300], "harness"))
             return
+        if not isinstance(error, self._ray.exceptions.RayActorError):
+            pending.meta = pending.blob = None  # the build may be what was lost: rebuild there
         pending.avoid.add(node)
         pending.state = "built"
+        self.retried_jobs += 1
         self._built[pending.kind].appendleft(pending.job.job_id)
 
     def _finish(
