@@ -76,9 +76,9 @@ class RayExecutor(Executor):
     """Judge jobs on a Ray cluster.
 
     Args:
-        address: the cluster (``"auto"``, ``"ray://host:10001"``, a GCS address); None: the
-            cluster this process is connected to, else a new local one. A Ray started here is
-            shut down by :meth:`close`.
+        address: the cluster (``"auto"``, ``"ray://host:10001"``, a GCS address), or None: a
+            new local one. A process already connected to Ray uses that connection (and
+            ``address`` is not read); a connection made here is shut down by :meth:`close`.
         gpus_per_actor: GPUs each GPU actor holds (its judge uses the first).
         cpu_actors: CPU judging actors.
         gpu_actors: GPU judging actors (None: one per ``gpus_per_actor`` GPUs of the cluster,
