@@ -165,7 +165,11 @@ def test_same_statuses_as_a_plain_judge(cluster: Cluster, tmp_path: Path) -> Non
 
 @needs_ray
 def test_submit_twice_and_cancel(cluster: Cluster, tmp_path: Path) -> None:
-    with RayExecutor(cpu_actors=1, cache_dir=str(tmp_path), threads=1, max_builds=1) as ex:
+    """A pending job_id submitted again gets the same future; a queued job is cancelled. The
+    nodes share one filesystem here, so the cache is used as shared storage (nothing shipped)."""
+    with RayExecutor(
+        cpu_actors=1, cache_dir=str(tmp_path), shared_cache=True, threads=1, max_builds=1
+    ) as ex:
         first = _job(GOOD)
         f1 = ex.submit(first)
         assert ex.submit(first) is f1
