@@ -204,7 +204,8 @@ def eval_command(
         if server:  # the same verdict, judged by a service (kerneljudge serve)
             from kerneljudge.service.cli import remote_eval
 
-            unsupported = {"--atol": atol, "--rtol": rtol, "--seed": seed, "--backend": backend}
+            unsupported: dict[str, object] = {"--atol": atol, "--rtol": rtol, "--seed": seed}
+            unsupported["--backend"] = backend
             unsupported |= {"--memory-budget": memory_budget or None, "--cache-dir": cache_dir}
             verdict = remote_eval(server, token, problem, cand, config, shape_sets, unsupported)
         else:

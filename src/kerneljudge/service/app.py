@@ -71,6 +71,23 @@ class CancelOut(BaseModel):
     state: str
 
 
+class ErrorOut(BaseModel):
+    detail: str = Field(description="What went wrong, one line.")
+
+
+def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """The error answers an operation may give, documented with their one-line body."""
+    text = {
+        401: "No or wrong API token.",
+        404: "No such job.",
+        409: "The job id names another job, or too late to cancel.",
+        413: "Request body too large.",
+        422: "Invalid request or job.",
+        429: "No room in the queue; see Retry-After.",
+    }
+    return {c: {"model": ErrorOut, "description": text[c]} for c in (401, 413, 422, *codes)}
+
+
 class BodyLimit:
     """Refuse a request body over ``limit`` bytes with 413, declared or streamed."""
 
@@ -192,13 +209,25 @@ def create_app(service: JudgeService, token: str | None = None) -> FastAPI:
         )
         return out
 
-    @app.post("/v1/jobs", status_code=202, response_model=JobStatus, tags=["jobs"])
+    @app.post(
+        "/v1/jobs",
+        status_code=202,
+        response_model=JobStatus,
+        responses=_errors(409, 429),
+        tags=["jobs"],
+    )
     def submit_job(job: JobIn, client: str = Depends(client_of)) -> dict[str, Any]:
         """Queue one job (recorded on disk before this answers). A job_id seen before answers
         with that job (``created: false``)."""
         return submit([raw(job)], client)[0]
 
-    @app.post("/v1/batches", status_code=202, response_model=BatchOut, tags=["jobs"])
+    @app.post(
+        "/v1/batches",
+        status_code=202,
+        response_model=BatchOut,
+        responses=_errors(409, 429),
+        tags=["jobs"],
+    )
     def submit_batch(batch: BatchIn, client: str = Depends(client_of)) -> dict[str, Any]:
         """Queue several jobs, all or none, in order."""
         if not batch.jobs:
@@ -213,7 +242,7 @@ def create_app(service: JudgeService, token: str | None = None) -> FastAPI:
             raise HTTPException(404, f"no job {job_id[:128]!r}")
         return record
 
-    @app.get("/v1/jobs/{job_id}", response_model=JobStatus, tags=["jobs"])
+    @app.get("/v1/jobs/{job_id}", response_model=JobStatus, responses=_errors(404), tags=["jobs"])
     def job_status(job_id: str = _JOB_ID, client: str = Depends(client_of)) -> dict[str, Any]:
         """The job's state."""
         return _status(record_of(job_id))
@@ -221,7 +250,10 @@ def create_app(service: JudgeService, token: str | None = None) -> FastAPI:
     @app.get(
         "/v1/jobs/{job_id}/result",
         response_model=JobResult,
-        responses={202: {"model": JobResult, "description": "Not finished yet."}},
+        responses={
+            202: {"model": JobResult, "description": "Not finished yet."},
+            **_errors(404),
+        },
         tags=["jobs"],
     )
     async def job_result(
@@ -242,7 +274,12 @@ def create_app(service: JudgeService, token: str | None = None) -> FastAPI:
         out["verdict"] = json.loads(record.verdict_json) if record.verdict_json else None
         return JSONResponse(out, status_code=200 if record.finished else 202)
 
-    @app.delete("/v1/jobs/{job_id}", response_model=CancelOut, tags=["jobs"])
+    @app.delete(
+        "/v1/jobs/{job_id}",
+        response_model=CancelOut,
+        responses=_errors(404, 409),
+        tags=["jobs"],
+    )
     def cancel_job(job_id: str = _JOB_ID, client: str = Depends(client_of)) -> dict[str, Any]:
         """Cancel a job that has not started; 409 when it has started or finished."""
         record_of(job_id)
@@ -252,7 +289,7 @@ def create_app(service: JudgeService, token: str | None = None) -> FastAPI:
             raise HTTPException(409, f"job {job_id} is {state}: too late to cancel")
         return {"job_id": job_id, "cancelled": cancelled, "state": state}
 
-    @app.get("/v1/health", tags=["service"])
+    @app.get("/v1/health", responses=_errors(), tags=["service"])
     def health() -> dict[str, Any]:
         """Liveness: the service answers and its database reads."""
         counts = service.store.counts()
@@ -263,7 +300,7 @@ def create_app(service: JudgeService, token: str | None = None) -> FastAPI:
             "dispatching": service.executor is not None,
         }
 
-    @app.get("/v1/metrics", tags=["service"])
+    @app.get("/v1/metrics", responses=_errors(), tags=["service"])
     def metrics(client: str = Depends(client_of)) -> dict[str, Any]:
         """Queue depth, jobs per state, per-device busy share, verdicts per second."""
         return service.metrics()

@@ -37,9 +37,9 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def build_executor(cpu_slots: int, devices: tuple[str, ...]) -> Executor:
+def build_executor(cpu_slots: int | None, devices: tuple[str, ...]) -> Executor:
     """The executor of ``kerneljudge serve``: :class:`LocalExecutor` on ``devices`` (CUDA
-    devices; empty: every visible one) with ``cpu_slots`` CPU slots."""
+    devices; empty: every visible one) with ``cpu_slots`` CPU slots (None: its default)."""
     from kerneljudge.executors.local import LocalExecutor
 
     return LocalExecutor(devices=list(devices) or None, cpu_slots=cpu_slots)
@@ -74,8 +74,11 @@ def serve_command(
         ),
     ] = None,
     cpu_slots: Annotated[
-        int, typer.Option(envvar="KERNELJUDGE_CPU_SLOTS", min=0, help="CPU judging slots.")
-    ] = 1,
+        Optional[int],
+        typer.Option(
+            envvar="KERNELJUDGE_CPU_SLOTS", min=0, help="CPU judging slots (default: by cores)."
+        ),
+    ] = None,
     devices: Annotated[
         Optional[str],
         typer.Option(
@@ -115,13 +118,12 @@ def serve_command(
         _fail(f"cannot open the job database {db}: {' '.join(str(exc).split())}")
         return
     limits = Limits(max_queued=max_queued, max_per_client=max_per_client, max_batch=max_batch)
-    slots = cpu_slots + max(1, len(wanted))
     service = JudgeService(
         store,
         lambda: build_executor(cpu_slots, wanted),
         limits=limits,
         problems_dir=problems_dir,
-        max_in_flight=max_in_flight or 2 * slots,
+        max_in_flight=max_in_flight,
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     app = create_app(service, token=token)

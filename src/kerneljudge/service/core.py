@@ -10,6 +10,7 @@ executor at a time, and writes each job's end state when its future completes (a
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import re
 import threading
@@ -106,7 +107,8 @@ class JudgeService:
         executor_factory: builds the executor (called in :meth:`start`).
         limits: admission limits.
         problems_dir: the folder of problem files jobs may name (None: bundled ones only).
-        max_in_flight: jobs handed to the executor at once (>= 1).
+        max_in_flight: jobs handed to the executor at once (0: two per device slot of the
+            executor, as its ``stats().busy_share`` lists them).
     """
 
     def __init__(
@@ -115,12 +117,12 @@ class JudgeService:
         executor_factory: Callable[[], Executor],
         limits: Limits | None = None,
         problems_dir: Path | None = None,
-        max_in_flight: int = 4,
+        max_in_flight: int = 0,
     ) -> None:
         self.store = store
         self.limits = limits or Limits()
         self.problems_dir = problems_dir
-        self.max_in_flight = max(1, max_in_flight)
+        self.max_in_flight = max_in_flight
         self._factory = executor_factory
         self.executor: Executor | None = None
         self._wake = threading.Condition()
@@ -141,12 +143,14 @@ class JudgeService:
                 "%d jobs were running when the service stopped: queued again", self.requeued
             )
         self.executor = self._factory()
+        if self.max_in_flight <= 0:
+            self.max_in_flight = 2 * max(1, len(self.executor.stats().busy_share))
         self._thread = threading.Thread(target=self._dispatch, name="kj-dispatch", daemon=True)
         self._thread.start()
 
     def close(self) -> None:
-        """Stop dispatching and close the executor (jobs it holds stay ``running`` in the
-        store and are queued again at the next start)."""
+        """Stop dispatching and close the executor; jobs it held without finishing go back
+        to ``queued`` (judged at the next start)."""
         with self._wake:
             self._stop = True
             self._wake.notify_all()
@@ -154,6 +158,7 @@ class JudgeService:
             self._thread.join(timeout=10)
         if self.executor is not None:
             self.executor.close()
+        self.store.requeue_running()  # handed out, not finished: judged at the next start
 
     # -- admission -----------------------------------------------------------------------------
 
@@ -232,7 +237,7 @@ class JudgeService:
             return
         with self._wake:
             self._in_flight[record.job_id] = future
-        future.add_done_callback(lambda f, jid=record.job_id: self._done(jid, f))
+        future.add_done_callback(functools.partial(self._done, record.job_id))
 
     def _done(self, job_id: str, future: Future[Verdict]) -> None:
         try:

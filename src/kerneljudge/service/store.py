@@ -10,6 +10,7 @@ gets exactly one end state and one result however many times it is handed out.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import sqlite3
 import threading
@@ -118,13 +119,21 @@ class JobStore:
     """The queue and results in one SQLite file. Thread-safe (one connection, one lock).
 
     Raises:
-        RuntimeError: (on open) the file holds another schema version.
+        RuntimeError: (on open) the file holds another schema version, or another store
+            holds it open (an exclusive lock on ``<path>.lock``).
         sqlite3.Error: the file cannot be opened or written.
     """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._lock = threading.RLock()
+        # One service per file: a second one would hand out the same queued jobs.
+        self._flock = open(self.path.with_name(self.path.name + ".lock"), "a+")  # noqa: SIM115
+        try:
+            fcntl.flock(self._flock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._flock.close()
+            raise RuntimeError(f"{self.path} is in use by another kerneljudge service") from None
         self._db = sqlite3.connect(
             str(self.path), check_same_thread=False, isolation_level=None, timeout=30.0
         )
@@ -150,6 +159,7 @@ class JobStore:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+            self._flock.close()
 
     def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> list[JobRecord]:
         with self._lock:
