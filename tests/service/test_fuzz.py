@@ -22,7 +22,7 @@ from kerneljudge.service.store import JobStore  # noqa: E402
 from .conftest import SMOKE, TOKEN  # noqa: E402
 
 #: Examples per operation: the whole run stays within about two minutes here.
-EXAMPLES = 40
+EXAMPLES = 100
 #: The longest one answer may take, seconds (``wait`` is capped by the schema at 60 s, and
 #: fuzzed job ids name no job, so no answer waits).
 SLOW_S = 30.0
@@ -45,29 +45,43 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JudgeService]:
     store.close()
 
 
-@pytest.fixture(scope="module")
-def fuzz_schema(service: JudgeService):  # type: ignore[no-untyped-def]
-    app = create_app(service, token=TOKEN)
-    return schemathesis.openapi.from_asgi("/openapi.json", app)
-
-
-schema = schemathesis.pytest.from_fixture("fuzz_schema")
-
-
-@schema.parametrize()
-@hypothesis.settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    suppress_health_check=list(hypothesis.HealthCheck),
-    phases=[hypothesis.Phase.explicit, hypothesis.Phase.generate],
-)
-def test_no_server_errors_and_no_hangs(case) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("mode", ["positive", "negative"])
+def test_no_server_errors_and_no_hangs(service: JudgeService, mode: str) -> None:
+    """Every operation, ``EXAMPLES`` generated requests each: fitting the schema (positive)
+    or not (negative)."""
+    from schemathesis import GenerationMode
     from schemathesis.checks import not_a_server_error
     from schemathesis.specs.openapi.checks import status_code_conformance
 
-    start = time.monotonic()
-    case.call_and_validate(
-        headers={"Authorization": f"Bearer {TOKEN}"},
-        checks=[not_a_server_error, status_code_conformance],
-    )
-    assert time.monotonic() - start < SLOW_S, "a request took too long"
+    app = create_app(service, token=TOKEN)
+    schema = schemathesis.openapi.from_asgi("/openapi.json", app)
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    operations = [result.ok() for result in schema.get_all_operations()]
+    assert len(operations) == 7
+    calls = 0
+
+    for operation in operations:
+
+        @hypothesis.given(case=operation.as_strategy(GenerationMode(mode)))
+        @hypothesis.settings(
+            max_examples=EXAMPLES,
+            deadline=None,
+            suppress_health_check=list(hypothesis.HealthCheck),
+            phases=[hypothesis.Phase.explicit, hypothesis.Phase.generate],
+            database=None,
+        )
+        def fuzz(case) -> None:  # type: ignore[no-untyped-def]
+            nonlocal calls
+            start = time.monotonic()
+            case.call_and_validate(
+                headers=auth, checks=[not_a_server_error, status_code_conformance]
+            )
+            took = time.monotonic() - start
+            assert took < SLOW_S, f"{case.method} {case.formatted_path} took {took:.0f} s"
+            calls += 1
+
+        bare = not (operation.path_parameters or operation.query or operation.body)
+        if mode == "negative" and bare:
+            continue  # nothing to break in a request without parameters or body
+        fuzz()
+    assert calls >= len(operations)

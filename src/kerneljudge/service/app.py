@@ -18,6 +18,7 @@ from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kerneljudge.service.core import JudgeService
@@ -181,6 +182,15 @@ def create_app(service: JudgeService, token: str | None = None) -> FastAPI:
         else:
             detail = "invalid request"
         return JSONResponse({"detail": _one_line(detail)}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # A body that is not JSON (FastAPI says 400) is bad input like any other: 422.
+        status = 422 if exc.status_code == 400 else exc.status_code
+        detail = "request body is not valid JSON" if exc.status_code == 400 else exc.detail
+        return JSONResponse(
+            {"detail": _one_line(str(detail))}, status_code=status, headers=exc.headers
+        )
 
     @app.exception_handler(QueueFull)
     async def _full(request: Request, exc: QueueFull) -> JSONResponse:
