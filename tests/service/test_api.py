@@ -122,6 +122,16 @@ def test_malformed_bodies_get_one_line_422(server: Server) -> None:
         assert "\n" not in answer.json()["detail"]
     answer = httpx.post(server.url + "/v1/batches", json={"jobs": []}, headers=headers)
     assert answer.status_code == 422
+    big = b'{"problem": "problem.py", "source": "' + b"x" * (16 << 20) + b'"}'
+    answer = httpx.post(server.url + "/v1/jobs", content=big, headers=headers)
+    assert answer.status_code == 413 and "larger than" in answer.json()["detail"]
+
+    def chunks():  # no Content-Length: the limit counts the bytes as they come
+        for _ in range(17):
+            yield b"x" * (1 << 20)
+
+    answer = httpx.post(server.url + "/v1/jobs", content=chunks(), headers=headers, timeout=60)
+    assert answer.status_code == 413
 
 
 def test_full_queue_answers_429_with_retry_after(server: Server, client: JudgeClient) -> None:

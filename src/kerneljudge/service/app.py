@@ -105,20 +105,36 @@ class BodyLimit:
                 await _send_json(send, 413, f"request body larger than {self.limit} bytes")
                 return
         seen = 0
+        too_large = answered = False
+        message_413 = f"request body larger than {self.limit} bytes"
 
         async def limited() -> Message:
-            nonlocal seen
+            nonlocal seen, too_large
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.limit:
+                    too_large = True
                     raise _TooLarge
             return message
 
+        async def guarded(message: Message) -> None:
+            # The app may turn the interrupted read into an answer of its own: say 413.
+            nonlocal answered
+            if too_large:
+                if not answered and message["type"] == "http.response.start":
+                    answered = True
+                    await _send_json(send, 413, message_413)
+                return
+            answered = answered or message["type"] == "http.response.start"
+            await send(message)
+
         try:
-            await self.app(scope, limited, send)
+            await self.app(scope, limited, guarded)
         except _TooLarge:
-            await _send_json(send, 413, f"request body larger than {self.limit} bytes")
+            if not answered:
+                answered = True
+                await _send_json(send, 413, message_413)
 
 
 class _TooLarge(Exception):
