@@ -100,6 +100,7 @@ def test_same_job_id_is_one_job(client: JudgeClient) -> None:
         ({"options": {"timing": "yes"}}, "timing must be true or false"),
         ({"source": ""}, "job.source must be a non-empty string"),
         ({"job_id": "a/b"}, "job.job_id is 1 to 128 of"),
+        ({"name": "../x.py"}, "job.name is a file name"),
         ({"source": "x" * ((1 << 20) + 1)}, "larger than"),
     ],
 )

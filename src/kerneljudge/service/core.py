@@ -93,7 +93,11 @@ def parse_job(data: Any, problems_dir: Path | None, limits: Limits) -> tuple[Job
         raise ValueError(f"job.source is larger than {limits.max_source_bytes} bytes")
     if not _JOB_ID.fullmatch(job.job_id):
         raise ValueError("job.job_id is 1 to 128 of A-Z a-z 0-9 . _ : -")
-    if len(job.name) > 255 or "/" in job.name or "\x00" in job.name:
+    if (
+        len(job.name) > 255
+        or job.name in (".", "..")
+        or any(c in "/\\" or not c.isprintable() for c in job.name)
+    ):
         raise ValueError("job.name is a file name (no '/', at most 255 characters)")
     named = job.problem
     return dataclasses.replace(job, problem=resolve_problem(named, problems_dir)), named
