@@ -26,7 +26,8 @@ from .conftest import CRASH, GOOD, TOKEN, WRONG, Server, smoke_job
 #: runs the full count where there are cores for it.
 JOBS = int(os.environ.get("KERNELJUDGE_CHAOS_JOBS", "32"))
 CLIENTS = 8
-BATCH = 10
+#: Jobs per submit request: several requests per client, so the first kill lands among them.
+BATCH = max(1, min(10, JOBS // (CLIENTS * 4)))
 #: The whole run's limit, seconds.
 DEADLINE_S = float(os.environ.get("KERNELJUDGE_CHAOS_DEADLINE_S", "3000"))
 MARK = "KERNELJUDGE_CHAOS_MARK"
