@@ -164,6 +164,15 @@ def eval_command(
     ] = 0,
     cache_dir: CacheOpt = None,
     json_out: JsonOpt = False,
+    server: Annotated[
+        Optional[str],
+        typer.Option(
+            envvar=_env("server"), help="Judge through the service at this URL (see serve)."
+        ),
+    ] = None,
+    token: Annotated[
+        Optional[str], typer.Option(envvar=_env("token"), help="The service's API token.")
+    ] = None,
 ) -> None:
     """Judge CANDIDATE against --problem: build, correctness trials, timing, verdict."""
     import dataclasses
@@ -192,12 +201,20 @@ def eval_command(
             max_time_s=max_time,
         )
         cand = Candidate.from_file(candidate, backend=backend)
-        sets = Problem.load(problem).shape_sets
-        if shape_sets == "all" and sets:
-            config = dataclasses.replace(config, shape_sets=tuple(sets))
-        with Judge(problem, config) as judge, StageReporter(err_console) as progress:
-            judge.progress = progress  # stage lines on stderr: live on a terminal
-            verdict = judge.evaluate(cand)
+        if server:  # the same verdict, judged by a service (kerneljudge serve)
+            from kerneljudge.service.cli import remote_eval
+
+            unsupported: dict[str, object] = {"--atol": atol, "--rtol": rtol, "--seed": seed}
+            unsupported["--backend"] = backend
+            unsupported |= {"--memory-budget": memory_budget or None, "--cache-dir": cache_dir}
+            verdict = remote_eval(server, token, problem, cand, config, shape_sets, unsupported)
+        else:
+            sets = Problem.load(problem).shape_sets
+            if shape_sets == "all" and sets:
+                config = dataclasses.replace(config, shape_sets=tuple(sets))
+            with Judge(problem, config) as judge, StageReporter(err_console) as progress:
+                judge.progress = progress  # stage lines on stderr: live on a terminal
+                verdict = judge.evaluate(cand)
     except KernelJudgeError as exc:
         _fail(_message(exc))
         return
@@ -354,6 +371,10 @@ from kerneljudge.suite.cli import report_command, results_app, suite_app  # noqa
 app.add_typer(suite_app, name="suite")
 app.add_typer(results_app, name="results")
 app.command("report")(report_command)
+
+from kerneljudge.service.cli import serve_command  # noqa: E402 - imports no FastAPI
+
+app.command("serve")(serve_command)
 
 
 def main() -> None:

@@ -1,0 +1,210 @@
+"""``kerneljudge serve``: the judge service on this machine (FastAPI + uvicorn).
+
+Also :func:`remote_eval`, the ``kerneljudge eval --server`` path.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import signal
+import socket
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Optional
+
+import typer
+
+if TYPE_CHECKING:
+    from kerneljudge.candidate import Candidate
+    from kerneljudge.executors.base import Executor
+    from kerneljudge.judge import JudgeConfig
+    from kerneljudge.verdict import Verdict
+
+__all__ = ["is_loopback", "serve_command", "remote_eval", "MISSING_SERVE"]
+
+MISSING_SERVE = "the judge service needs FastAPI, uvicorn and httpx: install kerneljudge[serve]"
+
+
+def is_loopback(host: str) -> bool:
+    """True when ``host`` (a name or an address) reaches this machine only: ``localhost`` or
+    an address in 127.0.0.0/8 or ::1. Empty, ``0.0.0.0``, ``::`` and every other name: False."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def build_executor(cpu_slots: int | None, devices: tuple[str, ...]) -> Executor:
+    """The executor of ``kerneljudge serve``: :class:`LocalExecutor` on ``devices`` (CUDA
+    devices; empty: every visible one) with ``cpu_slots`` CPU slots (None: its default)."""
+    from kerneljudge.executors.local import LocalExecutor
+
+    return LocalExecutor(devices=list(devices) or None, cpu_slots=cpu_slots)
+
+
+def serve_command(
+    host: Annotated[str, typer.Option(envvar="KERNELJUDGE_HOST", help="Address to bind.")] = (
+        "127.0.0.1"
+    ),
+    port: Annotated[int, typer.Option(envvar="KERNELJUDGE_PORT", min=0, max=65535)] = 8765,
+    db: Annotated[
+        Path, typer.Option(envvar="KERNELJUDGE_DB", help="The job database (SQLite file).")
+    ] = Path("kerneljudge-jobs.sqlite"),
+    token: Annotated[
+        Optional[str],
+        typer.Option(
+            envvar="KERNELJUDGE_TOKEN",
+            help="API token clients send as 'Authorization: Bearer'; required off loopback.",
+        ),
+    ] = None,
+    max_queued: Annotated[
+        int, typer.Option(envvar="KERNELJUDGE_MAX_QUEUED", min=1, help="Queue size (then 429).")
+    ] = 10_000,
+    max_per_client: Annotated[
+        int, typer.Option(envvar="KERNELJUDGE_MAX_PER_CLIENT", min=1, help="Queued per client.")
+    ] = 5_000,
+    max_batch: Annotated[int, typer.Option(envvar="KERNELJUDGE_MAX_BATCH", min=1)] = 256,
+    problems_dir: Annotated[
+        Optional[Path],
+        typer.Option(
+            envvar="KERNELJUDGE_PROBLEMS_DIR", help="Folder of problem files jobs may name."
+        ),
+    ] = None,
+    cpu_slots: Annotated[
+        Optional[int],
+        typer.Option(
+            envvar="KERNELJUDGE_CPU_SLOTS", min=0, help="CPU judging slots (default: by cores)."
+        ),
+    ] = None,
+    devices: Annotated[
+        Optional[str],
+        typer.Option(
+            envvar="KERNELJUDGE_DEVICES", help="Comma list of cuda:N (default: every GPU)."
+        ),
+    ] = None,
+    max_in_flight: Annotated[
+        int,
+        typer.Option(
+            envvar="KERNELJUDGE_MAX_IN_FLIGHT",
+            min=0,
+            help="Jobs handed to the executor at once (0: two per slot).",
+        ),
+    ] = 0,
+) -> None:
+    """Serve the judge over HTTP: a durable job queue (SQLite) in front of this machine's
+    devices. Candidates are code: off loopback a --token is required."""
+    from kerneljudge.cli.app import _fail
+
+    if not is_loopback(host) and not token:
+        _fail(f"refusing to listen on {host} without an API token (--token or KERNELJUDGE_TOKEN)")
+    if problems_dir is not None and not problems_dir.is_dir():
+        _fail(f"--problems-dir {problems_dir} is not a folder")
+    try:
+        import uvicorn
+
+        from kerneljudge.service.app import create_app
+        from kerneljudge.service.core import JudgeService, Limits
+        from kerneljudge.service.store import JobStore
+    except ImportError:
+        _fail(MISSING_SERVE)
+        return
+    wanted = tuple(d.strip() for d in (devices or "").split(",") if d.strip())
+    try:
+        store = JobStore(db)
+    except Exception as exc:
+        _fail(f"cannot open the job database {db}: {' '.join(str(exc).split())}")
+        return
+    limits = Limits(max_queued=max_queued, max_per_client=max_per_client, max_batch=max_batch)
+    service = JudgeService(
+        store,
+        lambda: build_executor(cpu_slots, wanted),
+        limits=limits,
+        problems_dir=problems_dir,
+        max_in_flight=max_in_flight,
+    )
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    app = create_app(service, token=token)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
+    server = uvicorn.Server(config)
+    try:
+        service.start()
+    except Exception as exc:
+        _fail(f"cannot start the executor: {' '.join(str(exc).split())}")
+        return
+    signal.signal(signal.SIGTERM, lambda *_: setattr(server, "should_exit", True))
+    try:
+        sock = socket.create_server(
+            (host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET
+        )
+    except OSError as exc:
+        service.close()
+        _fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
+        return
+    print(
+        f"kerneljudge serve: http://{host}:{sock.getsockname()[1]} (pid {os.getpid()})", flush=True
+    )
+    try:
+        server.run(sockets=[sock])
+    finally:
+        service.close()
+        store.close()
+
+
+def remote_eval(
+    server: str,
+    token: str | None,
+    problem: str,
+    cand: Candidate,
+    config: JudgeConfig,
+    shape_sets: str,
+    unsupported: dict[str, object],
+    wait_s: float = 3600.0,
+) -> Verdict:
+    """``kerneljudge eval --server``: judge ``cand`` on ``problem`` through the service at
+    ``server`` with the options of ``config`` (those a job carries: JudgeOptions), and wait up
+    to ``wait_s`` seconds for the verdict. ``shape_sets`` ``all`` needs the problem here too
+    (to list its sets); ``unsupported`` maps an eval option a job cannot carry to its value.
+
+    Raises:
+        KernelJudgeError: an option a job cannot carry is set; the service refused the job,
+            gave it no verdict (its JobError) or none in ``wait_s`` seconds (one line).
+    """
+    from kerneljudge.errors import KernelJudgeError
+    from kerneljudge.executors.base import Job
+    from kerneljudge.judge.options import JudgeOptions
+
+    for flag, value in unsupported.items():
+        if value is not None:
+            raise KernelJudgeError(f"{flag} is not available with --server")
+    sets = config.shape_sets
+    if shape_sets == "all":
+        from kerneljudge.problem import Problem
+
+        sets = tuple(Problem.load(problem).shape_sets) or sets
+    options = JudgeOptions(
+        device=config.device,
+        trials=config.trials,
+        tolerance=config.tolerance,
+        timing=config.timing,
+        baselines=tuple(config.baselines),
+        shape_sets=tuple(sets),
+        max_time_s=config.timing_config.max_time_s if config.timing_config else None,
+        build_timeout_s=config.build_timeout_s,
+        run_timeout_s=config.run_timeout_s,
+    )
+    job = Job(problem=problem, source=cand.source, options=options, name=cand.name)
+    try:
+        from kerneljudge.service.client import JudgeClient, ServiceError
+    except ImportError:
+        raise KernelJudgeError(MISSING_SERVE) from None
+    try:
+        with JudgeClient(server, token=token) as client:
+            client.submit(job)
+            return client.result(job.job_id, wait=wait_s)
+    except ServiceError as exc:
+        raise KernelJudgeError(str(exc)) from None
+    except TimeoutError as exc:
+        raise KernelJudgeError(str(exc)) from None

@@ -1,0 +1,93 @@
+"""The job store on a real SQLite file, and the problem-path rule: what the service's
+durability and its refusal of arbitrary paths rest on."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from kerneljudge.service.core import resolve_problem
+from kerneljudge.service.store import JobConflict, JobStore, QueueFull
+
+from .conftest import SMOKE, WRONG, smoke_job
+
+
+def _add(store: JobStore, *jobs, client: str = "c", max_queued: int = 100):  # type: ignore[no-untyped-def]
+    return store.add([(j, j.problem) for j in jobs], client, max_queued, max_queued)
+
+
+def test_a_job_has_one_result_across_a_crash(tmp_path: Path) -> None:
+    db = tmp_path / "jobs.sqlite"
+    store = JobStore(db)
+    a, b, c = smoke_job(), smoke_job(), smoke_job()
+    _add(store, a, b, c)
+    assert store.claim_next().job_id == a.job_id  # type: ignore[union-attr]
+    assert store.claim_next().job_id == b.job_id  # type: ignore[union-attr]
+    assert store.finish(a.job_id, "done", verdict_json='{"status": "correct"}')
+    assert not store.finish(a.job_id, "done", verdict_json='{"status": "incorrect"}')
+    assert not store.finish(c.job_id, "failed", error="never handed out")
+    store.close()  # as after SIGKILL: b is still "running"
+
+    store = JobStore(db)
+    assert store.requeue_running() == 1
+    assert store.counts() == {"queued": 2, "running": 0, "done": 1, "failed": 0, "cancelled": 0}
+    assert store.get(a.job_id).verdict_json == '{"status": "correct"}'  # type: ignore[union-attr]
+    again = store.claim_next()
+    assert again is not None and again.job_id == b.job_id and again.attempts == 2
+    assert store.cancel_queued(c.job_id) and not store.cancel_queued(c.job_id)
+    assert not store.cancel_queued(b.job_id)  # running
+    assert store.claim_next() is None
+    store.close()
+
+
+def test_idempotent_ids_conflicts_and_limits(tmp_path: Path) -> None:
+    store = JobStore(tmp_path / "jobs.sqlite")
+    job = smoke_job()
+    [(first, created)] = _add(store, job)
+    assert created
+    out = _add(store, job, job)
+    assert [c for _, c in out] == [False, False]
+    assert out[0][0].submitted_at == first.submitted_at
+    with pytest.raises(JobConflict):
+        _add(store, smoke_job(WRONG, job_id=job.job_id))
+    with pytest.raises(QueueFull):
+        _add(store, smoke_job(), smoke_job(), max_queued=2)
+    with pytest.raises(QueueFull, match="this client has 1 jobs queued"):
+        store.add([(smoke_job(), "p")], "c", 100, 1)
+    store.add([(smoke_job(), "p")], "other", 100, 1)
+    assert store.counts()["queued"] == 2  # the refused batches left nothing behind
+    store.close()
+
+
+def test_one_store_per_file_and_the_schema_version(tmp_path: Path) -> None:
+    db = tmp_path / "jobs.sqlite"
+    store = JobStore(db)
+    with pytest.raises(RuntimeError, match="in use by another kerneljudge service"):
+        JobStore(db)
+    store.close()
+    with sqlite3.connect(db) as con:
+        con.execute("UPDATE meta SET value='99' WHERE key='schema_version'")
+    with pytest.raises(RuntimeError, match="schema version 99"):
+        JobStore(db)
+    assert sqlite3.connect(db).execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+def test_problems_are_bundled_names_or_files_inside_the_folder(tmp_path: Path) -> None:
+    assert resolve_problem("causal_gqa", None) == "causal_gqa"
+    assert resolve_problem("problem.py", SMOKE) == str(SMOKE / "problem.py")
+    (tmp_path / "inside.py").write_text("")
+    (tmp_path / "escape.py").symlink_to(SMOKE / "problem.py")
+    assert resolve_problem("inside.py", tmp_path) == str(tmp_path / "inside.py")
+    for spec, folder in [
+        ("problem.py", None),
+        (str(SMOKE / "problem.py"), SMOKE),
+        ("../smoke/candidate.txt", SMOKE),
+        ("../../conftest.py", SMOKE),
+        ("escape.py", tmp_path),
+        ("~/x.py", tmp_path),
+        ("missing.py", tmp_path),
+    ]:
+        with pytest.raises(ValueError, match="bundled problem name"):
+            resolve_problem(spec, folder)
