@@ -248,10 +248,21 @@ def test_an_unreachable_server_is_a_failed_summary_and_the_rest_stays_planned(
 
     script = by_turn([Reply("", [("submit_kernel", GOOD)])])
     with FakeServer(script) as server:
+        # a new run may not take over a folder whose run has episodes left
+        with pytest.raises(RuntimeError, match="holds an unfinished run .1 episodes not ended"):
+            run_episodes([str(SMOKE)], runner(server.base_url), smoke_config, out_dir=tmp_path)
         summaries = resume_episodes(tmp_path, runner(server.base_url))
-    assert [s.stop_reason for s in summaries] == ["server_unreachable", "submitted"]
-    assert len(read_jsonl(tmp_path / "summary.jsonl")) == 2
-    assert len(server.requests) == 1  # the failed episode was not run again
+        assert [s.stop_reason for s in summaries] == ["server_unreachable", "submitted"]
+        assert len(read_jsonl(tmp_path / "summary.jsonl")) == 2
+        assert len(server.requests) == 1  # the failed episode was not run again
+        # once it has ended, a later run in the same folder has slots of its own
+        (later,) = run_episodes(
+            [str(SMOKE)], runner(server.base_url), smoke_config, out_dir=tmp_path
+        )
+    assert later.stop_reason == "submitted"
+    lines = read_jsonl(tmp_path / "summary.jsonl")
+    assert len(lines) == 3 and len({line["slot"] for line in lines}) == 3
+    assert [s.state for s in RunLog(tmp_path).states()] == ["finished"]
 
 
 # ---------------------------------------------------------------- malformed model output

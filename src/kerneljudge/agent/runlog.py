@@ -12,8 +12,10 @@ A run's output folder holds:
     ``step`` (``steps``: tool calls so far), ``finished``, ``failed`` (``reason``),
     ``interrupted`` (a resumed run found the slot started but unfinished: ``transcript``,
     its old transcript's new name), ``recovered`` (its summary was in its transcript only);
-    and the run's own ``run`` (``pid``, ``tmp``: the run's temporary folder, ``resume``)
-    and ``run_end``. Every event has ``at`` (UTC, ISO 8601).
+    and each runner process's own ``run`` (``pid``, ``tmp``: its temporary folder, ``todo``)
+    and ``run_end``. Every event has ``at`` (UTC, ISO 8601); transcript paths are relative to
+    the run folder. Slot ids are ``<run id>/<number>``: a later run in the same folder (once
+    every episode of the earlier one has ended) has slots of its own.
 ``summary.jsonl``
     one line per episode that ended: :class:`~kerneljudge.agent.transcript.EpisodeSummary`'s
     fields plus ``slot`` and ``state`` (``finished`` or ``failed``), flushed to disk the same
@@ -207,6 +209,17 @@ class RunLog:
         repair_tail(self.state_path)
         repair_tail(self.summary_path)
 
+    def relative(self, path: Path | str) -> str:
+        """``path`` relative to the run folder when it lies inside it (as events store it)."""
+        try:
+            return str(Path(path).resolve().relative_to(self.out.resolve()))
+        except ValueError:
+            return str(path)
+
+    def resolve(self, path: str) -> str:
+        """A path as events store it, made usable from here ("" stays "")."""
+        return str(self.out / path) if path and not Path(path).is_absolute() else path
+
     # ------------------------------------------------------------------ reading
     def summaries(self) -> dict[str, dict[str, Any]]:
         """``summary.jsonl`` by slot (the first line of a slot wins)."""
@@ -255,7 +268,7 @@ class RunLog:
                     state=state,
                     steps=steps.get(slot, 0),
                     episode_id=str(begun.get("episode_id", "")),
-                    transcript=str(begun.get("transcript", "")),
+                    transcript=self.resolve(str(begun.get("transcript", ""))),
                     reason=reason,
                     summary=summary,
                 )

@@ -30,6 +30,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -157,7 +158,8 @@ def run_episodes(
         ServerUnreachable: the server could not be reached; that episode has its ``failed``
             summary, episodes not yet started stay planned (resume the run later).
         MissingExtraError: ``client`` is None and the ``openai`` package is missing.
-        RuntimeError: another live process runs in ``out_dir``.
+        RuntimeError: another live process runs in ``out_dir``, or it holds a run with
+            episodes not ended (resume that one, see :func:`resume_episodes`).
         ValueError: ``episodes``, ``concurrency`` or ``judges`` out of range.
     """
     if episodes < 1 or concurrency < 1 or judges < 0:
@@ -166,16 +168,27 @@ def run_episodes(
         resolve_problem(problem)  # a misspelt name fails here, not in every episode
     config = env_config or EnvConfig()
     jobs = [(p, i) for p in problems for i in range(episodes)]
+    run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
     plan = {
+        "run_id": run_id,
         "problems": list(problems),
         "episodes": episodes,
-        "slots": [{"slot": f"{k:04d}", "problem": p, "index": i} for k, (p, i) in enumerate(jobs)],
+        "slots": [
+            {"slot": f"{run_id}/{k:04d}", "problem": p, "index": i} for k, (p, i) in enumerate(jobs)
+        ],
         "env_config": config.to_dict(),
         "runner": runner.public_dict(),
     }
     log = RunLog(out_dir)
     log.lock()
     try:
+        if log.plan_path.exists():
+            left = [st for st in log.states() if st.summary is None]
+            if left:
+                raise RuntimeError(
+                    f"{log.out} holds an unfinished run ({len(left)} episodes not ended): "
+                    f"continue it with --resume {log.out}, or choose another --out"
+                )
         log.repair()
         log.write_plan(plan)
         return _execute(log, runner, config, concurrency, client, reward, progress, judges)
@@ -247,7 +260,8 @@ def _reconcile(log: RunLog, progress: Progress | None) -> None:
             moved = path.with_name(path.stem + ".interrupted.jsonl")
             path.replace(moved)
             path = moved
-        log.event(st.slot, "interrupted", transcript=str(path or ""), steps=st.steps)
+        moved_to = log.relative(path) if path is not None else ""
+        log.event(st.slot, "interrupted", transcript=moved_to, steps=st.steps)
         say(f"[{st.slot}] {st.episode_id or 'episode'} was interrupted after {st.steps} steps")
 
 
@@ -288,6 +302,8 @@ def _execute(
         problem, n = str(index[slot]["problem"]), int(index[slot]["index"])
 
         def hook(event: str, fields: dict[str, Any]) -> None:
+            if "transcript" in fields:  # relative to the run folder: valid from any cwd
+                fields = {**fields, "transcript": log.relative(fields["transcript"])}
             log.event(slot, event, **fields)
 
         try:
