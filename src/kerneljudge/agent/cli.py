@@ -346,7 +346,7 @@ def _resume(
     from kerneljudge.agent.runlog import RunLog
     from kerneljudge.agent.runs import resume_episodes
 
-    recorded = dict(RunLog(out).plan().get("runner") or {})
+    recorded = dict(RunLog(out, create=False).plan().get("runner") or {})
     fields = {f.name for f in dataclasses.fields(RunnerConfig)}
     settings = {k: v for k, v in recorded.items() if k in fields}
     changes = {"model": model, "base_url": base_url}

@@ -140,12 +140,14 @@ class RunLog:
     """Reads and appends a run folder's ``run.json``, ``state.jsonl`` and ``summary.jsonl``.
 
     Args:
-        out: the run's output folder (created).
+        out: the run's output folder.
+        create: create the folder (a new run); False: it must exist to be read.
     """
 
-    def __init__(self, out: Path | str) -> None:
+    def __init__(self, out: Path | str, create: bool = True) -> None:
         self.out = Path(out)
-        self.out.mkdir(parents=True, exist_ok=True)
+        if create:
+            self.out.mkdir(parents=True, exist_ok=True)
         self.plan_path = self.out / PLAN
         self.state_path = self.out / STATE
         self.summary_path = self.out / SUMMARY

@@ -223,7 +223,7 @@ def resume_episodes(
     """
     if concurrency < 1 or judges < 0:
         raise ValueError("concurrency must be at least 1, judges at least 0")
-    log = RunLog(out_dir)
+    log = RunLog(out_dir, create=False)
     plan = log.plan()
     config = EnvConfig.from_dict(plan["env_config"])
     log.lock()
