@@ -427,3 +427,46 @@ def test_a_reply_with_no_choices_or_no_message(
     assert summary.stop_reason == "tool_calls_exhausted"  # retried, then the episode went on
     assistant = [r for r in read_transcript(summary.transcript) if r["type"] == "assistant"]
     assert assistant[0]["attempts"] == 2
+
+
+def test_resume_recovers_a_summary_left_in_its_transcript_and_cuts_torn_lines(
+    smoke_config: EnvConfig, tmp_path: Path
+) -> None:
+    """A kill between an episode's transcript summary and its summary.jsonl line, and torn
+    last lines in state.jsonl and summary.jsonl (hand-made: what a kill can leave)."""
+    log = RunLog(tmp_path)
+    slots = [{"slot": f"r/{k}", "problem": str(SMOKE), "index": k} for k in range(2)]
+    log.write_plan(
+        {
+            "run_id": "r",
+            "problems": [str(SMOKE)],
+            "episodes": 2,
+            "slots": slots,
+            "env_config": smoke_config.to_dict(),
+            "runner": {},
+        }
+    )
+    done = {"episode_id": "e0", "problem": "smoke_affine", "model": "m", "status": "correct"}
+    done |= {"reward": 1.0, "speedup_eager": 1.0, "speedup_compile": None}
+    done |= {"submitted_by": "model", "stop_reason": "submitted", "tool_calls": 1, "turns": 1}
+    done |= {"prompt_tokens": 1, "completion_tokens": 1, "duration_s": 1.0, "error": ""}
+    log.add_summary("r/0", {**done, "transcript": "x"}, "finished")
+    transcript = tmp_path / "smoke_affine" / "e1.jsonl"
+    transcript.parent.mkdir()
+    summary1 = {"type": "summary", **done, "episode_id": "e1", "transcript": str(transcript)}
+    transcript.write_text(json.dumps({"type": "episode"}) + "\n" + json.dumps(summary1) + "\n")
+    log.event("r/1", "started", episode_id="e1", transcript="smoke_affine/e1.jsonl")
+    with open(log.state_path, "a") as f:
+        f.write('{"slot": "r/1", "event": "st')  # torn by a kill
+    with open(log.summary_path, "a") as f:
+        f.write('{"episode_id": "e9", "slo')
+    assert [s.state for s in log.states()] == ["finished", "started"]
+
+    dead = "http://127.0.0.1:9/v1"  # never asked: nothing is left to run
+    summaries = resume_episodes(tmp_path, runner(dead))
+    assert [s.episode_id for s in summaries] == ["e0", "e1"]
+    lines = (tmp_path / "summary.jsonl").read_text().splitlines()
+    assert [json.loads(line)["slot"] for line in lines] == ["r/0", "r/1"]  # torn line cut off
+    events = [json.loads(line) for line in log.state_path.read_text().splitlines()]
+    assert [e["event"] for e in events if e.get("slot") == "r/1"][-2:] == ["recovered", "finished"]
+    assert [s.state for s in log.states()] == ["finished", "finished"]
