@@ -330,8 +330,12 @@ def _execute(
     tempfile.tempdir = str(tmp)
     try:
         with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="kj-episode") as ex:
-            for future in [ex.submit(job, st.slot) for st in todo]:
-                future.result()
+            try:
+                for future in [ex.submit(job, st.slot) for st in todo]:
+                    future.result()
+            except BaseException:  # Ctrl-C: episodes not started stay planned
+                stop.set()
+                raise
     finally:
         pool.close()
         tempfile.tempdir = saved
