@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -33,6 +34,20 @@ class Reply:
 
 
 @dataclass
+class RawBody:
+    """A 200 answer whose body is these bytes, as they are (garbage, invalid UTF-8, ...)."""
+
+    body: bytes
+
+
+@dataclass
+class Hang:
+    """No answer for ``seconds`` (the client times out first), then the connection closes."""
+
+    seconds: float
+
+
+@dataclass
 class HttpError:
     """An HTTP error answer (status and an OpenAI-style error body)."""
 
@@ -41,14 +56,16 @@ class HttpError:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-Policy = Callable[[dict[str, Any]], "Reply | HttpError"]
+#: What a policy may answer.
+Answer = Reply | HttpError | RawBody | Hang
+Policy = Callable[[dict[str, Any]], Answer]
 
 
-def by_turn(replies: list[Reply | HttpError]) -> Policy:
+def by_turn(replies: list[Answer]) -> Policy:
     """A policy answering with ``replies[k]`` where k counts the request's assistant messages;
     past the end it repeats the last reply."""
 
-    def policy(body: dict[str, Any]) -> Reply | HttpError:
+    def policy(body: dict[str, Any]) -> Answer:
         k = sum(1 for m in body.get("messages", []) if m.get("role") == "assistant")
         return replies[min(k, len(replies) - 1)]
 
@@ -84,6 +101,13 @@ class FakeServer:
                     server._counter += 1
                     n = server._counter
                 answer = server.policy(body)
+                if isinstance(answer, Hang):
+                    time.sleep(answer.seconds)
+                    self.close_connection = True
+                    return
+                if isinstance(answer, RawBody):
+                    self._send_bytes(200, answer.body, {})
+                    return
                 if isinstance(answer, HttpError):
                     self._send(
                         answer.status,
@@ -96,11 +120,13 @@ class FakeServer:
             def _send(
                 self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None
             ) -> None:
-                data = json.dumps(payload).encode()
+                self._send_bytes(status, json.dumps(payload).encode(), headers or {})
+
+            def _send_bytes(self, status: int, data: bytes, headers: dict[str, str]) -> None:
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
-                for k, v in (headers or {}).items():
+                for k, v in headers.items():
                     self.send_header(k, v)
                 self.end_headers()
                 self.wfile.write(data)

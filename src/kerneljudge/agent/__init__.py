@@ -16,7 +16,8 @@ a recorded episode can be re-judged on a machine without ``openai``.
 
 from kerneljudge.agent.config import RunnerConfig
 from kerneljudge.agent.replay import replay
-from kerneljudge.agent.runner import run_episode, run_episodes
+from kerneljudge.agent.runner import run_episode
+from kerneljudge.agent.runs import resume_episodes, run_episodes
 from kerneljudge.agent.transcript import (
     TRANSCRIPT_VERSION,
     EpisodeSummary,
@@ -34,6 +35,7 @@ __all__ = [
     "read_transcript",
     "recorded_turns",
     "replay",
+    "resume_episodes",
     "run_episode",
     "run_episodes",
     "write_transcript_from_calls",

@@ -104,6 +104,17 @@ def episode_command(
     out: Annotated[Path, _opt("out", "Folder for transcripts and summary.jsonl.")] = Path(
         "episodes"
     ),
+    resume: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--resume",
+            envvar=_env("resume"),
+            help="Continue the interrupted run in this folder (its plan and configuration).",
+        ),
+    ] = None,
+    judges: Annotated[
+        int, _opt("judges", "Judges (worker sets) alive at once; 0: min(--concurrency, 2).", min=0)
+    ] = 0,
     replay_file: Annotated[
         Optional[Path],
         typer.Option(
@@ -156,10 +167,12 @@ def episode_command(
         bool, typer.Option("--json", envvar=_env("json"), help="Print summaries as JSON lines.")
     ] = False,
 ) -> None:
-    """Run agent episodes on --problem with --model at --base-url, or --replay a transcript.
+    """Run agent episodes on --problem with --model at --base-url, --resume a run, or --replay
+    a transcript.
 
     Exit status: 0 when every episode ran; 1 when a harness error ended one (said on stderr);
-    2 on bad input (an unknown problem, bad options) or an unreachable server.
+    2 on bad input (an unknown problem, bad options) or an unreachable server (the episodes not
+    run stay planned: --resume the folder later).
     """
     from kerneljudge.env import EnvConfig
 
@@ -190,6 +203,20 @@ def episode_command(
         if replay_file is not None:
             summaries = [_replay(replay_file, problem, config, out, progress)]
             title = f"replay of {replay_file}"
+        elif resume is not None:
+            out = resume
+            summaries, title = _resume(
+                resume,
+                model,
+                base_url,
+                api_key,
+                concurrency,
+                judges,
+                max_retries,
+                backoff,
+                request_timeout,
+                progress,
+            )
         else:
             summaries = _run(
                 problem,
@@ -207,10 +234,11 @@ def episode_command(
                 request_timeout,
                 reasoning_in_history,
                 progress,
+                judges,
             )
             title = f"{model} at {base_url}"
-    except (KernelJudgeError, ImportError, ValueError, FileNotFoundError) as exc:
-        _fail(str(exc))
+    except (KernelJudgeError, ImportError, ValueError, FileNotFoundError, RuntimeError) as exc:
+        _fail(_with_resume_hint(exc, resume or out))
         return
     if json_out:
         for s in summaries:
@@ -257,9 +285,10 @@ def _run(
     request_timeout: float,
     reasoning_in_history: bool,
     progress: Any,
+    judges: int,
 ) -> list[Any]:
     from kerneljudge.agent.config import RunnerConfig
-    from kerneljudge.agent.runner import run_episodes
+    from kerneljudge.agent.runs import run_episodes
 
     if not problem:
         raise ValueError("--problem is needed (or --replay FILE)")
@@ -283,4 +312,50 @@ def _run(
         concurrency=concurrency,
         out_dir=out,
         progress=progress,
+        judges=judges,
     )
+
+
+def _with_resume_hint(exc: BaseException, out: Path) -> str:
+    """The error's line; for an unreachable server, how to continue the run later."""
+    from kerneljudge.agent.runlog import PLAN
+
+    text = str(exc)
+    if type(exc).__name__ == "ServerUnreachable" and (out / PLAN).exists():
+        text += f" (episodes not run stay planned: kerneljudge episode --resume {out})"
+    return text
+
+
+def _resume(
+    out: Path,
+    model: str | None,
+    base_url: str | None,
+    api_key: str,
+    concurrency: int,
+    judges: int,
+    max_retries: int,
+    backoff: float,
+    request_timeout: float,
+    progress: Any,
+) -> tuple[list[Any], str]:
+    """Resume with the run's recorded runner settings; --model and --base-url given win, and
+    so do the retry options set to a non-default value."""
+    import dataclasses
+
+    from kerneljudge.agent.config import RunnerConfig
+    from kerneljudge.agent.runlog import RunLog
+    from kerneljudge.agent.runs import resume_episodes
+
+    recorded = dict(RunLog(out, create=False).plan().get("runner") or {})
+    fields = {f.name for f in dataclasses.fields(RunnerConfig)}
+    settings = {k: v for k, v in recorded.items() if k in fields}
+    changes = {"model": model, "base_url": base_url}
+    settings.update({k: v for k, v in changes.items() if v})
+    defaults = RunnerConfig(model="m", base_url="u")
+    given = {"max_retries": max_retries, "backoff_s": backoff, "request_timeout_s": request_timeout}
+    settings.update({k: v for k, v in given.items() if v != getattr(defaults, k)})
+    runner = RunnerConfig(**{**settings, "api_key": api_key})
+    summaries = resume_episodes(
+        out, runner, concurrency=concurrency, progress=progress, judges=judges
+    )
+    return summaries, f"{runner.model} at {runner.base_url} (resumed {out})"

@@ -6,7 +6,9 @@ line ``install kerneljudge[agent]`` (see :class:`MissingExtraError`).
 
 from __future__ import annotations
 
+import json
 import random
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -23,6 +25,8 @@ __all__ = [
     "ModelClient",
     "ModelRequestError",
     "ServerUnreachable",
+    "clean_json",
+    "clean_text",
 ]
 
 
@@ -36,6 +40,7 @@ class MissingExtraError(KernelJudgeError, ImportError):
 
 
 try:
+    import httpx
     import openai
 except ImportError:
     raise MissingExtraError("agent", "openai") from None
@@ -157,10 +162,16 @@ class ModelClient:
         Raises:
             ServerUnreachable: no connection after ``max_retries`` retries.
             ModelRequestError: a non-transient error (bad request, authentication, context
-                too long, ...) or a transient one that outlived the retries.
+                too long, ...) or a transient one that outlived the retries; a body that is
+                no chat completion (not JSON, no choices) is retried like a 5xx first.
         """
         cfg = self.config
-        kwargs: dict[str, Any] = {"model": cfg.model, "messages": messages, "tools": tools}
+        # Lone surrogates (from a model's malformed output) cannot be sent as UTF-8.
+        kwargs: dict[str, Any] = {
+            "model": cfg.model,
+            "messages": clean_json(messages),
+            "tools": clean_json(tools),
+        }
         for key in ("temperature", "top_p", "max_tokens", "parallel_tool_calls"):
             if getattr(cfg, key) is not None:
                 kwargs[key] = getattr(cfg, key)
@@ -171,8 +182,9 @@ class ModelClient:
             attempt += 1
             started = time.monotonic()
             try:
-                response = self._client.chat.completions.create(**kwargs)
-                return _completion(response, time.monotonic() - started, attempt)
+                raw = self._client.chat.completions.with_raw_response.create(**kwargs)
+                body = raw.content
+                return _completion(_payload(body), time.monotonic() - started, attempt)
             except openai.APIConnectionError as exc:  # also APITimeoutError
                 if attempt > cfg.max_retries:
                     raise ServerUnreachable(cfg.base_url, attempt, _detail(exc)) from None
@@ -181,8 +193,12 @@ class ModelClient:
                 if exc.status_code not in _RETRY_STATUS or attempt > cfg.max_retries:
                     raise ModelRequestError(exc.status_code, _detail(exc)) from None
                 self._sleep(self._backoff(attempt, exc.response.headers.get("retry-after")))
-            except openai.APIResponseValidationError as exc:
-                raise ModelRequestError(None, f"malformed response: {_detail(exc)}") from None
+            except (httpx.HTTPError, MalformedReply) as exc:
+                # A body cut short or that is no chat completion: a proxy's or a server's
+                # glitch, retried like a 5xx.
+                if attempt > cfg.max_retries:
+                    raise ModelRequestError(None, f"malformed response: {_detail(exc)}") from None
+                self._sleep(self._backoff(attempt, None))
 
     def _backoff(self, attempt: int, retry_after: str | None) -> float:
         if retry_after:
@@ -202,36 +218,106 @@ def _detail(exc: Exception) -> str:
     return text.splitlines()[0][:300] if text else type(exc).__name__
 
 
-def _completion(response: Any, latency_s: float, attempts: int) -> Completion:
-    if not getattr(response, "choices", None):
-        raise ModelRequestError(None, "the response has no choices")
-    choice = response.choices[0]
-    msg = choice.message
-    extra = dict(getattr(msg, "model_extra", None) or {})
+class MalformedReply(ValueError):
+    """A 200 answer whose body is not a chat completion (not JSON, no ``choices``, ...)."""
+
+
+#: Code points that cannot be encoded as UTF-8: lone surrogates.
+_SURROGATES = re.compile("[\ud800-\udfff]")
+
+
+def clean_text(value: str) -> str:
+    """``value`` with every lone surrogate replaced by U+FFFD, so that it encodes as UTF-8."""
+    return _SURROGATES.sub("\ufffd", value)
+
+
+def clean_json(value: Any) -> Any:
+    """A copy of a JSON-ready value whose strings (keys too) all encode as UTF-8."""
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, dict):
+        return {clean_json(k): clean_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean_json(v) for v in value]
+    return value
+
+
+def _payload(body: bytes) -> dict[str, Any]:
+    """The JSON object of a response body. Bytes that are not UTF-8 become U+FFFD (the rest of
+    the reply is kept).
+
+    Raises:
+        MalformedReply: not a JSON object.
+    """
+    text = body.decode("utf-8", errors="replace")
+    try:
+        payload = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        head = text[:60].replace("\n", " ")
+        raise MalformedReply(f"the body is not JSON ({type(exc).__name__}): {head!r}") from None
+    if not isinstance(payload, dict):
+        raise MalformedReply(f"the body is a JSON {type(payload).__name__}, not an object")
+    return payload
+
+
+def _text(value: Any) -> str:
+    """A reply field as text ("" for null; other JSON as its JSON text)."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return clean_text(value)
+    return clean_text(json.dumps(value))
+
+
+def _completion(payload: dict[str, Any], latency_s: float, attempts: int) -> Completion:
+    """A :class:`Completion` of a response's JSON; fields of the wrong type are read leniently
+    (a tool call without a name gets the name "", the environment answers it).
+
+    Raises:
+        MalformedReply: no ``choices[0].message`` object.
+    """
+    choices = payload.get("choices")
+    if not isinstance(choices, list) or not choices:
+        raise MalformedReply("the response has no choices")
+    choice = choices[0]
+    msg = choice.get("message") if isinstance(choice, dict) else None
+    if not isinstance(msg, dict):
+        raise MalformedReply("the response's first choice has no message")
     reasoning, key = None, "reasoning_content"
     for candidate in ("reasoning_content", "reasoning"):
-        value = extra.get(candidate, getattr(msg, candidate, None))
+        value = msg.get(candidate)
         if isinstance(value, str) and value:
-            reasoning, key = value, candidate
+            reasoning, key = clean_text(value), candidate
             break
     calls = []
-    for tc in msg.tool_calls or []:
-        fn = getattr(tc, "function", None)
-        if fn is None:
-            continue
-        call_id = tc.id or f"call_{uuid.uuid4().hex[:12]}"
-        calls.append(ToolCall(str(fn.name or ""), fn.arguments or "", call_id))
-    usage = getattr(response, "usage", None)
-    counts = {
-        k: int(getattr(usage, k, 0) or 0)
-        for k in ("prompt_tokens", "completion_tokens", "total_tokens")
-    }
+    raw_calls = msg.get("tool_calls")
+    for tc in raw_calls if isinstance(raw_calls, list) else []:
+        tc = tc if isinstance(tc, dict) else {}
+        fn = tc.get("function")
+        fn = fn if isinstance(fn, dict) else {}
+        call_id = tc.get("id") if isinstance(tc.get("id"), str) and tc.get("id") else None
+        args = fn.get("arguments")
+        # The arguments stay as sent (the environment reports what is wrong with them).
+        arguments = args if isinstance(args, str) else ("" if args is None else json.dumps(args))
+        calls.append(
+            ToolCall(
+                _text(fn.get("name")),
+                arguments,
+                clean_text(call_id or f"call_{uuid.uuid4().hex[:12]}"),
+            )
+        )
+    usage = payload.get("usage")
+    usage = usage if isinstance(usage, dict) else {}
+    counts = {}
+    for k in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        value = usage.get(k)
+        counts[k] = value if isinstance(value, int) and not isinstance(value, bool) else 0
     return Completion(
-        content=msg.content or "",
+        content=_text(msg.get("content")),
         reasoning=reasoning,
         reasoning_key=key,
         tool_calls=calls,
-        finish_reason=str(choice.finish_reason or ""),
+        finish_reason=_text(choice.get("finish_reason")),
         usage=counts,
         latency_s=latency_s,
         attempts=attempts,

@@ -7,20 +7,16 @@ goes back as a ``tool`` message; a reply without a tool call gets a reminder; th
 server refuses a request (the same policy; ``stop_reason`` ``model_error``). A server that
 cannot be reached stops the episode without a score and raises :class:`ServerUnreachable`.
 
-Concurrency (:func:`run_episodes`): episodes run in threads, each with its own environment and
-so its own :class:`~kerneljudge.judge.Judge` (a judge is not thread-safe) and its own worker
-processes; the build cache is shared (builds of the same code wait for each other on a file
-lock). Builds run in parallel; everything that runs a candidate on the device (correctness,
-timing, profiling) holds one lock shared by all episodes, so timings never overlap.
+Runs of many episodes (planned, recorded, resumable, concurrent) are
+:mod:`kerneljudge.agent.runs`.
 """
 
 from __future__ import annotations
 
-import json
-import threading
+import contextlib
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -28,14 +24,17 @@ from kerneljudge.agent.config import RunnerConfig
 from kerneljudge.agent.transcript import EpisodeSummary, TranscriptWriter
 from kerneljudge.env import EnvConfig, KernelEnv, StepResult
 from kerneljudge.env.rewards import RewardFn
-from kerneljudge.errors import KernelJudgeError
 from kerneljudge.judge import Judge
-from kerneljudge.problem import resolve_problem
 
-__all__ = ["ChatClient", "run_episode", "run_episodes", "summarize"]
+__all__ = ["ChatClient", "EventHook", "JudgeLease", "run_episode", "summarize"]
 
 #: ``progress(line)``: one line per event, for a terminal.
 Progress = Callable[[str], None]
+#: ``lease()``: a context manager lending a judge of the episode's problem for its block.
+JudgeLease = Callable[[], AbstractContextManager[Judge]]
+#: ``on_event(event, fields)``: ``started`` (``episode_id``, ``transcript``) once the
+#: transcript exists, ``step`` (``steps``: tool calls so far) after every tool call.
+EventHook = Callable[[str, dict[str, Any]], None]
 
 
 class ChatClient(Protocol):
@@ -81,6 +80,22 @@ def summarize(
     )
 
 
+def _borrow(env: KernelEnv, lease: JudgeLease | None) -> Callable[[], Any]:
+    """``using()``: a block during which ``env`` runs on a judge borrowed from ``lease`` (with
+    the environment's device lock); a no-op without a lease."""
+    if lease is None:
+        return contextlib.nullcontext
+
+    @contextlib.contextmanager
+    def using() -> Iterator[None]:
+        with lease() as judge:
+            judge.device_lock = env.session.lock
+            env.session.judge = judge
+            yield
+
+    return using
+
+
 def _short(result: StepResult) -> str:
     """The observation's first line, for a progress line (the tool's name already shown)."""
     first = result.observation.splitlines()[0] if result.observation else ""
@@ -96,9 +111,11 @@ def run_episode(
     out_dir: Path | str,
     client: ChatClient | None = None,
     judge: Judge | None = None,
+    lease: JudgeLease | None = None,
     device_lock: Any = None,
     reward: RewardFn | None = None,
     progress: Progress | None = None,
+    on_event: EventHook | None = None,
 ) -> EpisodeSummary:
     """Run one episode and write its transcript to ``out_dir/<problem>/<episode id>.jsonl``.
 
@@ -109,18 +126,28 @@ def run_episode(
         out_dir: where transcripts go.
         client: the model client (None: a :class:`~kerneljudge.agent.client.ModelClient`).
         judge: a judge to share (sequential use only); None: the episode's own.
+        lease: where the episode borrows a judge for each step that needs one (creating the
+            environment, each tool call, the end of a turn); between them it holds none, so
+            that a few judges serve many episodes waiting for their model. Wins over
+            ``judge``.
         device_lock: the lock shared by episodes on the same device.
         reward: the reward function (None: the default).
         progress: called with one line per event.
+        on_event: called as the episode goes (see :data:`EventHook`).
 
     Returns:
         The episode's summary (also the transcript's last line).
 
     Raises:
         ServerUnreachable: the server could not be reached; the transcript ends with a summary
-            whose ``stop_reason`` is ``server_unreachable``.
+            whose ``stop_reason`` is ``server_unreachable``. An exception raised once the
+            transcript exists carries that summary as its ``summary`` attribute.
         MissingExtraError: ``client`` is None and the ``openai`` package is missing.
         ProblemError, WorkerError: harness failures (the transcript records them).
+
+    Whatever the model sends (tool calls with malformed, non-object or invalid-Unicode
+    arguments, unknown tools, replies the client could not read) ends as an observation for the
+    model or as the episode's ``model_error`` end, never as an exception.
     """
     from kerneljudge.agent.client import ModelRequestError, ServerUnreachable
 
@@ -129,11 +156,14 @@ def run_episode(
 
         client = ModelClient(runner)
     say = progress or (lambda line: None)
+    hook = on_event or (lambda event, fields: None)
     started = time.monotonic()
     usage = {"prompt_tokens": 0, "completion_tokens": 0}
-    env = KernelEnv(problem, env_config, judge=judge, reward=reward, device_lock=device_lock)
-    with env:
+    with lease() if lease is not None else contextlib.nullcontext(judge) as first:
+        env = KernelEnv(problem, env_config, judge=first, reward=reward, device_lock=device_lock)
         task = env.reset()
+    using = _borrow(env, lease)
+    with env:
         tag = f"[{env.problem.name} {env.state.episode_id[-8:]}]"
         path = Path(out_dir) / env.problem.name / f"{env.state.episode_id}.jsonl"
         with TranscriptWriter(path) as tw:
@@ -146,6 +176,7 @@ def run_episode(
                 env_config=env.config.to_dict(),
                 tools=task.tools,
             )
+            hook("started", {"episode_id": env.state.episode_id, "transcript": str(path)})
             messages = list(task.messages)
             for m in messages:
                 tw.message(m["role"], m["content"])
@@ -159,7 +190,17 @@ def run_episode(
                     except ModelRequestError as exc:
                         error, stop_reason = str(exc), "model_error"
                         say(f"{tag} turn {turn}: {exc}")
-                        tw.end(env.finish("model_error"))
+                        with using():
+                            tw.end(env.finish("model_error"))
+                        break
+                    except ServerUnreachable:
+                        raise
+                    except Exception as exc:  # noqa: BLE001 - an unforeseen client failure
+                        error = f"the reply could not be read: {type(exc).__name__}: {exc}"
+                        stop_reason = "model_error"
+                        say(f"{tag} turn {turn}: {error}")
+                        with using():
+                            tw.end(env.finish("model_error"))
                         break
                     for key in usage:
                         usage[key] += int(reply.usage.get(key, 0))
@@ -174,8 +215,10 @@ def run_episode(
                         if env.done:
                             tw.skipped(turn, call)
                             continue
-                        result = env.step(call)
+                        with using():
+                            result = env.step(call)
                         tw.tool(turn, call, result)
+                        hook("step", {"steps": env.state.calls_used})
                         messages.append(
                             {
                                 "role": "tool",
@@ -185,10 +228,11 @@ def run_episode(
                         )
                         say(f"{tag} turn {turn} {call.name} {_short(result)}")
                     if not env.done:
-                        final = env.end_turn()
+                        with using():
+                            final = env.end_turn()
                         if final is not None:
                             tw.end(final)
-            except (ServerUnreachable, KernelJudgeError) as exc:
+            except Exception as exc:
                 unreachable = isinstance(exc, ServerUnreachable)
                 summary = summarize(
                     env,
@@ -196,10 +240,11 @@ def run_episode(
                     started,
                     usage,
                     stop_reason="server_unreachable" if unreachable else "error",
-                    error=str(exc),
+                    error=str(exc) or type(exc).__name__,
                     transcript=path,
                 )
                 tw.summary(summary)
+                exc.summary = summary  # type: ignore[attr-defined]  # for the run's record
                 raise
             summary = summarize(
                 env,
@@ -213,97 +258,3 @@ def run_episode(
             tw.summary(summary)
     say(f"{tag} done: {summary.status}, reward {summary.reward}")
     return summary
-
-
-def run_episodes(
-    problems: list[str],
-    runner: RunnerConfig,
-    env_config: EnvConfig | None = None,
-    *,
-    episodes: int = 1,
-    concurrency: int = 1,
-    out_dir: Path | str,
-    client: ChatClient | None = None,
-    reward: RewardFn | None = None,
-    progress: Progress | None = None,
-) -> list[EpisodeSummary]:
-    """Run ``episodes`` episodes of every problem, ``concurrency`` at a time.
-
-    Each episode gets its own environment and judge; one device lock is shared (see the module
-    docstring). Summaries are appended to ``out_dir/summary.jsonl`` as episodes end.
-
-    Returns:
-        The summaries, in the order the episodes were scheduled (an episode that failed with
-        a harness error has ``stop_reason`` ``error``).
-
-    Raises:
-        ProblemError: a problem names no bundled problem and no file (before any episode).
-        ServerUnreachable: the server could not be reached; episodes not yet started are not
-            run.
-        MissingExtraError: ``client`` is None and the ``openai`` package is missing.
-        ValueError: ``episodes`` or ``concurrency`` below 1.
-    """
-    from kerneljudge.agent.client import ServerUnreachable
-
-    if episodes < 1 or concurrency < 1:
-        raise ValueError("episodes and concurrency must be at least 1")
-    for problem in problems:
-        resolve_problem(problem)  # a misspelt name fails here, not in every episode
-    if client is None:
-        from kerneljudge.agent.client import ModelClient
-
-        client = ModelClient(runner)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    lock = threading.Lock()
-    write_lock = threading.Lock()
-    stop = threading.Event()
-    unreachable: list[ServerUnreachable] = []
-    jobs = [(p, i) for p in problems for i in range(episodes)]
-
-    def job(problem: str, index: int) -> EpisodeSummary | None:
-        if stop.is_set():
-            return None
-        try:
-            summary = run_episode(
-                problem,
-                runner,
-                env_config,
-                out_dir=out,
-                client=client,
-                device_lock=lock,
-                reward=reward,
-                progress=progress,
-            )
-        except ServerUnreachable as exc:
-            stop.set()
-            unreachable.append(exc)
-            return None
-        except KernelJudgeError as exc:
-            summary = EpisodeSummary(
-                episode_id=f"{problem}-{index}",
-                problem=str(problem),
-                model=runner.model,
-                status="none",
-                reward=None,
-                speedup_eager=None,
-                speedup_compile=None,
-                submitted_by="",
-                stop_reason="error",
-                tool_calls=0,
-                turns=0,
-                prompt_tokens=0,
-                completion_tokens=0,
-                duration_s=0.0,
-                error=str(exc),
-            )
-        with write_lock, open(out / "summary.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps(summary.to_dict()) + "\n")
-        return summary
-
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        futures = [pool.submit(job, p, i) for p, i in jobs]
-        results = [f.result() for f in futures]
-    if unreachable:
-        raise unreachable[0]
-    return [r for r in results if r is not None]

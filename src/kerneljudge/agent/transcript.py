@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -94,6 +95,13 @@ class EpisodeSummary:
     transcript: str = ""
     verdict: Verdict | None = field(default=None, compare=False, repr=False)
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EpisodeSummary:
+        """A summary from :meth:`to_dict`'s fields (other keys are ignored; the verdict is the
+        transcript's, not read here)."""
+        names = {f.name for f in dataclasses.fields(cls)} - {"verdict"}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
     def to_dict(self) -> dict[str, Any]:
         """The summary's JSON fields (all but :attr:`verdict`)."""
         return {
@@ -106,7 +114,8 @@ def _now() -> str:
 
 
 class TranscriptWriter:
-    """Appends records to a JSONL file, flushing each line (a crash loses nothing written).
+    """Appends records to a JSONL file, each line flushed to disk (``fsync``) before the
+    episode goes on: a crash or a kill loses nothing written but a torn last line.
 
     Args:
         path: the transcript file (its folder is created).
@@ -134,6 +143,7 @@ class TranscriptWriter:
         with self._lock:
             self._file.write(json.dumps(record, default=str) + "\n")
             self._file.flush()
+            os.fsync(self._file.fileno())
 
     def header(self, **fields: Any) -> None:
         from kerneljudge import __version__

@@ -334,9 +334,11 @@ class KernelEnv:
     def step(self, call: ToolCall | dict[str, Any] | Any) -> StepResult:
         """Run one tool call.
 
-        A tool error (unknown tool, malformed or missing arguments, empty code, a GPU
-        candidate on a CPU environment) is an observation, never an exception; it still
-        counts against the budget.
+        A tool error (unknown tool, malformed, non-object, oversized or invalid-Unicode
+        arguments, missing arguments, empty code, a GPU candidate on a CPU environment) is an
+        observation, never an exception; so is any other exception the call raises that is
+        no :class:`~kerneljudge.errors.KernelJudgeError` (its type and message are the
+        observation). It still counts against the budget.
 
         Args:
             call: a :class:`ToolCall` or anything :meth:`ToolCall.parse` accepts.
@@ -358,10 +360,17 @@ class KernelEnv:
         try:
             if tool is None:
                 names = ", ".join(self._by_name)
-                raise ToolError("", f"there is no tool {call.name!r}; the tools are {names}")
+                shown = call.name if len(call.name) <= 80 else call.name[:77] + "..."
+                what = f"there is no tool {shown!r}" if call.name else "the call names no tool"
+                raise ToolError("", f"{what}; the tools are {names}")
             result = tool(call.arguments)
         except ToolError as exc:
             result = Observation.tool_error(call.name, exc.message, tool is not None, exc.code)
+        except KernelJudgeError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - what the call's input made fail is its error
+            message = f"this call could not be handled ({type(exc).__name__}: {exc})"
+            result = Observation.tool_error(call.name, message[:2000], tool is not None, None)
         if result.submitted:
             self._end(result.verdict, result.reward, "model", "submitted")
         self.state.record(result, time.monotonic() - t0)

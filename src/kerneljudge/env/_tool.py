@@ -24,11 +24,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Tool", "ToolError", "parse_docstring", "tool"]
+__all__ = ["MAX_ARGUMENT_CHARS", "Tool", "ToolError", "parse_docstring", "tool"]
 
 #: What a tool's function returns.
 R = TypeVar("R")
 
+#: The longest arguments text a tool decodes (characters); longer ones are a tool error.
+MAX_ARGUMENT_CHARS = 4 * 1024 * 1024
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _JSON_TYPES: dict[type, str] = {str: "string", int: "integer", float: "number", bool: "boolean"}
 _SECTION = re.compile(r"^(Args|Arguments|Returns|Raises|Yields|Examples?|Notes?):\s*$")
 
@@ -106,6 +110,29 @@ def _json_type(annotation: Any, where: str) -> dict[str, Any]:
     raise TypeError(f"{where}: no JSON-schema type for annotation {annotation!r}")
 
 
+def _invalid_unicode(arguments: dict[Any, Any]) -> str:
+    """What in decoded arguments holds a lone surrogate (``"argument 'x'"``), "" when nothing.
+    Such text cannot be written to a file or sent back as UTF-8."""
+
+    def bad(value: Any, depth: int = 0) -> bool:
+        if isinstance(value, str):
+            return _SURROGATE.search(value) is not None
+        if depth > 50:
+            return False
+        if isinstance(value, dict):
+            return any(bad(k, depth + 1) or bad(v, depth + 1) for k, v in value.items())
+        if isinstance(value, list):
+            return any(bad(v, depth + 1) for v in value)
+        return False
+
+    for key, value in arguments.items():
+        if bad(key):
+            return "an argument's name"
+        if bad(value):
+            return f"argument {key!r}"
+    return ""
+
+
 def _check_type(value: Any, annotation: Any) -> bool:
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
@@ -161,11 +188,19 @@ class Tool(Generic[R]):
             Keyword arguments for :attr:`fn`.
 
         Raises:
-            ToolError: not JSON, not an object, unknown or missing arguments, wrong types.
+            ToolError: longer than :data:`MAX_ARGUMENT_CHARS`, not JSON, not an object, text
+                that is not valid Unicode (lone surrogates), unknown or missing arguments,
+                wrong types.
         """
         if arguments is None or (isinstance(arguments, str) and not arguments.strip()):
             arguments = {}
         if isinstance(arguments, str):
+            if len(arguments) > MAX_ARGUMENT_CHARS:
+                raise ToolError(
+                    self.name,
+                    f"the arguments are {len(arguments):,} characters long; the limit is "
+                    f"{MAX_ARGUMENT_CHARS:,}",
+                )
             try:
                 arguments = json.loads(arguments)
             except json.JSONDecodeError as exc:
@@ -174,9 +209,22 @@ class Tool(Generic[R]):
                     f"the arguments are not valid JSON ({exc.msg} at line {exc.lineno} column "
                     f"{exc.colno}); send a JSON object such as {self._example()}",
                 ) from None
+            except RecursionError:
+                raise ToolError(
+                    self.name,
+                    f"the arguments nest too deeply to decode; send a flat JSON object such "
+                    f"as {self._example()}",
+                ) from None
         if not isinstance(arguments, dict):
             raise ToolError(
                 self.name, f"the arguments must be a JSON object such as {self._example()}"
+            )
+        bad = _invalid_unicode(arguments)
+        if bad:
+            raise ToolError(
+                self.name,
+                f"{bad} contains a character that is not valid Unicode text (a lone surrogate); "
+                f"send the code as plain UTF-8 text",
             )
         params = inspect.signature(self.fn).parameters
         hints = typing.get_type_hints(self.fn)

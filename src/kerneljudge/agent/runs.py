@@ -1,0 +1,368 @@
+"""Runs of many episodes: planned, recorded as they go, resumable, and cleaned up after.
+
+:func:`run_episodes` writes the run's plan into its output folder before the first episode
+starts and records every episode's state as it goes (:mod:`kerneljudge.agent.runlog`): a
+``kill -9`` at any moment leaves a true record. :func:`resume_episodes` continues such a run:
+episodes with a summary line are not run again; an episode that had started is run again from
+the start (its old transcript is kept as ``<episode id>.interrupted.jsonl``, marked); planned
+ones run. Every episode ends with exactly one line in ``summary.jsonl``, also one that fails
+(``state`` ``failed``, its ``error`` says why: the model server unreachable or failing, a
+harness error).
+
+Concurrency: episodes run in ``concurrency`` threads. Judges (each with its worker processes)
+are kept in a pool (:class:`JudgePool`) and lent to an episode for one step at a time (creating
+its environment, one tool call, the end of a turn), so their workers start once per judge, not
+once per episode, and an episode waiting for its model holds none. At most ``judges`` judges
+are alive at a time (default: ``min(concurrency, 2)``); a step waits for one. A judge serves
+one step at a time (it is not thread-safe), and every judge holds the same device lock around
+anything that runs a candidate, so timings never overlap.
+
+Temporary files: while a run lasts, the process's temporary folder (:data:`tempfile.tempdir`)
+is the run's own folder (``kj-run-*`` under the system's), recorded in ``state.jsonl``; the
+workers' scratch folders go there. The run removes it at its end; a resumed run removes those of
+the runs it continues (and ends any process still working in them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from kerneljudge.agent.config import RunnerConfig
+from kerneljudge.agent.runlog import RunLog, cleanup_tmp, read_jsonl, repair_tail
+from kerneljudge.agent.runner import ChatClient, Progress, run_episode
+from kerneljudge.agent.transcript import EpisodeSummary
+from kerneljudge.env import EnvConfig
+from kerneljudge.env._context import JudgeSession
+from kerneljudge.env.rewards import RewardFn
+from kerneljudge.judge import Judge
+from kerneljudge.problem import Problem, resolve_problem
+
+__all__ = ["JudgePool", "resume_episodes", "run_episodes"]
+
+#: Judges alive at once by default (at most ``concurrency``): one judging on the device while
+#: another builds or prepares; the device lock makes more of them wait anyway.
+DEFAULT_JUDGES = 2
+#: Stop reasons whose episode counts as ``failed`` in ``summary.jsonl``.
+FAILED_STOPS = frozenset({"error", "server_unreachable", "model_error"})
+
+
+class JudgePool:
+    """Judges handed from episode to episode; at most ``limit`` alive at once.
+
+    Args:
+        env_config: the configuration every judge is made for (as an environment makes it).
+        limit: the most judges alive at once (across problems).
+        device_lock: the lock every judge holds around candidate runs.
+    """
+
+    def __init__(self, env_config: EnvConfig, limit: int, device_lock: Any) -> None:
+        self.env_config = env_config
+        self.limit = max(1, limit)
+        self.device_lock = device_lock
+        self._idle: dict[str, list[JudgeSession]] = {}
+        self._alive = 0
+        self._cond = threading.Condition()
+        self.created = 0
+
+    @contextlib.contextmanager
+    def judge(self, problem: str) -> Iterator[Judge]:
+        """A judge of ``problem`` for the block; it goes back to the pool afterwards, or is
+        closed when the block raised (its workers may be in any state)."""
+        session = self._take(problem)
+        ok = False
+        try:
+            yield session.judge
+            ok = True
+        finally:
+            with self._cond:
+                if ok:
+                    self._idle.setdefault(problem, []).append(session)
+                else:
+                    self._alive -= 1
+                self._cond.notify_all()
+            if not ok:
+                session.close()
+
+    def _take(self, problem: str) -> JudgeSession:
+        evict: JudgeSession | None = None
+        with self._cond:
+            while True:
+                idle = self._idle.get(problem)
+                if idle:
+                    return idle.pop()
+                if self._alive < self.limit:
+                    self._alive += 1
+                    break
+                other = next((p for p, v in self._idle.items() if v), None)
+                if other is not None:  # an idle judge of another problem makes room
+                    evict = self._idle[other].pop()
+                    break
+                self._cond.wait()
+        if evict is not None:
+            evict.close()
+        try:
+            session = JudgeSession(Problem.load(problem), self.env_config, None, self.device_lock)
+        except BaseException:
+            with self._cond:
+                self._alive -= 1
+                self._cond.notify_all()
+            raise
+        self.created += 1
+        return session
+
+    def close(self) -> None:
+        """Close every idle judge (all of them, once the episodes have ended)."""
+        with self._cond:
+            sessions = [s for v in self._idle.values() for s in v]
+            self._idle.clear()
+            self._alive -= len(sessions)
+        for session in sessions:
+            session.close()
+
+
+def run_episodes(
+    problems: list[str],
+    runner: RunnerConfig,
+    env_config: EnvConfig | None = None,
+    *,
+    episodes: int = 1,
+    concurrency: int = 1,
+    out_dir: Path | str,
+    client: ChatClient | None = None,
+    reward: RewardFn | None = None,
+    progress: Progress | None = None,
+    judges: int = 0,
+) -> list[EpisodeSummary]:
+    """Run ``episodes`` episodes of every problem, ``concurrency`` at a time, recorded in
+    ``out_dir`` (see the module docstring).
+
+    Args:
+        judges: the most judges alive at once (0: ``min(concurrency, 2)``).
+
+    Returns:
+        The summaries, in plan order (an episode that failed has ``stop_reason`` ``error``,
+        ``server_unreachable`` or ``model_error`` and its ``error``).
+
+    Raises:
+        ProblemError: a problem names no bundled problem and no file (before any episode).
+        ServerUnreachable: the server could not be reached; that episode has its ``failed``
+            summary, episodes not yet started stay planned (resume the run later).
+        MissingExtraError: ``client`` is None and the ``openai`` package is missing.
+        RuntimeError: another live process runs in ``out_dir``, or it holds a run with
+            episodes not ended (resume that one, see :func:`resume_episodes`).
+        ValueError: ``episodes``, ``concurrency`` or ``judges`` out of range.
+    """
+    if episodes < 1 or concurrency < 1 or judges < 0:
+        raise ValueError("episodes and concurrency must be at least 1, judges at least 0")
+    for problem in problems:
+        resolve_problem(problem)  # a misspelt name fails here, not in every episode
+    config = env_config or EnvConfig()
+    jobs = [(p, i) for p in problems for i in range(episodes)]
+    run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
+    plan = {
+        "run_id": run_id,
+        "problems": list(problems),
+        "episodes": episodes,
+        "slots": [
+            {"slot": f"{run_id}/{k:04d}", "problem": p, "index": i} for k, (p, i) in enumerate(jobs)
+        ],
+        "env_config": config.to_dict(),
+        "runner": runner.public_dict(),
+    }
+    log = RunLog(out_dir)
+    log.lock()
+    try:
+        if log.plan_path.exists():
+            left = [st for st in log.states() if st.summary is None]
+            if left:
+                raise RuntimeError(
+                    f"{log.out} holds an unfinished run ({len(left)} episodes not ended): "
+                    f"continue it with --resume {log.out}, or choose another --out"
+                )
+        log.repair()
+        log.write_plan(plan)
+        return _execute(log, runner, config, concurrency, client, reward, progress, judges)
+    finally:
+        log.unlock()
+
+
+def resume_episodes(
+    out_dir: Path | str,
+    runner: RunnerConfig,
+    *,
+    concurrency: int = 1,
+    client: ChatClient | None = None,
+    reward: RewardFn | None = None,
+    progress: Progress | None = None,
+    judges: int = 0,
+) -> list[EpisodeSummary]:
+    """Continue the run recorded in ``out_dir`` with its own environment configuration.
+
+    Removes what the runs it continues left behind (temporary folders, processes working in
+    them); recovers an episode whose summary reached its transcript only; marks the transcript
+    of an episode that had started as interrupted and runs the episode again; runs the
+    planned ones.
+
+    Returns:
+        The summaries of every episode of the plan, in plan order.
+
+    Raises:
+        FileNotFoundError: ``out_dir`` holds no run.
+        RuntimeError: another live process runs in ``out_dir``.
+        ServerUnreachable, MissingExtraError, ValueError: as :func:`run_episodes`.
+    """
+    if concurrency < 1 or judges < 0:
+        raise ValueError("concurrency must be at least 1, judges at least 0")
+    log = RunLog(out_dir, create=False)
+    plan = log.plan()
+    config = EnvConfig.from_dict(plan["env_config"])
+    log.lock()
+    try:
+        log.repair()
+        for record in log.run_records():  # every earlier runner is dead: we hold the lock
+            if record.get("tmp"):
+                cleanup_tmp(record["tmp"])
+        _reconcile(log, progress)
+        return _execute(log, runner, config, concurrency, client, reward, progress, judges)
+    finally:
+        log.unlock()
+
+
+def _reconcile(log: RunLog, progress: Progress | None) -> None:
+    """Settle the slots a dead run left started: recover or mark them interrupted."""
+    say = progress or (lambda line: None)
+    for st in log.states():
+        if st.state not in ("started", "partial"):
+            continue
+        path = Path(st.transcript) if st.transcript else None
+        if path is not None and path.exists():
+            records = read_jsonl(path)
+            if records and records[-1].get("type") == "summary":
+                summary = EpisodeSummary.from_dict(records[-1])
+                log.event(st.slot, "recovered", episode_id=st.episode_id)
+                log.add_summary(st.slot, summary.to_dict(), _state_of(summary))
+                say(f"[{st.slot}] recovered the summary of {st.episode_id} from its transcript")
+                continue
+            repair_tail(path)
+            with open(path, "a", encoding="utf-8") as f:
+                note = "the run ended before this episode did; it was run again from the start"
+                f.write(f'{{"type": "interrupted", "steps": {st.steps}, "reason": "{note}"}}\n')
+            moved = path.with_name(path.stem + ".interrupted.jsonl")
+            path.replace(moved)
+            path = moved
+        moved_to = log.relative(path) if path is not None else ""
+        log.event(st.slot, "interrupted", transcript=moved_to, steps=st.steps)
+        say(f"[{st.slot}] {st.episode_id or 'episode'} was interrupted after {st.steps} steps")
+
+
+def _state_of(summary: EpisodeSummary) -> str:
+    return "failed" if summary.stop_reason in FAILED_STOPS else "finished"
+
+
+def _execute(
+    log: RunLog,
+    runner: RunnerConfig,
+    config: EnvConfig,
+    concurrency: int,
+    client: ChatClient | None,
+    reward: RewardFn | None,
+    progress: Progress | None,
+    judges: int,
+) -> list[EpisodeSummary]:
+    from kerneljudge.agent.client import ServerUnreachable
+
+    if client is None:
+        from kerneljudge.agent.client import ModelClient
+
+        client = ModelClient(runner)
+    plan = log.plan()
+    index = {s["slot"]: s for s in plan["slots"]}
+    todo = [st for st in log.states() if st.summary is None]
+    stop = threading.Event()
+    unreachable: list[ServerUnreachable] = []
+    device_lock = threading.Lock()
+    pool = JudgePool(config, judges or min(concurrency, DEFAULT_JUDGES), device_lock)
+    tmp = Path(tempfile.gettempdir()) / f"kj-run-{uuid.uuid4().hex[:12]}"
+    tmp.mkdir(mode=0o700)
+    log.event_many([{"event": "run", "pid": os.getpid(), "tmp": str(tmp), "todo": len(todo)}])
+
+    def job(slot: str) -> None:
+        if stop.is_set():
+            return
+        problem, n = str(index[slot]["problem"]), int(index[slot]["index"])
+
+        def hook(event: str, fields: dict[str, Any]) -> None:
+            if "transcript" in fields:  # relative to the run folder: valid from any cwd
+                fields = {**fields, "transcript": log.relative(fields["transcript"])}
+            log.event(slot, event, **fields)
+
+        try:
+            summary = run_episode(
+                problem,
+                runner,
+                config,
+                out_dir=log.out,
+                client=client,
+                lease=lambda: pool.judge(problem),
+                device_lock=device_lock,
+                reward=reward,
+                progress=progress,
+                on_event=hook,
+            )
+        except Exception as exc:  # noqa: BLE001 - every failure is this episode's summary
+            if isinstance(exc, ServerUnreachable):
+                stop.set()
+                unreachable.append(exc)
+            summary = getattr(exc, "summary", None) or _failure(problem, n, runner, exc)
+        log.add_summary(slot, summary.to_dict(), _state_of(summary))
+
+    saved = tempfile.tempdir
+    tempfile.tempdir = str(tmp)
+    try:
+        with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="kj-episode") as ex:
+            try:
+                for future in [ex.submit(job, st.slot) for st in todo]:
+                    future.result()
+            except BaseException:  # Ctrl-C: episodes not started stay planned
+                stop.set()
+                raise
+    finally:
+        pool.close()
+        tempfile.tempdir = saved
+        shutil.rmtree(tmp, ignore_errors=True)
+        log.event_many([{"event": "run_end", "pid": os.getpid(), "judges_created": pool.created}])
+    if unreachable:
+        raise unreachable[0]
+    done = log.summaries()
+    return [EpisodeSummary.from_dict(done[s["slot"]]) for s in plan["slots"] if s["slot"] in done]
+
+
+def _failure(problem: str, index: int, runner: RunnerConfig, exc: BaseException) -> EpisodeSummary:
+    """The summary of an episode that ended before it had an environment."""
+    return EpisodeSummary(
+        episode_id=f"{problem}-{index}",
+        problem=str(problem),
+        model=runner.model,
+        status="none",
+        reward=None,
+        speedup_eager=None,
+        speedup_compile=None,
+        submitted_by="",
+        stop_reason="error",
+        tool_calls=0,
+        turns=0,
+        prompt_tokens=0,
+        completion_tokens=0,
+        duration_s=0.0,
+        error=str(exc) or type(exc).__name__,
+    )
