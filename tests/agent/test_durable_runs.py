@@ -470,3 +470,21 @@ def test_resume_recovers_a_summary_left_in_its_transcript_and_cuts_torn_lines(
     events = [json.loads(line) for line in log.state_path.read_text().splitlines()]
     assert [e["event"] for e in events if e.get("slot") == "r/1"][-2:] == ["recovered", "finished"]
     assert [s.state for s in log.states()] == ["finished", "finished"]
+
+
+def test_cleanup_removes_only_a_runs_own_temporary_folder(tmp_path: Path) -> None:
+    """A run folder's record names the folder a resume cleans: a path that is not a run's own
+    (edited or copied from elsewhere) is left alone, processes and files included."""
+    import tempfile
+
+    from kerneljudge.agent.runlog import cleanup_tmp
+
+    other = tmp_path / "home"
+    other.mkdir()
+    (other / "keep.txt").write_text("x")
+    cleanup_tmp(other)
+    assert (other / "keep.txt").exists()
+    own = Path(tempfile.mkdtemp(prefix="kj-run-"))
+    (own / "w").write_text("x")
+    cleanup_tmp(own)
+    assert not own.exists()

@@ -91,3 +91,49 @@ def test_problems_are_bundled_names_or_files_inside_the_folder(tmp_path: Path) -
     ]:
         with pytest.raises(ValueError, match="bundled problem name"):
             resolve_problem(spec, folder)
+
+
+def test_a_job_running_at_every_stop_fails_instead_of_crash_looping(tmp_path: Path) -> None:
+    from kerneljudge.service.store import MAX_ATTEMPTS
+
+    db = tmp_path / "jobs.sqlite"
+    poison, other = smoke_job(), smoke_job()
+    store = JobStore(db)
+    _add(store, poison, other)
+    for stop in range(1, MAX_ATTEMPTS + 1):
+        record = store.claim_next()
+        assert record is not None and record.job_id == poison.job_id
+        assert record.attempts == stop
+        store.close()  # the service dies while judging it
+        store = JobStore(db)
+        store.requeue_running()
+    record = store.get(poison.job_id)
+    assert record is not None and record.state == "failed"
+    assert record.error == f"the service stopped while judging this job {MAX_ATTEMPTS} times"
+    nxt = store.claim_next()
+    assert nxt is not None and nxt.job_id == other.job_id  # the queue goes on
+    store.close()
+
+
+def test_admission_caps_options_and_refuses_unencodable_sources(tmp_path: Path) -> None:
+    from kerneljudge.service.core import Limits, parse_job
+
+    limits = Limits()
+    base = smoke_job().to_dict()
+    base["problem"] = "softmax_long_row"
+
+    def refused(**change: object) -> str:
+        data = {**base, **change}
+        with pytest.raises(ValueError) as info:
+            parse_job(data, None, limits)
+        return str(info.value)
+
+    parse_job(dict(base), None, limits)  # the base job is accepted
+    assert "trials is at most" in refused(options={"trials": limits.max_trials + 1})
+    assert "run_timeout_s is at most" in refused(options={"run_timeout_s": float("inf")})
+    assert "max_time_s is at most" in refused(options={"max_time_s": 1e9})
+    assert "lone surrogate" in refused(source="x = '\udc80'")
+    # A name too long for the file system is a refusal, not an OSError.
+    assert "problems folder" in str(
+        pytest.raises(ValueError, resolve_problem, "a" * 300 + ".py", tmp_path).value
+    )

@@ -34,6 +34,7 @@ import json
 import os
 import shutil
 import signal
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -295,9 +296,12 @@ def locked(log: RunLog) -> Iterator[RunLog]:
 def cleanup_tmp(tmp: Path | str) -> None:
     """End the processes working in ``tmp`` (a dead run's workers; their working folder is
     there) and remove the folder. Only processes whose working folder is inside ``tmp`` are
-    signalled, each by its id."""
+    signalled, each by its id. A path that is not a run's own folder (``kj-run-*`` directly in
+    the system's temporary folder: a run folder's record may have been edited) is left alone."""
     root = os.path.realpath(tmp)
-    if not os.path.isdir(root):
+    own = os.path.realpath(tempfile.gettempdir())
+    name = os.path.basename(root)
+    if os.path.dirname(root) != own or not name.startswith("kj-run-") or not os.path.isdir(root):
         return
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():

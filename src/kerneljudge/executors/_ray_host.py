@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import os
 import tarfile
+import threading
 import time
 from collections import OrderedDict
 from pathlib import Path
@@ -182,6 +183,9 @@ class JudgeHost:
         self.threads = threads
         self.max_judges = max(1, max_judges)
         self._judges: OrderedDict[tuple[str, str], Judge] = OrderedDict()
+        #: Held while a job is judged; every warm judge's work ahead of need (its next
+        #: verdict's reference side) waits for it, so none runs beside another's timing.
+        self.device_lock = threading.Lock()
 
     def ready(self) -> dict[str, Any]:
         """Where this host runs: ``{"node_id", "pid", "arch"}`` (``node_id`` filled in by the
@@ -203,7 +207,7 @@ class JudgeHost:
                 f: getattr(config, f) for f in config.__dataclass_fields__ if f not in _HOST_FIELDS
             }
             try:
-                with judge.configured(**per_job):
+                with self.device_lock, judge.configured(**per_job):
                     verdict = judge.evaluate(cand)
             except (DeviceError, CandidateError):
                 raise
@@ -223,6 +227,7 @@ class JudgeHost:
             self._judges.move_to_end(key)
             return judge
         judge = Judge(problem, config)  # ProblemError: not kept
+        judge.device_lock = self.device_lock
         self._judges[key] = judge
         while len(self._judges) > self.max_judges:
             _, old = self._judges.popitem(last=False)

@@ -15,6 +15,7 @@ good is built by its judging actor.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -29,6 +30,8 @@ from kerneljudge.executors.base import Executor, ExecutorStats, Job, JobError
 from kerneljudge.verdict import Verdict
 
 __all__ = ["RayExecutor", "RayMissing"]
+
+log = logging.getLogger(__name__)
 
 #: Seconds between two reads of the cluster's live nodes and GPU count.
 REFRESH_S = 1.0
@@ -224,27 +227,39 @@ class RayExecutor(Executor):
 
     # ------------------------------------------------------------------ the dispatcher
     def _loop(self) -> None:
-        ray = self._ray
+        """The dispatcher thread: :meth:`_step` until the executor closes; a failure of one
+        step is logged and the loop goes on (the thread never dies with jobs pending)."""
         while True:
-            with self._lock:
-                if self._closed:
-                    return
-                self._schedule()
-                refs = list(self._refs)
-            if not refs:
-                self._wake.wait(0.2)
-                self._wake.clear()
-                continue
             try:
-                ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0.1, fetch_local=False)
-            except Exception:
+                if self._step():
+                    return
+            except Exception:  # noqa: BLE001
+                log.exception("the Ray executor's dispatcher failed a step")
                 time.sleep(0.1)
-                continue
-            for ref in ready:
-                with self._lock:
-                    entry = self._refs.pop(ref, None)
-                if entry is not None and not self._closed:
-                    self._answer(ref, *entry)
+
+    def _step(self) -> bool:
+        """One pass of the dispatcher; True when the executor is closed."""
+        ray = self._ray
+        with self._lock:
+            if self._closed:
+                return True
+            self._schedule()
+            refs = list(self._refs)
+        if not refs:
+            self._wake.wait(0.2)
+            self._wake.clear()
+            return False
+        try:
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0.1, fetch_local=False)
+        except Exception:  # noqa: BLE001 - the cluster is unreachable for now
+            time.sleep(0.1)
+            return False
+        for ref in ready:
+            with self._lock:
+                entry = self._refs.pop(ref, None)
+            if entry is not None and not self._closed:
+                self._answer(ref, *entry)
+        return False
 
     def _schedule(self) -> None:
         """Under the lock: read the cluster, start builds, hand built jobs to idle actors."""
@@ -339,10 +354,15 @@ class RayExecutor(Executor):
         if not current:
             self.dropped_answers += 1
             return
-        if "verdict" in answer:
-            self._finish(job_id, verdict=Verdict.from_dict(answer["verdict"]))
-        else:
-            self._finish(job_id, error=JobError(answer["error"], answer.get("kind", "harness")))
+        try:
+            if "verdict" in answer:
+                self._finish(job_id, verdict=Verdict.from_dict(answer["verdict"]))
+            else:
+                kind = str(answer.get("kind", "harness"))
+                self._finish(job_id, error=JobError(str(answer["error"]), kind))
+        except Exception as exc:  # noqa: BLE001 - an unreadable answer (version skew, ...)
+            message = f"the actor's answer could not be read: {type(exc).__name__}: {exc}"
+            self._finish(job_id, error=JobError(message.splitlines()[0][:300]))
 
     def _lost(self, slot: _Slot, error: BaseException) -> None:
         """An actor call failed: a dead actor is replaced, and the other actors of its node

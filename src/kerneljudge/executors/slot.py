@@ -79,6 +79,9 @@ class Slot:
         self.device = device
         self.max_judges = max(1, max_judges)
         self.judges: OrderedDict[tuple[str, str], Judge] = OrderedDict()
+        #: Held while a job is judged; every warm judge's work ahead of need (its next
+        #: verdict's reference side) waits for it, so none runs beside another's timing.
+        self.device_lock = threading.Lock()
 
     def arch(self) -> str:
         from kerneljudge.device import build_arch
@@ -92,6 +95,7 @@ class Slot:
         judge = self.judges.pop(key, None)
         if judge is None:
             judge = Judge(problem, config)
+            judge.device_lock = self.device_lock
         self.judges[key] = judge
         while len(self.judges) > self.max_judges:
             _, old = self.judges.popitem(last=False)
@@ -124,7 +128,11 @@ class Slot:
             cand = Candidate.from_source(job.source, name=job.name)
             judge = self._judge_for(job.problem, job.options.cache_dir, config)
             changes = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
-            with judge.configured(**changes), _handed_build(judge, cand, built):
+            with (
+                self.device_lock,
+                judge.configured(**changes),
+                _handed_build(judge, cand, built),
+            ):
                 verdict = judge.evaluate(cand)
         except KernelJudgeError as exc:
             names = [cls.__name__ for cls in type(exc).__mro__]  # subclasses count as theirs

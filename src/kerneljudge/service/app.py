@@ -18,6 +18,7 @@ from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -290,12 +291,13 @@ def create_app(service: JudgeService, token: str | None = None) -> FastAPI:
         """The job's verdict (200 once it is finished: ``verdict`` for state ``done``, else
         ``error``); 202 with its state while it is not finished after ``wait`` seconds."""
         deadline = time.monotonic() + wait
-        record = record_of(job_id)
+        # The store's reads wait for its lock (held over fsync'd writes): off the event loop.
+        record = await run_in_threadpool(record_of, job_id)
         delay = 0.05
         while not record.finished and time.monotonic() < deadline:
             await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(0.5, delay * 1.5)
-            record = record_of(job_id)
+            record = await run_in_threadpool(record_of, job_id)
         out = _status(record)
         out["verdict"] = json.loads(record.verdict_json) if record.verdict_json else None
         return JSONResponse(out, status_code=200 if record.finished else 202)

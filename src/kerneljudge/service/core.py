@@ -45,6 +45,9 @@ class Limits:
         max_body_bytes: the size of one request body.
         max_source_bytes: the size of one candidate source (UTF-8).
         max_wait_s: the longest a result request may wait for its verdict.
+        max_trials: the most correctness trials a job may ask for.
+        max_timeout_s: the largest build limit, run limit and timing budget a job may ask for
+            (seconds).
     """
 
     max_queued: int = 10_000
@@ -53,6 +56,8 @@ class Limits:
     max_body_bytes: int = 16 << 20
     max_source_bytes: int = MAX_SOURCE_BYTES
     max_wait_s: float = 60.0
+    max_trials: int = 100
+    max_timeout_s: float = 900.0
 
 
 def resolve_problem(spec: str, problems_dir: Path | None) -> str:
@@ -69,9 +74,13 @@ def resolve_problem(spec: str, problems_dir: Path | None) -> str:
     )
     if problems_dir is None or "\x00" in spec or spec.startswith(("/", "~")):
         raise ValueError(f"{refusal}, not {spec[:200]!r}")
-    root = problems_dir.resolve()
-    path = (root / spec).resolve()
-    if not path.is_relative_to(root) or path.suffix != ".py" or not path.is_file():
+    try:
+        root = problems_dir.resolve()
+        path = (root / spec).resolve()
+        allowed = path.is_relative_to(root) and path.suffix == ".py" and path.is_file()
+    except (OSError, ValueError):  # a name too long for the file system, ...
+        allowed = False
+    if not allowed:
         raise ValueError(f"{refusal}, not {spec[:200]!r}")
     return str(path)
 
@@ -89,8 +98,19 @@ def parse_job(data: Any, problems_dir: Path | None, limits: Limits) -> tuple[Job
         raise ValueError(f"a job field has a value of the wrong type: {exc}") from None
     if job.options.cache_dir is not None:
         raise ValueError("options.cache_dir is set by the server, not by a client")
-    if len(job.source.encode("utf-8", "surrogatepass")) > limits.max_source_bytes:
+    try:
+        size = len(job.source.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ValueError("job.source is not valid Unicode (a lone surrogate)") from None
+    if size > limits.max_source_bytes:
         raise ValueError(f"job.source is larger than {limits.max_source_bytes} bytes")
+    o = job.options
+    if o.trials > limits.max_trials:
+        raise ValueError(f"options.trials is at most {limits.max_trials} on this server")
+    for name in ("build_timeout_s", "run_timeout_s", "max_time_s"):
+        value = getattr(o, name)
+        if value is not None and not value <= limits.max_timeout_s:  # refuses inf and nan
+            raise ValueError(f"options.{name} is at most {limits.max_timeout_s:g} on this server")
     if not _JOB_ID.fullmatch(job.job_id):
         raise ValueError("job.job_id is 1 to 128 of A-Z a-z 0-9 . _ : -")
     if (

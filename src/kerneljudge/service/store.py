@@ -52,6 +52,10 @@ CREATE INDEX IF NOT EXISTS jobs_finished ON jobs (finished_at);
 """
 
 
+#: Times a job may be handed out; after that many stops of the service while it ran, it fails.
+MAX_ATTEMPTS = 3
+
+
 class QueueFull(Exception):
     """The queue (or the client's share of it) has no room; ``retry_after_s`` is a hint."""
 
@@ -243,8 +247,16 @@ class JobStore:
             return self._one(job_id)
 
     def requeue_running(self) -> int:
-        """Put every ``running`` job back to ``queued`` (at open, after a crash); their count."""
+        """Put every ``running`` job back to ``queued`` (at open, after a crash); their count.
+        A job that was running :data:`MAX_ATTEMPTS` times already (one that may be what takes
+        the service down) fails instead (error kind ``harness``), so it cannot crash-loop it."""
         with self._lock:
+            self._db.execute(
+                "UPDATE jobs SET state='failed', error_kind='harness', finished_at=?, "
+                "error='the service stopped while judging this job ' || attempts || ' times' "
+                "WHERE state='running' AND attempts>=?",
+                (time.time(), MAX_ATTEMPTS),
+            )
             cur = self._db.execute(
                 "UPDATE jobs SET state='queued', started_at=NULL WHERE state='running'"
             )
