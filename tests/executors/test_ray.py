@@ -51,6 +51,11 @@ WRONG = GOOD.replace("return torch.addcmul", "return 1 + torch.addcmul")
 CRASH = GOOD.replace(
     "return torch.addcmul", 'raise RuntimeError("boom")\n        return torch.addcmul'
 )
+#: Correct and slow (1 s a call): the chaos test removes the node of an actor judging one of
+#: these, so that job is still in flight when its node dies (a quick job could end first).
+SLOW = "import time\n" + GOOD.replace(
+    "return torch.addcmul", "time.sleep(1.0)\n        return torch.addcmul"
+)
 OPTIONS = JudgeOptions(device="cpu", trials=2, timing=False)
 #: Jobs of the chaos test (``KERNELJUDGE_RAY_CHAOS_JOBS`` sets another number). On the 2-core
 #: development machine, loaded by other work, 200 jobs took 484 s (0.41 verdicts/s: each
@@ -203,7 +208,8 @@ def test_chaos_node_removed_every_job_answered_once(cluster: Cluster, tmp_path: 
         with lock:
             answers.setdefault(job_id, []).append(outcome)
 
-    jobs = [_job(GOOD) for _ in range(CHAOS_JOBS)]
+    jobs = [_job(SLOW if i % 5 == 4 else GOOD) for i in range(CHAOS_JOBS)]
+    slow = {job.job_id for job in jobs if job.source == SLOW}
     with RayExecutor(cpu_actors=3, cache_dir=str(tmp_path), threads=1) as ex:
         futures = {}
         for job in jobs:
@@ -212,7 +218,7 @@ def test_chaos_node_removed_every_job_answered_once(cluster: Cluster, tmp_path: 
         deadline = time.monotonic() + 600
         while ex.stats().done < max(3, CHAOS_JOBS // 5) and time.monotonic() < deadline:
             time.sleep(0.5)
-        cluster.remove_node(_busy_node(ex, cluster), allow_graceful=False)
+        cluster.remove_node(_busy_node(ex, cluster, slow), allow_graceful=False)
         cluster.add_node(num_cpus=2, **NODE)  # a node joins: the lost actor has room again
         for job_id, future in futures.items():
             verdict = future.result(timeout=900)
@@ -227,13 +233,17 @@ def test_chaos_node_removed_every_job_answered_once(cluster: Cluster, tmp_path: 
     assert replaced >= 1 and retried >= 1
 
 
-def _busy_node(ex: RayExecutor, cluster: Cluster) -> object:
-    """A worker node (not the head) where one of ``ex``'s actors is judging a job now."""
+def _busy_node(ex: RayExecutor, cluster: Cluster, jobs: set[str]) -> object:
+    """A worker node (not the head) where one of ``ex``'s actors is judging one of ``jobs``."""
     nodes = {node.node_id: node for node in cluster.worker_nodes}
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         with ex._lock:
-            busy = [s.node_id for s in ex._slots if s.state == "busy" and s.node_id in nodes]
+            busy = [
+                s.node_id
+                for s in ex._slots
+                if s.state == "busy" and s.node_id in nodes and s.job_id in jobs
+            ]
         if busy:
             return nodes[busy[0]]
         time.sleep(0.05)
