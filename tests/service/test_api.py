@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import subprocess
 import sys
@@ -31,6 +32,10 @@ from kerneljudge.verdict import Status
 from .conftest import CRASH, GOOD, HANG, SMOKE, SRC, TOKEN, WRONG, Server, smoke_job
 
 WAIT_S = 300.0  # a verdict on a loaded machine: generous
+#: One plain request's limit: httpx's default (5 s) is too short for a host loaded to 10x its
+#: cores, where the server's fsync'd writes and its event loop wait for a core.
+_post = functools.partial(httpx.post, timeout=120.0)
+_get = functools.partial(httpx.get, timeout=120.0)
 
 
 @pytest.fixture()
@@ -40,15 +45,15 @@ def client(server: Server) -> JudgeClient:
 
 
 def test_health_is_open_and_everything_else_needs_the_token(server: Server) -> None:
-    assert httpx.get(server.url + "/v1/health").json()["status"] == "ok"
-    assert httpx.get(server.url + "/openapi.json").json()["openapi"].startswith("3.")
+    assert _get(server.url + "/v1/health").json()["status"] == "ok"
+    assert _get(server.url + "/openapi.json").json()["openapi"].startswith("3.")
     with JudgeClient(server.url) as anonymous, pytest.raises(AuthError, match="^401: "):
         anonymous.metrics()
     with JudgeClient(server.url, token=TOKEN + "x") as wrong, pytest.raises(AuthError):
         wrong.submit(smoke_job())
-    answer = httpx.post(server.url + "/v1/jobs", json=smoke_job().to_dict())
+    answer = _post(server.url + "/v1/jobs", json=smoke_job().to_dict())
     assert answer.status_code == 401 and answer.headers["www-authenticate"] == "Bearer"
-    answer = httpx.post(
+    answer = _post(
         server.url + "/v1/jobs",
         json=smoke_job().to_dict(),
         headers={"Authorization": f"Basic {TOKEN}"},
@@ -118,20 +123,20 @@ def test_bad_jobs_are_refused_with_one_line(
 def test_malformed_bodies_get_one_line_422(server: Server) -> None:
     headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
     for body in (b"{", b"[]", b'{"problem": 1, "source": "x"}', b'{"jobs": 3}'):
-        answer = httpx.post(server.url + "/v1/jobs", content=body, headers=headers)
+        answer = _post(server.url + "/v1/jobs", content=body, headers=headers)
         assert answer.status_code == 422, body
         assert "\n" not in answer.json()["detail"]
-    answer = httpx.post(server.url + "/v1/batches", json={"jobs": []}, headers=headers)
+    answer = _post(server.url + "/v1/batches", json={"jobs": []}, headers=headers)
     assert answer.status_code == 422
     big = b'{"problem": "problem.py", "source": "' + b"x" * (16 << 20) + b'"}'
-    answer = httpx.post(server.url + "/v1/jobs", content=big, headers=headers)
+    answer = _post(server.url + "/v1/jobs", content=big, headers=headers)
     assert answer.status_code == 413 and "larger than" in answer.json()["detail"]
 
     def chunks():  # no Content-Length: the limit counts the bytes as they come
         for _ in range(17):
             yield b"x" * (1 << 20)
 
-    answer = httpx.post(server.url + "/v1/jobs", content=chunks(), headers=headers, timeout=60)
+    answer = _post(server.url + "/v1/jobs", content=chunks(), headers=headers, timeout=60)
     assert answer.status_code == 413
 
 
@@ -145,12 +150,12 @@ def test_full_queue_answers_429_with_retry_after(server: Server, client: JudgeCl
     assert caught.value.retry_after_s >= 1 and len(accepted) <= 12
     jobs = [smoke_job().to_dict() for _ in range(4)]
     auth = {"Authorization": f"Bearer {TOKEN}"}
-    answer = httpx.post(server.url + "/v1/batches", json={"jobs": jobs}, headers=auth)
+    answer = _post(server.url + "/v1/batches", json={"jobs": jobs}, headers=auth)
     assert answer.status_code == 429 and int(answer.headers["retry-after"]) >= 1
     assert all(client.status(j)["state"] for j in accepted)  # the refused batch: none stored
     with pytest.raises(NotFoundError):
         client.status(jobs[0]["job_id"])
-    answer = httpx.post(server.url + "/v1/batches", json={"jobs": jobs * 2}, headers=auth)
+    answer = _post(server.url + "/v1/batches", json={"jobs": jobs * 2}, headers=auth)
     assert answer.status_code == 422 and "at most 4 jobs" in answer.json()["detail"]
     for job_id in accepted:  # make room for the next tests
         try:

@@ -134,12 +134,13 @@ def serve_command(
     except Exception as exc:
         _fail(f"cannot start the executor: {' '.join(str(exc).split())}")
         return
-    signal.signal(signal.SIGTERM, lambda *_: setattr(server, "should_exit", True))
+    previous = signal.signal(signal.SIGTERM, lambda *_: setattr(server, "should_exit", True))
     try:
         sock = socket.create_server(
             (host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET
         )
     except OSError as exc:
+        signal.signal(signal.SIGTERM, previous)
         service.close()
         _fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
         return
@@ -149,6 +150,7 @@ def serve_command(
     try:
         server.run(sockets=[sock])
     finally:
+        signal.signal(signal.SIGTERM, previous)
         service.close()
         store.close()
 
