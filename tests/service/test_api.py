@@ -141,6 +141,14 @@ def test_malformed_bodies_get_one_line_422(server: Server) -> None:
 
 
 def test_full_queue_answers_429_with_retry_after(server: Server, client: JudgeClient) -> None:
+    # A hanging job holds the server's one job in flight, so the queue cannot drain while the
+    # limits are tried (on a quick machine it otherwise drains between two requests).
+    hang = smoke_job(HANG, options=dataclasses.replace(_opts(), run_timeout_s=30.0))
+    client.submit(hang)
+    deadline = time.monotonic() + WAIT_S
+    while client.status(hang.job_id)["state"] == "queued":
+        assert time.monotonic() < deadline, "the hanging job never started"
+        time.sleep(0.2)
     accepted: list[str] = []
     # The per-client limit (10 queued) is passed by the third batch of four at the latest.
     with pytest.raises(QueueFullError, match="^429: .*retry after") as caught:
