@@ -29,9 +29,8 @@ from kerneljudge.errors import (
     CandidateError,
     DeviceError,
     KernelJudgeError,
-    ProblemError,
 )
-from kerneljudge.executors.base import Job
+from kerneljudge.executors.base import Job, error_kind
 from kerneljudge.judge import Judge, JudgeConfig
 
 __all__ = [
@@ -48,17 +47,6 @@ __all__ = [
 _HOST_FIELDS = ("device", "cache_dir", "threads")
 #: The file whose presence makes a cache entry complete (written last by :func:`install_entry`).
 _RESULT_FILE = "build-result.json"
-
-
-def error_kind(exc: BaseException) -> str:
-    """The :class:`~kerneljudge.executors.base.JobError` kind of a harness failure."""
-    if isinstance(exc, ProblemError):
-        return "problem"
-    if isinstance(exc, DeviceError):
-        return "device"
-    if isinstance(exc, CandidateError):
-        return "candidate"
-    return "harness"
 
 
 def _one_line(exc: BaseException) -> str:

@@ -17,11 +17,11 @@ from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kerneljudge.errors import KernelJudgeError
+from kerneljudge.errors import CandidateError, DeviceError, KernelJudgeError, ProblemError
 from kerneljudge.judge.options import JudgeOptions
 from kerneljudge.verdict import Verdict
 
-__all__ = ["Executor", "ExecutorStats", "Job", "JobError", "new_job_id"]
+__all__ = ["Executor", "ExecutorStats", "Job", "JobError", "error_kind", "new_job_id"]
 
 
 def new_job_id() -> str:
@@ -41,6 +41,18 @@ class JobError(KernelJudgeError):
     def __init__(self, message: str, kind: str = "harness") -> None:
         super().__init__(message)
         self.kind = kind
+
+
+def error_kind(exc: BaseException) -> str:
+    """The :class:`JobError` kind of a harness failure a judge raised: ``problem``
+    (:class:`~kerneljudge.errors.ProblemError`), ``device``, ``candidate``, else ``harness``."""
+    if isinstance(exc, ProblemError):
+        return "problem"
+    if isinstance(exc, DeviceError):
+        return "device"
+    if isinstance(exc, CandidateError):
+        return "candidate"
+    return "harness"
 
 
 @dataclass(frozen=True)

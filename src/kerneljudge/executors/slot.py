@@ -32,16 +32,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-__all__ = ["JUDGE_ERRORS", "main"]
-
-#: How a harness failure raised by a judge maps to a JobError kind (by exception class name).
-JUDGE_ERRORS = {
-    "ProblemError": "problem",
-    "DeviceError": "device",
-    "CandidateError": "candidate",
-    "ConfigError": "harness",
-    "WorkerError": "harness",
-}
+__all__ = ["main"]
 
 
 def _one_line(exc: BaseException) -> str:
@@ -113,7 +104,7 @@ class Slot:
 
         from kerneljudge.candidate import Candidate
         from kerneljudge.errors import KernelJudgeError
-        from kerneljudge.executors.base import Job
+        from kerneljudge.executors.base import Job, error_kind
         from kerneljudge.verdict import BuildResult, decode
 
         raw = message.get("job") or {}
@@ -135,8 +126,7 @@ class Slot:
             ):
                 verdict = judge.evaluate(cand)
         except KernelJudgeError as exc:
-            names = [cls.__name__ for cls in type(exc).__mro__]  # subclasses count as theirs
-            kind = next((JUDGE_ERRORS[n] for n in names if n in JUDGE_ERRORS), "harness")
+            kind = error_kind(exc)
             self.drop(job.problem, job.options.cache_dir)
             return {"op": "error", "job_id": job_id, "kind": kind, "message": _one_line(exc)}
         except Exception as exc:  # noqa: BLE001 - a harness bug is this job's error, not the slot's
