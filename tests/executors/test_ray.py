@@ -101,17 +101,49 @@ def cluster() -> Iterator[Cluster]:
         ray.shutdown()
         c.shutdown()
         left = _wait_gone(before)
-        assert not left, f"processes left after the cluster ended: {left}"
+        assert not left, _described(left)
 
 
-def _wait_gone(before: set[int], timeout_s: float = 60.0, words: tuple[str, ...] = ()) -> set[int]:
-    """The processes of :func:`_ray_pids` not in ``before`` still there after ``timeout_s``."""
+def _wait_gone(
+    before: set[int],
+    timeout_s: float = 60.0,
+    words: tuple[str, ...] = (),
+    pids: set[int] | None = None,
+) -> set[int]:
+    """The processes of :func:`_ray_pids` not in ``before`` (or of ``pids`` when given) still
+    there after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while True:
-        left = _ray_pids(words) - before
+        if pids is not None:
+            left = {pid for pid in pids if Path(f"/proc/{pid}").exists() and _parent(pid) != 0}
+        else:
+            left = _ray_pids(words) - before
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.5)
+
+
+def _parent(pid: int) -> int:
+    """The parent of process ``pid`` (0 when it is gone or a zombie)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    return 0 if fields[0] == "Z" else int(fields[1])
+
+
+def _described(pids: set[int]) -> str:
+    """Each of ``pids`` with its parent and command line (for a failure's message)."""
+    lines = []
+    for pid in sorted(pids):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            ppid = stat.rsplit(")", 1)[1].split()[1]
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        lines.append(f"{pid} (parent {ppid}): {cmd[:160]}")
+    return "processes left:\n" + "\n".join(lines)
 
 
 def _job(source: str, **changes: object) -> Job:
@@ -218,7 +250,13 @@ def test_chaos_node_removed_every_job_answered_once(cluster: Cluster, tmp_path: 
         deadline = time.monotonic() + 600
         while ex.stats().done < max(3, CHAOS_JOBS // 5) and time.monotonic() < deadline:
             time.sleep(0.5)
-        cluster.remove_node(_busy_node(ex, cluster, slow), allow_graceful=False)
+        node = _busy_node(ex, cluster, slow)
+        raylet = next(p.pid for kind, p in node.live_processes() if kind == "raylet")
+        hosts = {pid for pid in _ray_pids(("_RayJudgeHost",)) if _parent(pid) == raylet}
+        assert hosts, "no judging actor found under the node's raylet"
+        cluster.remove_node(node, allow_graceful=False)
+        # the lost node's actors end with its raylet (they would otherwise judge on unseen)
+        assert not _wait_gone(set(), timeout_s=30, pids=hosts), _described(hosts)
         cluster.add_node(num_cpus=2, **NODE)  # a node joins: the lost actor has room again
         for job_id, future in futures.items():
             verdict = future.result(timeout=900)
@@ -226,7 +264,8 @@ def test_chaos_node_removed_every_job_answered_once(cluster: Cluster, tmp_path: 
         stats = ex.stats()
         replaced, retried = ex.replaced_actors, ex.retried_jobs
     # close() ended the judging actors and their judges' workers (Ray's idle workers stay)
-    assert not _wait_gone(set(), words=("_RayJudgeHost", "kerneljudge.worker"))
+    left = _wait_gone(set(), words=("_RayJudgeHost", "kerneljudge.worker"))
+    assert not left, _described(left)
     assert stats.done == CHAOS_JOBS and stats.failed == 0
     assert set(answers) == {job.job_id for job in jobs}
     assert all(len(a) == 1 for a in answers.values())

@@ -16,6 +16,7 @@ good is built by its judging actor.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -219,9 +220,14 @@ class RayExecutor(Executor):
             ray.wait([a.shutdown.remote() for a in idle], num_returns=len(idle), timeout=20)
         except Exception:
             pass
+        killed = [s.actor for s in self._slots if s.actor is not None]
         for slot in self._slots:
             self._kill(slot)
         self._refs.clear()
+        try:  # a call on a killed actor fails once Ray has ended it: wait for that
+            ray.wait([a.ready.remote() for a in killed], num_returns=len(killed), timeout=60)
+        except Exception:
+            pass
         if self._own_ray:
             ray.shutdown()
 
@@ -467,7 +473,22 @@ class RayExecutor(Executor):
 
 
 class _RayJudgeHost(JudgeHost):
-    """:class:`JudgeHost` as a Ray actor: its :meth:`ready` names its node."""
+    """:class:`JudgeHost` as a Ray actor: its :meth:`ready` names its node, and it exits when
+    its parent (the node's raylet, which started it) dies.
+
+    A raylet killed outright (its node lost) leaves its workers running until they next
+    speak to it; a host in the middle of a long job would judge on for minutes on a node the
+    cluster has already declared dead. A daemon thread compares ``os.getppid()`` with the
+    parent at start every :data:`_PARENT_POLL_S` seconds and ends the process when it
+    changes (the judges' workers follow through ``PR_SET_PDEATHSIG``).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        parent = os.getppid()
+        threading.Thread(
+            target=_exit_when_orphaned, args=(parent,), name="parent-watch", daemon=True
+        ).start()
 
     def ready(self) -> dict[str, Any]:
         import ray
@@ -486,3 +507,15 @@ def _kind(job: Job) -> str:
         except KernelJudgeError:
             return "cpu"  # the judging actor's judge says what is wrong
     return "gpu" if device.startswith("cuda") else "cpu"
+
+
+#: Seconds between a judging actor's checks that its raylet is alive (its parent process).
+_PARENT_POLL_S = 1.0
+
+
+def _exit_when_orphaned(parent: int) -> None:
+    """End this process (exit status 1) once its parent is no longer ``parent``."""
+    while os.getppid() == parent:
+        time.sleep(_PARENT_POLL_S)
+    os._exit(1)
+

@@ -1,0 +1,258 @@
+"""KernelBench's problems judged by kerneljudge and by KernelBench's own harness, side by side.
+
+For each problem file of a KernelBench checkout (``KernelBench/levelN/NAME.py``) the identity
+candidate (the reference's source with ``Model`` renamed ``ModelNew``: its true speedup is 1)
+is judged twice, one right after the other on the same GPU, each in a fresh process:
+
+* kerneljudge: ``Judge(problem, JudgeConfig(device="cuda")).evaluate(candidate)`` with the
+  default configuration (5 correctness trials per shape set, eager baseline, 1 s timing
+  budget); the seconds count from the judge's construction (its workers start) to the verdict;
+* KernelBench: ``eval_kernel_against_ref(reference, candidate, num_correct_trials=5,
+  num_perf_trials=100, measure_performance=True)`` (its CUDA-event timing of the candidate,
+  then of the reference for its excessive-speedup check); the seconds count that call.
+
+Torch's import and the interpreter's start are outside both counts. Printed per problem:
+seconds per verdict of each, their ratio (kerneljudge / KernelBench), both speedups (KernelBench's
+``ref_runtime / runtime``; kerneljudge's median over eager with its 95% interval), kerneljudge's
+stage times, and where ``--requests`` is given, kerneljudge's supervisor time per worker request
+kind (seconds and count). Results go to ``--json`` after every problem (a run cut short keeps
+what it measured).
+
+KernelBench's harness imports ``pydantic``, ``requests``, ``dotenv`` (and ``tqdm``,
+``openai``, ``litellm`` through its utilities); the last two are only imported, so where they
+are missing an empty module stands in for them.
+
+Run:  PYTHONPATH=src python3 benchmarks/kernelbench_side_by_side.py --kernelbench PATH
+      [--problems level1/19_ReLU.py,...] [--json OUT] [--requests] [--timeout 900]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import types
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: The default problems: 22 across the three levels, from 4 MB to several GB of input.
+DEFAULT_PROBLEMS = (
+    "level1/1_Square_matrix_multiplication_.py",
+    "level1/4_Matrix_vector_multiplication_.py",
+    "level1/19_ReLU.py",
+    "level1/23_Softmax.py",
+    "level1/26_GELU_.py",
+    "level1/36_RMSNorm_.py",
+    "level1/40_LayerNorm.py",
+    "level1/47_Sum_reduction_over_a_dimension.py",
+    "level1/54_conv_standard_3D__square_input__square_kernel.py",
+    "level1/88_MinGPTNewGelu.py",
+    "level1/97_ScaledDotProductAttention.py",
+    "level2/1_Conv2D_ReLU_BiasAdd.py",
+    "level2/12_Gemm_Multiply_LeakyReLU.py",
+    "level2/40_Matmul_Scaling_ResidualAdd.py",
+    "level2/56_Matmul_Sigmoid_Sum.py",
+    "level2/76_Gemm_Add_ReLU.py",
+    "level3/1_MLP.py",
+    "level3/11_VGG16.py",
+    "level3/28_VisionTransformer.py",
+    "level3/43_MinGPTCausalAttention.py",
+    "level3/44_MiniGPTBlock.py",
+    "level3/50_ReLUSelfAttention.py",
+)
+
+
+def identity_source(reference: str) -> str:
+    """The reference's source with its ``Model`` class renamed ``ModelNew`` (every whole-word
+    ``Model``, so ``super(Model, self)`` follows)."""
+    return re.sub(r"\bModel\b", "ModelNew", reference)
+
+
+# ------------------------------------------------------------------ one side, in its own process
+def _run_kerneljudge(problem: Path, requests: bool) -> dict[str, Any]:
+    from kerneljudge import Judge, JudgeConfig
+    from kerneljudge.worker import WorkerProcess
+
+    spent: dict[str, list[float]] = {}
+    if requests:
+        plain = WorkerProcess.request
+
+        def counted(self: Any, op: str, *args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return plain(self, op, *args, **kwargs)
+            finally:
+                spent.setdefault(op, []).append(time.perf_counter() - t0)
+
+        WorkerProcess.request = counted  # type: ignore[method-assign]
+    with tempfile.TemporaryDirectory() as tmp:
+        cand = Path(tmp) / f"identity_{problem.stem}.py"
+        cand.write_text(identity_source(problem.read_text()))
+        t0 = time.perf_counter()
+        with Judge(problem, JudgeConfig(device="cuda")) as judge:
+            verdict = judge.evaluate(cand)
+        seconds = time.perf_counter() - t0
+    eager = verdict.timing.speedup("eager") if verdict.timing else None
+    return {
+        "seconds": seconds,
+        "status": verdict.status.value,
+        "reason": verdict.reason[:300],
+        "speedup": eager.median if eager else None,
+        "ci95": list(eager.ci95) if eager else None,
+        "stage_s": verdict.stage_s,
+        "requests": {op: [round(sum(t), 3), len(t)] for op, t in spent.items()},
+    }
+
+
+def _stub_only_imported() -> None:
+    """Empty stand-ins for modules KernelBench's utilities import but the harness never
+    calls (where they are not installed)."""
+    for name, attrs in (("openai", ("OpenAI",)), ("litellm", ("completion",))):
+        try:
+            __import__(name)
+        except ImportError:
+            module = types.ModuleType(name)
+            for attr in attrs:
+                setattr(module, attr, None)
+            sys.modules[name] = module
+
+
+def _run_kernelbench(problem: Path, kernelbench: Path, perf_trials: int) -> dict[str, Any]:
+    sys.path.insert(0, str(kernelbench / "src"))
+    _stub_only_imported()
+    import torch
+    from kernelbench.eval import eval_kernel_against_ref
+
+    reference = problem.read_text()
+    with tempfile.TemporaryDirectory() as build_dir:
+        torch.cuda.init()
+        t0 = time.perf_counter()
+        result = eval_kernel_against_ref(
+            reference,
+            identity_source(reference),
+            num_correct_trials=5,
+            num_perf_trials=perf_trials,
+            measure_performance=True,
+            build_dir=build_dir,
+            device=torch.device("cuda:0"),
+        )
+        seconds = time.perf_counter() - t0
+    ok = bool(result and result.correctness)
+    speedup = None
+    if ok and result.runtime > 0 and result.ref_runtime > 0:
+        speedup = result.ref_runtime / result.runtime
+    return {
+        "seconds": seconds,
+        "status": "correct" if ok else "not correct",
+        "reason": "" if ok else str(getattr(result, "metadata", ""))[:300],
+        "speedup": speedup,
+    }
+
+
+def _one(args: argparse.Namespace) -> None:
+    problem = Path(args.one_problem)
+    try:
+        if args.one == "kj":
+            out = _run_kerneljudge(problem, args.requests)
+        else:
+            out = _run_kernelbench(problem, Path(args.kernelbench), args.kb_perf_trials)
+    except Exception as exc:  # noqa: BLE001 - reported as the row's failure
+        out = {"seconds": None, "status": "harness error", "reason": f"{type(exc).__name__}: {exc}"}
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+def _side(args: argparse.Namespace, side: str, problem: Path) -> dict[str, Any]:
+    cmd = [sys.executable, __file__, "--one", side, "--one-problem", str(problem)]
+    cmd += ["--kernelbench", str(args.kernelbench), "--kb-perf-trials", str(args.kb_perf_trials)]
+    cmd += ["--requests"] if args.requests else []
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=args.timeout, env=env, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return {"seconds": None, "status": "timeout", "reason": f"over {args.timeout} s"}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    if not lines:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        return {"seconds": None, "status": f"exit {proc.returncode}", "reason": " | ".join(tail)}
+    out: dict[str, Any] = json.loads(lines[-1][len("RESULT ") :])
+    out["process_s"] = time.perf_counter() - t0
+    return out
+
+
+def _fmt(x: float | None, spec: str = ".2f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kernelbench", type=Path, required=True, help="a KernelBench checkout")
+    parser.add_argument("--problems", default=",".join(DEFAULT_PROBLEMS))
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--kb-perf-trials", type=int, default=100)
+    parser.add_argument("--requests", action="store_true", help="kerneljudge's time per request")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per side")
+    parser.add_argument("--sides", default="kb,kj", help="which sides, in order")
+    parser.add_argument("--one", choices=("kj", "kb"), help=argparse.SUPPRESS)
+    parser.add_argument("--one-problem", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        _one(args)
+        return
+    rows = []
+    meta = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "command": " ".join(sys.argv),
+    }
+    for name in [p for p in args.problems.split(",") if p]:
+        problem = args.kernelbench / "KernelBench" / name
+        row: dict[str, Any] = {"problem": name}
+        for side in args.sides.split(","):
+            row[side] = _side(args, side, problem)
+        kb, kj = row.get("kb", {}), row.get("kj", {})
+        ratio = None
+        if kb.get("seconds") and kj.get("seconds"):
+            ratio = kj["seconds"] / kb["seconds"]
+        row["ratio"] = ratio
+        rows.append(row)
+        print(
+            f"{name:58s} kb {_fmt(kb.get('seconds'), '.1f'):>6s} s {kb.get('status', '-'):12s}"
+            f" x{_fmt(kb.get('speedup'), '.3f'):>6s} | kj {_fmt(kj.get('seconds'), '.1f'):>6s} s"
+            f" {kj.get('status', '-'):14s} x{_fmt(kj.get('speedup'), '.3f'):>6s}"
+            f" {kj.get('ci95') or ''} | ratio {_fmt(ratio)}",
+            flush=True,
+        )
+        if kj.get("stage_s"):
+            stages = " ".join(f"{k} {v:.1f}" for k, v in kj["stage_s"].items())
+            print(f"    kj stages: {stages}", flush=True)
+        if kj.get("requests"):
+            reqs = " ".join(f"{op} {t}s/{n}" for op, (t, n) in kj["requests"].items())
+            print(f"    kj requests: {reqs}", flush=True)
+        for side in ("kb", "kj"):
+            if row.get(side, {}).get("status") not in (None, "correct"):
+                print(f"    {side}: {row[side].get('reason', '')}", flush=True)
+        if args.json:
+            args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    ratios = [r["ratio"] for r in rows if r["ratio"] is not None]
+    if ratios:
+        print(
+            f"median ratio {statistics.median(ratios):.2f}, max {max(ratios):.2f}"
+            f" over {len(ratios)} problems"
+        )
+
+
+if __name__ == "__main__":
+    main()
