@@ -175,7 +175,8 @@ def _side(args: argparse.Namespace, side: str, problem: Path) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--one", side, "--one-problem", str(problem)]
     cmd += ["--kernelbench", str(args.kernelbench), "--kb-perf-trials", str(args.kb_perf_trials)]
     cmd += ["--requests"] if args.requests else []
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    path = os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path}
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(

@@ -518,4 +518,3 @@ def _exit_when_orphaned(parent: int) -> None:
     while os.getppid() == parent:
         time.sleep(_PARENT_POLL_S)
     os._exit(1)
-
