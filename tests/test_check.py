@@ -141,3 +141,56 @@ def test_no_error_where_the_reference_is_not_finite_even_with_zero_atol() -> Non
     res = compare_outputs(ref, cand, atol=0.0, rtol=1e-4, mode="allclose")
     assert res.max_rel_err == float("inf")  # 1/0 at the first element, nothing from the inf
     assert res.max_abs_err == 1.0 and not res.passed
+
+
+def _cases() -> list[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """(name, reference, candidate, oracle) over several chunks: honest, wrong in late chunks,
+    non-finite (matching, and mismatching late)."""
+    g = torch.Generator().manual_seed(11)
+    oracle = torch.randn(5 * 1000 + 3, generator=g, dtype=torch.float64)
+    ref = oracle.float()
+    honest = (oracle + 1e-9 * torch.randn(oracle.shape, generator=g, dtype=torch.float64)).float()
+    wrong = honest.clone()
+    wrong[[1500, 2999, 3000, 4100, 4200, 5001]] += 1.0  # six, across four chunks of 1000
+    nan_ref, nan_both = ref.clone(), honest.clone()
+    nan_ref[[10, 2500]] = float("nan")
+    nan_both[[10, 2500]] = float("nan")
+    nan_late = honest.clone()
+    nan_late[4321] = float("nan")
+    return [
+        ("honest", ref, honest, oracle),
+        ("wrong", ref, wrong, oracle),
+        ("matching nan", nan_ref, nan_both, oracle),
+        ("late nan", ref, nan_late, oracle),
+    ]
+
+
+@pytest.mark.parametrize("mode", ["oracle", "allclose"])
+def test_chunk_size_and_lazy_scan_do_not_change_the_result(
+    monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """The statistics waited for once (the GPU's way, here on the CPU) and any chunk size
+    give the verdict of the plain scan: the same pass, reason, mismatches (first five, in
+    order, across chunks) and maxima; sums equal to rounding."""
+    import kerneljudge.check as check
+
+    for name, ref, cand, oracle in _cases():
+        kw = {"oracle": oracle, "atol": 1e-4, "rtol": 1e-4, "mode": mode}
+        plain = compare_outputs(ref, cand, **kw)  # type: ignore[arg-type]
+        for chunk in (7, 1000, 1 << 20):
+            for lazy in (False, True):
+                monkeypatch.setattr(check, "CHUNK", chunk)
+                scan = check._scan
+                monkeypatch.setattr(
+                    check, "_scan", lambda *a, _s=scan, _l=lazy, **k: _s(*a, **k, lazy=_l)
+                )
+                got = compare_outputs(ref, cand, **kw)  # type: ignore[arg-type]
+                monkeypatch.undo()
+                where = (name, chunk, lazy)
+                assert (got.passed, got.reason) == (plain.passed, plain.reason), where
+                assert got.mismatches == plain.mismatches, where
+                assert got.max_abs_err == plain.max_abs_err, where
+                assert got.oracle_err == plain.oracle_err, where
+                assert got.mean_abs_err == pytest.approx(plain.mean_abs_err, rel=1e-12), where
+    wrong = compare_outputs(*_cases()[1][1:3], oracle=_cases()[1][3], atol=1e-4, rtol=1e-4)
+    assert [m.index for m in wrong.mismatches] == [(1500,), (2999,), (3000,), (4100,), (4200,)]

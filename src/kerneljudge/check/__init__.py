@@ -22,15 +22,16 @@ Two rules decide a trial (``mode``):
     ``torch.allclose(cand, ref, atol, rtol)`` against the reference itself, with the per-dtype
     defaults fp32 1e-4 and fp16/bf16 1e-2, as the task prompts state the rule.
 
-Both numbers are always reported. Comparisons run on the CPU in float64, a chunk at a time on
-the calling thread (:func:`_scan`).
+Both numbers are always reported. Comparisons run in float64, a chunk at a time: on the CPU on
+the calling thread, or on a GPU when asked (``device``), with one wait for the device per output
+(:func:`_scan`).
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,15 +39,19 @@ import torch
 
 from kerneljudge.verdict import Mismatch, TrialResult
 
-__all__ = ["CHUNK", "K_MAX", "K_NORM", "compare_outputs", "flatten_outputs"]
+__all__ = ["CHUNK", "DEVICE_CHUNK", "K_MAX", "K_NORM", "compare_outputs", "flatten_outputs"]
 
 #: Slack of the oracle rule over the reference's own largest elementwise error.
 K_MAX = 16.0
 #: Slack of the oracle rule over the reference's own normwise error.
 K_NORM = 16.0
 _MAX_MISMATCHES = 5
-#: Elements compared per step (see :func:`_scan`): below torch's intra-op grain size (32,768).
+#: Elements compared per step on the CPU (see :func:`_scan`): below torch's intra-op grain size
+#: (32,768).
 CHUNK = 16_384
+#: Elements compared per step on a GPU (2^24): about ten float64 intermediates of this size,
+#: some 1.3 GiB of device memory, at a time.
+DEVICE_CHUNK = 1 << 24
 
 
 def flatten_outputs(outputs: Any) -> list[Any]:
@@ -77,6 +82,7 @@ def compare_outputs(
     rtol: float,
     mode: str = "oracle",
     index: int = 0,
+    device: torch.device | str | None = None,
 ) -> TrialResult:
     """Compare one trial's candidate outputs with the reference's.
 
@@ -88,6 +94,9 @@ def compare_outputs(
         atol, rtol: the allclose tolerances (reported always; decisive in ``"allclose"`` mode).
         mode: ``"oracle"`` or ``"allclose"``.
         index: the trial's number, carried into the result.
+        device: where the float64 statistics are computed: None or ``"cpu"`` on the CPU, a
+            chunk at a time; a CUDA device there, the tensors copied a chunk at a time (they
+            may live anywhere). Comparisons of exact dtypes run on the CPU.
 
     Returns:
         A :class:`TrialResult`: errors are maxima over all output tensors; ``mismatches`` lists
@@ -131,7 +140,7 @@ def compare_outputs(
                 reason = f"{label} differs from the reference (exact comparison)"
             continue
         o = _as_tensor(o_raw) if use_oracle and o_raw is not None else None
-        st = _scan(e, a, o, atol, rtol)
+        st = _scan(e, a, o, atol, rtol, device)
         if st.nonfinite_at is not None:
             return fail(
                 f"{label} has non-finite values where the reference has none, "
@@ -146,7 +155,7 @@ def compare_outputs(
         all_close &= st.close
 
         failed_here = False
-        bad_mask: Callable[[], torch.Tensor] | None = None
+        bad_mask: Callable[..., torch.Tensor] | None = None
         if o is not None and n:
             eps = torch.finfo(e.dtype).eps
             floor = eps * st.scale
@@ -161,20 +170,20 @@ def compare_outputs(
                     f"{label}: max error vs float64 {st.cand_max:.3g} exceeds "
                     f"{b_max:.3g} ({K_MAX:g} x the reference's own error or its rounding floor)"
                 )
-                bad_mask = functools.partial(_oracle_error_above, e, a, o, b_max)
+                bad_mask = functools.partial(_oracle_error_above, b_max)
             elif math.sqrt(st.cand_sq) > b_norm:
                 failed_here = True
                 reason = reason or (
                     f"{label}: error norm vs float64 {math.sqrt(st.cand_sq):.3g} exceeds "
                     f"{b_norm:.3g}"
                 )
-                bad_mask = functools.partial(_oracle_error_above, e, a, o, st.ref_max)
+                bad_mask = functools.partial(_oracle_error_above, st.ref_max)
         elif not use_oracle and not st.close:
             failed_here = True
             reason = reason or f"{label} not allclose(atol={atol:g}, rtol={rtol:g})"
-            bad_mask = functools.partial(_not_close, e, a, atol, rtol)
+            bad_mask = functools.partial(_not_close, atol, rtol)
         if failed_here and not mismatches and bad_mask is not None:
-            flat = bad_mask().nonzero().flatten()[:_MAX_MISMATCHES].tolist()
+            flat = _first_where(bad_mask, e, a, o, device)
             shape = tuple(e.shape)
             ef, af = e.reshape(-1), a.reshape(-1)
             mismatches = tuple(
@@ -212,66 +221,162 @@ class _Scan:
     scale: float = 0.0  # max |oracle|
 
 
+def _chunk_size(where: torch.device) -> int:
+    return CHUNK if where.type == "cpu" else DEVICE_CHUNK
+
+
+def _pieces(
+    where: torch.device, n: int, *tensors: torch.Tensor | None
+) -> Iterator[tuple[int, list[torch.Tensor | None]]]:
+    """``(start, [float64 slice on where, ...])`` for consecutive chunks of the flattened
+    ``tensors`` (each copied to ``where`` as it is, then converted there)."""
+    flat = [t.reshape(-1) if t is not None else None for t in tensors]
+    size = _chunk_size(where)
+    for lo in range(0, n, size):
+        yield (
+            lo,
+            [
+                t[lo : lo + size].to(where).to(torch.float64) if t is not None else None
+                for t in flat
+            ],
+        )
+
+
+def _nonfinite_mismatch(e64: torch.Tensor, a64: torch.Tensor) -> torch.Tensor:
+    """Mask of the positions where the non-finite values of ``e64`` and ``a64`` differ: NaN
+    counts as 3 and infinities as the largest finite values, so equal where both agree."""
+    e_fin, a_fin = torch.isfinite(e64), torch.isfinite(a64)
+    e_nf = torch.where(e_fin, 0.0, e64).nan_to_num(3.0)
+    a_nf = torch.where(a_fin, 0.0, a64).nan_to_num(3.0)
+    return (e_fin != a_fin) | (e_nf != a_nf)
+
+
+def _chunk_stats(
+    e64: torch.Tensor,
+    a64: torch.Tensor,
+    o64: torch.Tensor | None,
+    atol: float,
+    rtol: float,
+    lazy: bool,
+) -> torch.Tensor | list[float]:
+    """One chunk's statistics: ``[non-finite mismatch (0/1), max_abs, sum_abs, max_rel,
+    allclose (0/1), cand_max, cand_sq, ref_max, ref_sq, scale]`` (the oracle's five are 0
+    without an oracle). ``lazy``: as one float64 tensor on the chunk's device, computed
+    without waiting for it; else as floats, a chunk with only finite values skipping the
+    non-finite masks."""
+    e_fin, a_fin = torch.isfinite(e64), torch.isfinite(a64)
+    bad: torch.Tensor | float = 0.0
+    if lazy or not (bool(e_fin.all()) and bool(a_fin.all())):
+        bad = _nonfinite_mismatch(e64, a64).any()
+    diff = torch.where(e_fin, (a64 - e64).abs(), 0.0)
+    e_abs = torch.where(e_fin, e64.abs(), 0.0)
+    rel = torch.where(e_fin, diff / e_abs.clamp_min(atol), 0.0)  # 0/0 with atol = 0
+    # allclose's rule |a - e| <= atol + rtol |e|; non-finite positions are equal here.
+    close = (diff <= atol + rtol * e_abs).all()
+    row: list[torch.Tensor | float] = [bad, diff.max(), diff.sum(), rel.max(), close]
+    if o64 is not None:
+        fin = e_fin & torch.isfinite(o64)
+        cand = torch.where(fin, (a64 - o64).abs(), 0.0)
+        refe = torch.where(fin, (e64 - o64).abs(), 0.0)
+        scale = torch.where(fin, o64.abs(), 0.0).max()
+        row += [cand.max(), cand.square().sum(), refe.max(), refe.square().sum(), scale]
+    else:
+        row += [0.0] * 5
+    if not lazy:
+        return [float(x) for x in row]
+    zero = torch.zeros((), dtype=torch.float64, device=e64.device)
+    return torch.stack([x.to(torch.float64) if isinstance(x, torch.Tensor) else zero for x in row])
+
+
 def _scan(
-    e: torch.Tensor, a: torch.Tensor, o: torch.Tensor | None, atol: float, rtol: float
+    e: torch.Tensor,
+    a: torch.Tensor,
+    o: torch.Tensor | None,
+    atol: float,
+    rtol: float,
+    device: torch.device | str | None = None,
+    lazy: bool | None = None,
 ) -> _Scan:
     """Every statistic :func:`compare_outputs` needs of one floating output, in one pass.
 
-    The tensors are read :data:`CHUNK` elements at a time and converted to float64 chunk by
-    chunk: the intermediates of a chunk stay in the CPU's cache, and an operation on fewer than
-    torch's grain size (32,768) elements runs on the calling thread, so a comparison neither
-    waits for an intra-op thread whose core a worker holds nor allocates float64 copies of the
-    whole output. Non-finite values must sit where the reference's do, with the same value
-    (NaN, +inf or -inf); positions where the reference is not finite count as no error.
+    On the CPU (``device`` None or ``"cpu"``) the tensors are read :data:`CHUNK` elements at a
+    time and converted to float64 chunk by chunk: the intermediates of a chunk stay in the
+    CPU's cache, and an operation on fewer than torch's grain size (32,768) elements runs on
+    the calling thread, so a comparison neither waits for an intra-op thread whose core a
+    worker holds nor allocates float64 copies of the whole output; the scan stops at the
+    first chunk with a non-finite mismatch. On a GPU each chunk of :data:`DEVICE_CHUNK`
+    elements is copied there and its statistics stay there: the host waits once, for all of
+    them (``lazy``: the default off the CPU). Either way they are combined on the host in
+    chunk order. Non-finite values must sit
+    where the reference's do, with the same value (NaN, +inf or -inf); positions where the
+    reference is not finite count as no error.
     """
+    where = torch.device(device) if device is not None else torch.device("cpu")
+    lazy = where.type != "cpu" if lazy is None else lazy
+    rows: list[Any] = []
+    for _, (e64, a64, o64) in _pieces(where, e.numel(), e, a, o):
+        assert e64 is not None and a64 is not None
+        rows.append(_chunk_stats(e64, a64, o64, atol, rtol, lazy))
+        if not lazy and rows[-1][0]:
+            break
     st = _Scan()
-    ef, af = e.reshape(-1).cpu(), a.reshape(-1).cpu()
-    of = o.reshape(-1).cpu() if o is not None else None
-    for lo in range(0, ef.numel(), CHUNK):
-        e64 = ef[lo : lo + CHUNK].double()
-        a64 = af[lo : lo + CHUNK].double()
-        e_fin, a_fin = torch.isfinite(e64), torch.isfinite(a64)
-        if not (bool(e_fin.all()) and bool(a_fin.all())):
-            # NaN as 3, infinities as the largest finite values: equal where both agree.
-            e_nf = torch.where(e_fin, 0.0, e64).nan_to_num(3.0)
-            a_nf = torch.where(a_fin, 0.0, a64).nan_to_num(3.0)
-            bad = ((e_fin != a_fin) | (e_nf != a_nf)).nonzero()
-            if len(bad):
-                st.nonfinite_at = lo + int(bad[0])
-                return st
-        diff = torch.where(e_fin, (a64 - e64).abs(), 0.0)
-        e_abs = torch.where(e_fin, e64.abs(), 0.0)
-        st.max_abs = max(st.max_abs, float(diff.max()))
-        st.sum_abs += float(diff.sum())
-        rel = torch.where(e_fin, diff / e_abs.clamp_min(atol), 0.0)  # 0/0 with atol = 0
-        st.max_rel = max(st.max_rel, float(rel.max()))
-        # allclose's rule |a - e| <= atol + rtol |e|; non-finite positions are equal here.
-        st.close = st.close and bool((diff <= atol + rtol * e_abs).all())
-        if of is not None:
-            o64 = of[lo : lo + CHUNK].double()
-            fin = e_fin & torch.isfinite(o64)
-            cand = torch.where(fin, (a64 - o64).abs(), 0.0)
-            refe = torch.where(fin, (e64 - o64).abs(), 0.0)
-            st.cand_max = max(st.cand_max, float(cand.max()))
-            st.cand_sq += float(cand.square().sum())
-            st.ref_max = max(st.ref_max, float(refe.max()))
-            st.ref_sq += float(refe.square().sum())
-            st.scale = max(st.scale, float(torch.where(fin, o64.abs(), 0.0).max()))
+    values = torch.stack(rows).tolist() if lazy and rows else rows  # the one wait for the device
+    for k, row in enumerate(values):
+        bad, max_abs, sum_abs, max_rel, close, cand_max, cand_sq, ref_max, ref_sq, scale = row
+        if bad:
+            lo = k * _chunk_size(where)
+            _, (e64, a64) = next(
+                _pieces(where, e.numel() - lo, e.reshape(-1)[lo:], a.reshape(-1)[lo:])
+            )
+            assert e64 is not None and a64 is not None
+            st.nonfinite_at = lo + int(_nonfinite_mismatch(e64, a64).nonzero()[0])
+            return st
+        st.max_abs = max(st.max_abs, max_abs)
+        st.sum_abs += sum_abs
+        st.max_rel = max(st.max_rel, max_rel)
+        st.close = st.close and bool(close)
+        if o is not None:
+            st.cand_max = max(st.cand_max, cand_max)
+            st.cand_sq += cand_sq
+            st.ref_max = max(st.ref_max, ref_max)
+            st.ref_sq += ref_sq
+            st.scale = max(st.scale, scale)
     return st
 
 
+def _first_where(
+    mask: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor],
+    e: torch.Tensor,
+    a: torch.Tensor,
+    o: torch.Tensor | None,
+    device: torch.device | str | None,
+) -> list[int]:
+    """The first :data:`_MAX_MISMATCHES` flat indices where ``mask`` (of float64 chunks of
+    ``e``, ``a``, ``o``) holds, read chunk by chunk (no float64 copy of a whole output)."""
+    where = torch.device(device) if device is not None else torch.device("cpu")
+    found: list[int] = []
+    for lo, (e64, a64, o64) in _pieces(where, e.numel(), e, a, o):
+        assert e64 is not None and a64 is not None
+        hits = mask(e64, a64, o64).nonzero().flatten()[: _MAX_MISMATCHES - len(found)]
+        found += [lo + int(j) for j in hits.tolist()]
+        if len(found) >= _MAX_MISMATCHES:
+            break
+    return found
+
+
 def _oracle_error_above(
-    e: torch.Tensor, a: torch.Tensor, o: torch.Tensor, bound: float
+    bound: float, e64: torch.Tensor, a64: torch.Tensor, o64: torch.Tensor | None
 ) -> torch.Tensor:
-    """Flat mask of the elements whose error against the oracle exceeds ``bound``."""
-    e64, a64, o64 = e.reshape(-1).double(), a.reshape(-1).double(), o.reshape(-1).double()
+    """Mask of the elements whose error against the oracle exceeds ``bound``."""
+    assert o64 is not None
     fin = torch.isfinite(e64) & torch.isfinite(o64)
     return torch.where(fin, (a64 - o64).abs(), 0.0) > bound
 
 
-def _not_close(e: torch.Tensor, a: torch.Tensor, atol: float, rtol: float) -> torch.Tensor:
-    """Flat mask of the elements that fail allclose's rule."""
-    e64, a64 = e.reshape(-1).double(), a.reshape(-1).double()
+def _not_close(
+    atol: float, rtol: float, e64: torch.Tensor, a64: torch.Tensor, _: torch.Tensor | None
+) -> torch.Tensor:
+    """Mask of the elements that fail allclose's rule."""
     return ~torch.isclose(a64, e64, atol=atol, rtol=rtol, equal_nan=True)
 
 

@@ -24,11 +24,13 @@ class KeptTrials:
 
     Attributes:
         role: ``"reference"`` or ``"candidate"``; only the reference keeps trials.
+        device: the worker's ``torch.device`` (comparisons run there).
         expected: per key, the reference's ``{"outputs", "oracle"}`` of that trial.
         held: per key, the trial's inputs as received (on the CPU), when asked to hold them.
     """
 
     role: str
+    device: Any
     expected: dict[str, dict[str, Any]]
     held: dict[str, list[Any]]
 
@@ -54,8 +56,9 @@ class KeptTrials:
     def op_compare(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Compare ``outputs`` (a candidate's, relayed by the supervisor) with the reference's
         kept under ``key`` (:func:`kerneljudge.check.compare_outputs` with ``atol``, ``rtol``,
-        ``mode`` and ``index``); drops them if ``forget``. Returns ``trial``: the
-        :class:`~kerneljudge.verdict.TrialResult` as a dict (:func:`trial_fields`)."""
+        ``mode`` and ``index``, computed on this worker's device); drops them if ``forget``.
+        Returns ``trial``: the :class:`~kerneljudge.verdict.TrialResult` as a dict
+        (:func:`trial_fields`)."""
         from kerneljudge.check import compare_outputs
 
         kept = self._reference_only(self.expected, msg["key"])
@@ -69,6 +72,7 @@ class KeptTrials:
             rtol=float(msg["rtol"]),
             mode=str(msg["mode"]),
             index=int(msg.get("index", 0)),
+            device=self.device,
         )
         return {"trial": trial_fields(result)}
 
