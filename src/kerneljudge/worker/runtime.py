@@ -223,14 +223,19 @@ class Worker(KeptTrials):
         keeps the inputs as received, for :meth:`op_held_inputs` and ``from_held``. With
         ``from_held`` (a key) and ``perturb`` (a seed) the inputs are the held ones of that
         key as a timed call got them (:func:`kerneljudge.worker.measure.perturb`, with
-        ``roll``), built here on the CPU as the supervisor would.
+        ``roll``), built here on this worker's device.
         """
         if self.model is None:
             raise RuntimeError("run before setup")
         if "from_held" in msg:
             base = self._reference_only(self.held, msg["from_held"])
+            # Rebuilt on this worker's device (perturb is exact on any device: the values the
+            # candidate's timed call got), not rolled on the host and copied.
             received = measure.perturb(
-                base, nudgeable(base), int(msg["perturb"]), bool(msg.get("roll", True))
+                to_device(base, self.device),
+                nudgeable(base),
+                int(msg["perturb"]),
+                bool(msg.get("roll", True)),
             )
         else:
             received = list(msg["inputs"])
