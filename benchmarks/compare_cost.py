@@ -1,0 +1,79 @@
+"""Seconds to compare one output with the reference and its float64 oracle
+(:func:`kerneljudge.check.compare_outputs`), on the CPU and, where a GPU is visible, on it.
+
+For each size (fp32 elements, doubling from ``--min-mib`` to ``--max-mib`` MiB of output) the
+reference, an honest candidate (the reference plus noise far below the tolerance) and the
+float64 oracle are made on the CPU, as the reference worker holds them; the comparison then runs
+with ``device="cpu"`` and with ``device="cuda"`` (the reference worker's on a GPU), one right
+after the other, ``--repeats`` times each; the median seconds of each and their ratio are printed
+(and written to ``--json``).
+
+Run:  PYTHONPATH=src python3 benchmarks/compare_cost.py [--min-mib 1] [--max-mib 256]
+      [--repeats 3] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+
+from kerneljudge.check import compare_outputs
+
+
+def _seconds(ref: torch.Tensor, cand: torch.Tensor, oracle: torch.Tensor, device: str) -> float:
+    t0 = time.perf_counter()
+    result = compare_outputs(ref, cand, oracle=oracle, atol=1e-4, rtol=1e-4, device=device)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    if not result.passed:
+        raise SystemExit(f"the honest candidate failed: {result.reason}")
+    return seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--min-mib", type=int, default=1)
+    parser.add_argument("--max-mib", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    rows = []
+    mib = args.min_mib
+    while mib <= args.max_mib:
+        n = mib * (1 << 20) // 4
+        g = torch.Generator().manual_seed(mib)
+        oracle = torch.randn(n, generator=g, dtype=torch.float64)
+        ref = oracle.float()
+        cand = (oracle + 1e-9 * torch.randn(n, generator=g, dtype=torch.float64)).float()
+        times: dict[str, list[float]] = {d: [] for d in devices}
+        for _ in range(args.repeats):
+            for d in devices:  # side by side, alternating
+                times[d].append(_seconds(ref, cand, oracle, d))
+        row = {"mib": mib, **{d: statistics.median(t) for d, t in times.items()}}
+        ratio = row["cpu"] / row["cuda"] if "cuda" in row else None
+        rows.append({**row, "cpu_over_cuda": ratio})
+        extra = f"  cuda {row['cuda']:.4f} s  cpu/cuda {ratio:.1f}" if ratio else ""
+        print(f"{mib:6d} MiB  cpu {row['cpu']:.4f} s{extra}", flush=True)
+        del oracle, ref, cand
+        mib *= 2
+    if args.json:
+        meta = {
+            "date": datetime.now(UTC).isoformat(timespec="seconds"),
+            "host": platform.node(),
+            "torch": torch.__version__,
+            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        }
+        args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
