@@ -14,6 +14,11 @@
 #   env_tier        pytest -m gpu tests/env tests/agent, then the 002 transcript replayed
 #   adversarial     tests/adversarial/run_suite.py --gpu --no-cpu
 #   lint_public     `kerneljudge problems lint -s public --device cuda`
+# and, only when named in STEPS:
+#   compare_cost    benchmarks/compare_cost.py: one output's comparison, CPU vs GPU, 1-1024 MiB
+#   kernelbench     benchmarks/kernelbench_side_by_side.py over KB_PROBLEMS (default: its list)
+#                   against the KernelBench checkout at $KERNELBENCH (needs its wheels on
+#                   PYTHONPATH: pydantic and python-dotenv), KB_TIMEOUT s per side (default 300)
 # LOAD=1 keeps every CPU core busy (one spinner per core, and a memory-bandwidth hog) for the
 # whole run, so the judge's timing rules are checked on a loaded host; each step says so.
 #   usage: STEPS="latency builds" bash benchmarks/gpu_validation.sh
@@ -153,5 +158,20 @@ if want lint_public; then
         done > "$WORK/lint_public.txt" 2>&1
     fi
     tail -6 "$WORK/lint_public.txt"
+fi
+if want compare_cost; then
+    step compare_cost
+    timeout 300 python3 benchmarks/compare_cost.py --max-mib 1024 \
+        --json "$WORK/compare_cost.json" > "$WORK/compare_cost.txt" 2>&1
+    cat "$WORK/compare_cost.txt"
+fi
+if want kernelbench; then
+    step kernelbench
+    kb_problems=()
+    [ -n "${KB_PROBLEMS:-}" ] && kb_problems=(--problems "$KB_PROBLEMS")
+    python3 benchmarks/kernelbench_side_by_side.py --kernelbench "${KERNELBENCH:?}" \
+        "${kb_problems[@]}" --requests --timeout "${KB_TIMEOUT:-300}" \
+        --json "$WORK/kernelbench.json" > "$WORK/kernelbench.txt" 2>&1
+    tail -40 "$WORK/kernelbench.txt"
 fi
 step done
