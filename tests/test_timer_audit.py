@@ -287,6 +287,34 @@ class _Revealing:
         return {"slots": self.slots, "n_sets": 1}
 
 
+class _AuditingReference:
+    """The reference's side of an audit as the reference worker answers it: the outputs
+    shown compared (here: always equal) and digested by the kinds committed."""
+
+    def run_timed_call(self, *args: object) -> None:
+        pass
+
+    def audit(self, outputs, kinds, timeout_s, **kw):  # type: ignore[no-untyped-def]
+        from kerneljudge.verdict import TrialResult
+
+        digests = [output_digest(t, k) for t, k in zip(outputs, kinds)]
+        return TrialResult(index=0, passed=True, reason=""), digests
+
+
+def test_the_reference_worker_digests_outputs_as_the_candidate_committed() -> None:
+    """The digests the reference worker computes of outputs shown for an audit (a tree
+    digest on its device) are those :func:`output_digest` gives where the call ran."""
+    from kerneljudge.worker.kept_trials import KeptTrials
+
+    host = KeptTrials()
+    host.device = torch.device("cpu")
+    outputs = [torch.randn(3, 5), torch.arange(7, dtype=torch.int32)]
+    for kind in (KIND_SHA256, KIND_TREE):
+        got = host._digests(outputs, [kind, kind])
+        assert [tuple(d) for d in got] == [output_digest(t, kind) for t in outputs]
+    assert host._digests(outputs, [KIND_TREE]) == [list(output_digest(outputs[0], KIND_TREE))]
+
+
 def test_an_output_revealed_other_than_the_one_committed_is_rejected() -> None:
     from kerneljudge import JudgeConfig
 
@@ -297,7 +325,7 @@ def test_an_output_revealed_other_than_the_one_committed_is_rejected() -> None:
     status, why = _audit_timed_calls(
         cfg,
         _Revealing({0: [honest]}),  # type: ignore[arg-type]
-        None,  # type: ignore[arg-type]
+        _AuditingReference(),  # type: ignore[arg-type]
         ["0"],
         1e-3,
         1e-3,
@@ -309,7 +337,7 @@ def test_an_output_revealed_other_than_the_one_committed_is_rejected() -> None:
     status, why = _audit_timed_calls(
         cfg,
         _Revealing({}),  # type: ignore[arg-type]
-        None,  # type: ignore[arg-type]
+        _AuditingReference(),  # type: ignore[arg-type]
         ["0"],
         1e-3,
         1e-3,

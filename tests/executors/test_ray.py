@@ -40,7 +40,6 @@ from kerneljudge.verdict import Status, Verdict
 _PROCESS_WORDS = ("raylet", "gcs_server", "ray::", "default_worker.py", "kerneljudge.worker")
 #: Set in this process's environment before the cluster starts: Ray's processes inherit it.
 _MARK = f"KERNELJUDGE_RAY_TEST={os.getpid()}".encode()
-SRC = str(Path(kerneljudge.__file__).resolve().parents[1]).encode()
 needs_ray = pytest.mark.skipif(
     ray is None, reason="ray is not installed (pip install 'kerneljudge[ray]')"
 )
@@ -51,10 +50,10 @@ WRONG = GOOD.replace("return torch.addcmul", "return 1 + torch.addcmul")
 CRASH = GOOD.replace(
     "return torch.addcmul", 'raise RuntimeError("boom")\n        return torch.addcmul'
 )
-#: Correct and slow (1 s a call): the chaos test removes the node of an actor judging one of
+#: Correct and slow (2 s a call): the chaos test removes the node of an actor judging one of
 #: these, so that job is still in flight when its node dies (a quick job could end first).
 SLOW = "import time\n" + GOOD.replace(
-    "return torch.addcmul", "time.sleep(1.0)\n        return torch.addcmul"
+    "return torch.addcmul", "time.sleep(2.0)\n        return torch.addcmul"
 )
 OPTIONS = JudgeOptions(device="cpu", trials=2, timing=False)
 #: Jobs of the chaos test (``KERNELJUDGE_RAY_CHAOS_JOBS`` sets another number). On the 2-core
@@ -65,10 +64,13 @@ CHAOS_JOBS = int(os.environ.get("KERNELJUDGE_RAY_CHAOS_JOBS", "30"))
 NODE = {"object_store_memory": 75 * 1024 * 1024, "include_dashboard": False}
 
 
-def _ray_pids(words: tuple[str, ...] = ()) -> set[int]:
-    """Ray's and the judge's processes started from this checkout: their command line names a
-    Ray process or a judge worker, and their command line names this checkout's source folder
-    (other checkouts on this machine run their own) or this test's mark (:data:`_MARK`)."""
+def _ray_pids(words: tuple[str, ...] = (), where: bytes = b"") -> set[int]:
+    """Ray's and the judge's processes of this test module: their command line names a Ray
+    process or a judge worker (``words``, default :data:`_PROCESS_WORDS`), and their
+    environment holds this test's mark (:data:`_MARK`: Ray's processes, the judging actors and
+    the reference workers inherit it) or their command line names ``where`` (a test's folder,
+    which a candidate worker's command line names: its environment is cleared). Another test
+    run's processes on this machine, even from this checkout, match neither."""
     pids = set()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -78,7 +80,7 @@ def _ray_pids(words: tuple[str, ...] = ()) -> set[int]:
             env = (entry / "environ").read_bytes()
         except OSError:
             continue
-        if _MARK not in env.split(b"\0") and SRC not in cmd.encode():
+        if _MARK not in env.split(b"\0") and not (where and where in cmd.encode()):
             continue
         if any(word in cmd for word in words or _PROCESS_WORDS):
             pids.add(int(entry.name))
@@ -86,10 +88,11 @@ def _ray_pids(words: tuple[str, ...] = ()) -> set[int]:
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """A head (1 CPU, for builds) and two worker nodes (2 CPUs each), the driver connected."""
     os.environ["KERNELJUDGE_RAY_TEST"] = str(os.getpid())
-    before = _ray_pids()
+    where = str(tmp_path_factory.getbasetemp()).encode()
+    before = _ray_pids(where=where)
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, **NODE})
     for _ in range(2):
         c.add_node(num_cpus=2, **NODE)
@@ -100,7 +103,7 @@ def cluster() -> Iterator[Cluster]:
     finally:
         ray.shutdown()
         c.shutdown()
-        left = _wait_gone(before)
+        left = _wait_gone(before, where=where)
         assert not left, _described(left)
 
 
@@ -109,6 +112,7 @@ def _wait_gone(
     timeout_s: float = 60.0,
     words: tuple[str, ...] = (),
     pids: set[int] | None = None,
+    where: bytes = b"",
 ) -> set[int]:
     """The processes of :func:`_ray_pids` not in ``before`` (or of ``pids`` when given) still
     there after ``timeout_s``."""
@@ -117,7 +121,7 @@ def _wait_gone(
         if pids is not None:
             left = {pid for pid in pids if Path(f"/proc/{pid}").exists() and _parent(pid) != 0}
         else:
-            left = _ray_pids(words) - before
+            left = _ray_pids(words, where) - before
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.5)
@@ -250,10 +254,7 @@ def test_chaos_node_removed_every_job_answered_once(cluster: Cluster, tmp_path: 
         deadline = time.monotonic() + 600
         while ex.stats().done < max(3, CHAOS_JOBS // 5) and time.monotonic() < deadline:
             time.sleep(0.5)
-        node = _busy_node(ex, cluster, slow)
-        raylet = next(p.pid for kind, p in node.live_processes() if kind == "raylet")
-        hosts = {pid for pid in _ray_pids(("_RayJudgeHost",)) if _parent(pid) == raylet}
-        assert hosts, "no judging actor found under the node's raylet"
+        node, hosts = _busy_node(ex, cluster, slow)
         cluster.remove_node(node, allow_graceful=False)
         # the lost node's actors end with its raylet (they would otherwise judge on unseen)
         assert not _wait_gone(set(), timeout_s=30, pids=hosts), _described(hosts)
@@ -264,7 +265,9 @@ def test_chaos_node_removed_every_job_answered_once(cluster: Cluster, tmp_path: 
         stats = ex.stats()
         replaced, retried = ex.replaced_actors, ex.retried_jobs
     # close() ended the judging actors and their judges' workers (Ray's idle workers stay)
-    left = _wait_gone(set(), words=("_RayJudgeHost", "kerneljudge.worker"))
+    left = _wait_gone(
+        set(), words=("_RayJudgeHost", "kerneljudge.worker"), where=str(tmp_path).encode()
+    )
     assert not left, _described(left)
     assert stats.done == CHAOS_JOBS and stats.failed == 0
     assert set(answers) == {job.job_id for job in jobs}
@@ -272,8 +275,9 @@ def test_chaos_node_removed_every_job_answered_once(cluster: Cluster, tmp_path: 
     assert replaced >= 1 and retried >= 1
 
 
-def _busy_node(ex: RayExecutor, cluster: Cluster, jobs: set[str]) -> object:
-    """A worker node (not the head) where one of ``ex``'s actors is judging one of ``jobs``."""
+def _busy_node(ex: RayExecutor, cluster: Cluster, jobs: set[str]) -> tuple[object, set[int]]:
+    """A worker node (not the head) where one of ``ex``'s actors is judging one of ``jobs``,
+    and the processes of the executor's actors there."""
     nodes = {node.node_id: node for node in cluster.worker_nodes}
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -283,9 +287,9 @@ def _busy_node(ex: RayExecutor, cluster: Cluster, jobs: set[str]) -> object:
                 for s in ex._slots
                 if s.state == "busy" and s.node_id in nodes and s.job_id in jobs
             ]
+            hosts = {s.pid for s in ex._slots if busy and s.node_id == busy[0] and s.pid}
         if busy:
-            return nodes[busy[0]]
-        time.sleep(0.05)
+            return nodes[busy[0]], hosts
     raise AssertionError("no actor of the executor was judging on a worker node")
 
 

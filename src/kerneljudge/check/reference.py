@@ -239,6 +239,38 @@ class ReferenceSession:
         )
         return _trial_result(dict(reply["trial"]))
 
+    def audit(
+        self,
+        outputs: list[Any],
+        kinds: list[int],
+        timeout_s: float,
+        *,
+        atol: float,
+        rtol: float,
+        mode: str,
+    ) -> tuple[TrialResult, list[tuple[int, bytes]]]:
+        """:meth:`compare` of an audited timed call's ``outputs`` with the reference's held
+        under ``"audit"``, and the digests of those outputs by ``kinds`` (one per output, as
+        the candidate's worker committed them), both computed in the reference worker (a tree
+        digest on its device): ``(result, [(kind, digest), ...])``.
+
+        Raises:
+            ReferenceFailed: as :meth:`request`.
+        """
+        reply = self.request(
+            "compare",
+            timeout_s,
+            key="audit",
+            outputs=outputs,
+            atol=atol,
+            rtol=rtol,
+            mode=mode,
+            forget=True,
+            digest_kinds=list(kinds),
+        )
+        digests = [(int(k), bytes(d)) for k, d in reply.get("digests") or ()]
+        return _trial_result(dict(reply["trial"])), digests
+
     def forget(self, timeout_s: float) -> None:
         """Drop every trial the worker holds (a worker not started yet holds none).
 

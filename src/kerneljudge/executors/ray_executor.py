@@ -59,6 +59,7 @@ class _Slot:
     actor: Any = None
     state: str = "starting"  # starting -> idle <-> busy; dead
     node_id: str = ""
+    pid: int = 0  # the actor's process on its node (0 until it is ready)
     arch: str = ""
     job_id: str = ""
     busy_s: float = 0.0
@@ -330,6 +331,7 @@ class RayExecutor(Executor):
             self._replace(slot)
             return
         slot.state, slot.node_id, slot.arch = "idle", info["node_id"], info["arch"]
+        slot.pid = int(info.get("pid") or 0)
 
     def _on_built(self, job_id: str, meta: Any, error: BaseException | None) -> None:
         pending = self._jobs.get(job_id)
@@ -442,7 +444,7 @@ class RayExecutor(Executor):
             max_restarts=0,
             max_task_retries=0,
         ).remote(device, *self._host_args)
-        slot.state, slot.node_id, slot.job_id = "starting", "", ""
+        slot.state, slot.node_id, slot.job_id, slot.pid = "starting", "", "", 0
         self._refs[slot.actor.ready.remote()] = ("ready", slot, slot.actor)
 
     def _ping(self, slot: _Slot) -> None:

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from kerneljudge.worker.calls import trial_fields
+from kerneljudge.worker.stamps import KIND_TREE, output_digest
 
 __all__ = ["KeptTrials"]
 
@@ -58,7 +61,8 @@ class KeptTrials:
         kept under ``key`` (:func:`kerneljudge.check.compare_outputs` with ``atol``, ``rtol``,
         ``mode`` and ``index``, computed on this worker's device); drops them if ``forget``.
         Returns ``trial``: the :class:`~kerneljudge.verdict.TrialResult` as a dict
-        (:func:`trial_fields`)."""
+        (:func:`trial_fields`), and with ``digest_kinds`` (one digest kind per output)
+        ``digests``: each output's ``[kind, digest]`` (:meth:`_digests`)."""
         from kerneljudge.check import compare_outputs
 
         kept = self._reference_only(self.expected, msg["key"])
@@ -74,7 +78,23 @@ class KeptTrials:
             index=int(msg.get("index", 0)),
             device=self.device,
         )
-        return {"trial": trial_fields(result)}
+        reply: dict[str, Any] = {"trial": trial_fields(result)}
+        if msg.get("digest_kinds") is not None:
+            reply["digests"] = self._digests(msg["outputs"], msg["digest_kinds"])
+        return reply
+
+    def _digests(self, outputs: Any, kinds: Any) -> list[list[Any]]:
+        """``[kind, digest bytes]`` of each of ``outputs`` (a list of tensors) by the kind of
+        the same index in ``kinds`` (:func:`kerneljudge.worker.stamps.output_digest`); a tree
+        digest is computed on this worker's device (the same value on any device). A list
+        shorter than ``outputs`` gives fewer digests (the caller compares lengths)."""
+        out: list[list[Any]] = []
+        for t, kind in zip(outputs, kinds):
+            if not isinstance(t, torch.Tensor):
+                break
+            t = t.to(self.device) if int(kind) == KIND_TREE else t
+            out.append(list(output_digest(t, int(kind))))
+        return out
 
     def op_forget(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Drop the kept trials (outputs, oracle, inputs) of ``keys``, or all of them."""
