@@ -76,6 +76,9 @@ def test_the_bound_deletes_fetched_results_oldest_first_never_unfetched(tmp_path
     assert store.prune(retention_s=DAY, max_finished=1) == (0, 2)
     assert [r.job_id for r in store.all_records()] == [j.job_id for j in jobs[3:]]
     assert store.deleted_total() == 3
+    # Tombstones are bounded too: the newest one is kept.
+    kept = [j.job_id for j in jobs[:3] if store.expired(j.job_id, "c") is not None]
+    assert len(kept) == 1 and kept != [jobs[0].job_id]
     # ... until their retention period is over.
     assert store.prune(retention_s=DAY, max_finished=1, now=time.time() + 2 * DAY) == (2, 0)
     assert store.all_records() == []

@@ -419,11 +419,13 @@ class JobStore:
                     "DELETE FROM expired WHERE deleted_at<?",
                     (now - max(retention_s, TOMBSTONE_MIN_S),),
                 )
-                self._db.execute(
-                    "DELETE FROM expired WHERE rowid NOT IN "
-                    "(SELECT rowid FROM expired ORDER BY deleted_at DESC LIMIT ?)",
-                    (max(0, max_finished),),
-                )
+                (tombstones,) = self._db.execute("SELECT COUNT(*) FROM expired").fetchone()
+                if tombstones > max_finished:
+                    self._db.execute(
+                        "DELETE FROM expired WHERE rowid IN "
+                        "(SELECT rowid FROM expired ORDER BY deleted_at, rowid LIMIT ?)",
+                        (tombstones - max_finished,),
+                    )
                 if expired or over_cap:
                     self._db.execute(
                         "UPDATE meta SET value=CAST(value AS INTEGER)+? WHERE key='deleted_jobs'",
