@@ -171,7 +171,7 @@ class JudgeService:
         self._stop = False
         self._thread: threading.Thread | None = None
         self._sweeper: threading.Thread | None = None
-        self._swept = threading.Event()  # set to stop the retention thread
+        self._stop_sweeping = threading.Event()  # set to stop the retention thread
         self.started_at = time.time()
         self.requeued = 0
         #: Jobs deleted by retention since start: for their age, and for the bound.
@@ -203,7 +203,7 @@ class JudgeService:
         with self._wake:
             self._stop = True
             self._wake.notify_all()
-        self._swept.set()
+        self._stop_sweeping.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
         if self._sweeper is not None:
@@ -280,7 +280,7 @@ class JudgeService:
         return expired, over_cap
 
     def _sweep_loop(self) -> None:
-        while not self._swept.wait(sweep_interval_s(self.limits.retention_s)):
+        while not self._stop_sweeping.wait(sweep_interval_s(self.limits.retention_s)):
             try:
                 self.sweep()
             except Exception:  # a locked or failing database: try again at the next sweep
