@@ -16,22 +16,15 @@ from __future__ import annotations
 import io
 import os
 import tarfile
-import threading
-import time
-from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
 from kerneljudge.build import BuildCache, build
 from kerneljudge.candidate import Candidate
 from kerneljudge.device import build_arch
-from kerneljudge.errors import (
-    CandidateError,
-    DeviceError,
-    KernelJudgeError,
-)
+from kerneljudge.executors._warm import WarmJudges, one_line
 from kerneljudge.executors.base import Job, error_kind
-from kerneljudge.judge import Judge, JudgeConfig
+from kerneljudge.judge import JudgeConfig
 
 __all__ = [
     "JudgeHost",
@@ -42,19 +35,8 @@ __all__ = [
     "pack_entry",
 ]
 
-#: The fields of a job's :class:`JudgeConfig` that a warm judge takes per job
-#: (:meth:`Judge.configured`); the others (device, cache, threads) belong to the host.
-_HOST_FIELDS = ("device", "cache_dir", "threads")
 #: The file whose presence makes a cache entry complete (written last by :func:`install_entry`).
 _RESULT_FILE = "build-result.json"
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    first = text[0] if text else ""
-    if isinstance(exc, KernelJudgeError):
-        return first or type(exc).__name__
-    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 def job_config(job: Job, device: str, cache_dir: str | None, threads: int) -> JudgeConfig:
@@ -146,13 +128,14 @@ def build_job(
         meta["ok"] = result.ok
         return meta, (pack_entry(cache, meta["key"]) if ship else None)
     except Exception as exc:  # every failure is the judging host's to find again
-        meta["error"] = _one_line(exc)
+        meta["error"] = one_line(exc)
         return meta, None
 
 
 # ---------------------------------------------------------------- judging host (one actor)
 class JudgeHost:
-    """Warm judges on one device, one job at a time (a Ray actor's body).
+    """Warm judges on one device, one job at a time (a Ray actor's body): a
+    :class:`~kerneljudge.executors._warm.WarmJudges` and the actor's answer format.
 
     Args:
         device: ``"cpu"`` or ``"cuda:0"`` (the actor's one visible GPU).
@@ -169,76 +152,39 @@ class JudgeHost:
         self.device = device
         self.cache_dir = cache_dir
         self.threads = threads
-        self.max_judges = max(1, max_judges)
-        self._judges: OrderedDict[tuple[str, str], Judge] = OrderedDict()
-        #: Held while a job is judged; every warm judge's work ahead of need (its next
-        #: verdict's reference side) waits for it, so none runs beside another's timing.
-        self.device_lock = threading.Lock()
+        self._warm = WarmJudges(device, max_judges)
+        self.max_judges = self._warm.max_judges
 
     def ready(self) -> dict[str, Any]:
         """Where this host runs: ``{"node_id", "pid", "arch"}`` (``node_id`` filled in by the
         actor wrapper; ``arch``: the CUDA arch its judges build for on its device)."""
-        return {"node_id": "", "pid": os.getpid(), "arch": build_arch(self.device)}
+        return {"node_id": "", "pid": os.getpid(), "arch": self._warm.arch()}
 
     def judge(self, job_data: dict[str, Any], meta: dict[str, Any] | None, blob: Any) -> dict:
         """Judge one job; the answer dict of this module's docstring. ``meta`` and ``blob``
         are :func:`build_job`'s (None: no build was made ahead; the judge builds)."""
-        t0 = time.monotonic()
-        try:
-            job = Job.from_dict(job_data)
-            config = job_config(job, self.device, self.cache_dir, self.threads)
-            cand = Candidate.from_source(job.source, name=job.name)
+
+        def install(config: JudgeConfig) -> None:
             if meta and meta.get("key") and isinstance(blob, bytes | bytearray):
                 install_entry(BuildCache(config.cache_dir), meta["key"], bytes(blob))
-            judge = self._judge(job.problem, config)
-            per_job = {
-                f: getattr(config, f) for f in config.__dataclass_fields__ if f not in _HOST_FIELDS
-            }
-            try:
-                with self.device_lock, judge.configured(**per_job):
-                    verdict = judge.evaluate(cand)
-            except (DeviceError, CandidateError):
-                raise
-            except BaseException:  # a harness failure may leave the judge unusable: drop it
-                self._drop(job.problem, config)
-                raise
-            answer: dict[str, Any] = {"verdict": verdict.to_dict()}
-        except Exception as exc:
-            answer = {"error": _one_line(exc), "kind": error_kind(exc)}
-        answer["busy_s"] = time.monotonic() - t0
+
+        outcome = self._warm.run(
+            job_data,
+            lambda job: job_config(job, self.device, self.cache_dir, self.threads),
+            prepare=install,
+        )
+        answer: dict[str, Any]
+        if outcome.verdict is None:
+            answer = {"error": outcome.message, "kind": outcome.kind}
+        else:
+            answer = {"verdict": outcome.verdict.to_dict()}
+        answer["busy_s"] = outcome.busy_s
         return answer
-
-    def _judge(self, problem: str, config: JudgeConfig) -> Judge:
-        key = (problem, str(config.cache_dir))
-        judge = self._judges.get(key)
-        if judge is not None:
-            self._judges.move_to_end(key)
-            return judge
-        judge = Judge(problem, config)  # ProblemError: not kept
-        judge.device_lock = self.device_lock
-        self._judges[key] = judge
-        while len(self._judges) > self.max_judges:
-            _, old = self._judges.popitem(last=False)
-            old.close()
-        return judge
-
-    def _drop(self, problem: str, config: JudgeConfig) -> None:
-        judge = self._judges.pop((problem, str(config.cache_dir)), None)
-        if judge is not None:
-            try:
-                judge.close()
-            except Exception:
-                pass
 
     def warm(self) -> list[str]:
         """The problems of the warm judges, least recently used first."""
-        return [problem for problem, _ in self._judges]
+        return self._warm.warm()
 
     def shutdown(self) -> None:
         """Close every warm judge (their worker processes end)."""
-        while self._judges:
-            _, judge = self._judges.popitem()
-            try:
-                judge.close()
-            except Exception:
-                pass
+        self._warm.close()

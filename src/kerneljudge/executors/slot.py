@@ -3,8 +3,10 @@
 The local executor (:mod:`kerneljudge.executors.local`) starts one slot per GPU and a number of
 CPU slots, each as ``python -m kerneljudge.executors.slot``. A slot hosts warm
 :class:`~kerneljudge.judge.Judge` objects, one per (problem, build cache), at most
-``--max-judges`` of them, least recently used closed first. A fault that kills a slot (a
-segfault, SIGKILL, OOM) ends only that slot; the executor starts a fresh one.
+``--max-judges`` of them, least recently used closed first
+(:class:`~kerneljudge.executors._warm.WarmJudges`, shared with the Ray executor's actors). A
+fault that kills a slot (a segfault, SIGKILL, OOM) ends only that slot; the executor starts a
+fresh one.
 
 Wire (two dedicated pipes, one JSON object per line; the slot's stdout and stderr go to a log):
 
@@ -28,16 +30,10 @@ import json
 import os
 import sys
 import threading
-from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
 __all__ = ["main"]
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return (text[0] if text else type(exc).__name__)[:500]
 
 
 class _Lines:
@@ -57,7 +53,8 @@ class _Lines:
 
 
 class Slot:
-    """The judging side of a slot process (runs in the slot process; see the module doc).
+    """The judging side of a slot process (runs in the slot process; see the module doc): a
+    :class:`~kerneljudge.executors._warm.WarmJudges` and the slot's wire format.
 
     Args:
         device: ``"cpu"`` or ``"cuda:N"``: every job's judge runs with this device.
@@ -65,110 +62,39 @@ class Slot:
     """
 
     def __init__(self, device: str, max_judges: int) -> None:
-        from kerneljudge.judge import Judge
+        from kerneljudge.executors._warm import WarmJudges
 
         self.device = device
-        self.max_judges = max(1, max_judges)
-        self.judges: OrderedDict[tuple[str, str], Judge] = OrderedDict()
-        #: Held while a job is judged; every warm judge's work ahead of need (its next
-        #: verdict's reference side) waits for it, so none runs beside another's timing.
-        self.device_lock = threading.Lock()
+        self.judges = WarmJudges(device, max_judges)
 
     def arch(self) -> str:
-        from kerneljudge.device import build_arch
-
-        return build_arch(self.device)
-
-    def _judge_for(self, problem: str, cache_dir: str | None, config: Any) -> Any:
-        from kerneljudge.judge import Judge
-
-        key = (problem, cache_dir or "")
-        judge = self.judges.pop(key, None)
-        if judge is None:
-            judge = Judge(problem, config)
-            judge.device_lock = self.device_lock
-        self.judges[key] = judge
-        while len(self.judges) > self.max_judges:
-            _, old = self.judges.popitem(last=False)
-            _close_quietly(old)
-        return judge
-
-    def drop(self, problem: str, cache_dir: str | None) -> None:
-        judge = self.judges.pop((problem, cache_dir or ""), None)
-        if judge is not None:
-            _close_quietly(judge)
+        return self.judges.arch()
 
     def run(self, message: dict[str, Any]) -> dict[str, Any]:
         """Judge one ``judge`` message; the reply message (a verdict or an error)."""
         import dataclasses
 
-        from kerneljudge.candidate import Candidate
-        from kerneljudge.errors import KernelJudgeError
-        from kerneljudge.executors.base import Job, error_kind
         from kerneljudge.verdict import BuildResult, decode
 
         raw = message.get("job") or {}
-        job_id = str(raw.get("job_id", ""))
-        try:
-            job = Job.from_dict(raw)
-            config = dataclasses.replace(job.options.judge_config(), device=self.device)
-        except (ValueError, KernelJudgeError) as exc:
-            return {"op": "error", "job_id": job_id, "kind": "harness", "message": _one_line(exc)}
+        job_id = str(raw.get("job_id", "")) if isinstance(raw, dict) else ""
         built = decode(BuildResult, message["build"]) if message.get("build") else None
-        try:
-            cand = Candidate.from_source(job.source, name=job.name)
-            judge = self._judge_for(job.problem, job.options.cache_dir, config)
-            changes = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
-            with (
-                self.device_lock,
-                judge.configured(**changes),
-                _handed_build(judge, cand, built),
-            ):
-                verdict = judge.evaluate(cand)
-        except KernelJudgeError as exc:
-            kind = error_kind(exc)
-            self.drop(job.problem, job.options.cache_dir)
-            return {"op": "error", "job_id": job_id, "kind": kind, "message": _one_line(exc)}
-        except Exception as exc:  # noqa: BLE001 - a harness bug is this job's error, not the slot's
-            self.drop(job.problem, job.options.cache_dir)
-            message_ = f"{type(exc).__name__}: {_one_line(exc)}"
-            return {"op": "error", "job_id": job_id, "kind": "harness", "message": message_}
-        return {"op": "verdict", "job_id": job_id, "verdict": verdict.to_dict()}
+        outcome = self.judges.run(
+            raw,
+            lambda job: dataclasses.replace(job.options.judge_config(), device=self.device),
+            built=built,
+        )
+        if outcome.verdict is None:
+            return {
+                "op": "error",
+                "job_id": job_id,
+                "kind": outcome.kind,
+                "message": outcome.message,
+            }
+        return {"op": "verdict", "job_id": job_id, "verdict": outcome.verdict.to_dict()}
 
     def close(self) -> None:
-        while self.judges:
-            _, judge = self.judges.popitem()
-            _close_quietly(judge)
-
-
-class _handed_build:  # noqa: N801 - used as a context manager, like contextlib's helpers
-    """Within the block, ``judge.build`` of ``cand`` returns ``built`` (a build the executor ran
-    whose result the cache does not keep: a timed-out one) instead of building again."""
-
-    def __init__(self, judge: Any, cand: Any, built: Any) -> None:
-        self.judge, self.cand, self.built = judge, cand, built
-
-    def __enter__(self) -> None:
-        if self.built is None:
-            return
-        original, sha, built = type(self.judge).build, self.cand.sha256, self.built
-
-        def build(cand: Any, device: str | None = None) -> Any:
-            if cand.sha256 == sha:
-                return built
-            return original(self.judge, cand, device)
-
-        self.judge.build = build
-
-    def __exit__(self, *exc: object) -> None:
-        self.judge.__dict__.pop("build", None)
-
-
-def _close_quietly(judge: Any) -> None:
-    try:
-        judge.close()
-    except Exception:  # noqa: BLE001 - closing a broken judge must not end the slot
-        pass
+        self.judges.close()
 
 
 def main(argv: list[str] | None = None) -> int:

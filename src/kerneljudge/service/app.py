@@ -1,8 +1,14 @@
 """The HTTP face of the service (FastAPI): versioned endpoints under ``/v1``.
 
 Every error answer is ``{"detail": "<one line>"}``: 401 (no or wrong token), 404 (no such
-job), 409 (a job id that names another job; a cancel too late), 413 (body too large), 422
-(a bad job), 429 (no room; with ``Retry-After`` in seconds).
+job, or one deleted by retention: "expired"), 409 (a job id that names another job; a cancel
+too late), 413 (body too large), 422 (a bad job, a bad ``X-Client-Id``), 429 (no room; with
+``Retry-After`` in seconds).
+
+Clients: with a token, a request's client is its token; without one (loopback only), the name
+in its ``X-Client-Id`` header (default ``anonymous``). Job ids are per client: a client sees,
+waits for and cancels its own jobs only (another's id is 404, as an unknown one), and its ids
+(idempotency keys) never meet another client's.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ import asyncio
 import hashlib
 import hmac
 import json
+import re
 import time
 from typing import Any
 
@@ -22,12 +29,15 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from kerneljudge.service._schema import DEFAULT_CLIENT
 from kerneljudge.service.core import JudgeService
 from kerneljudge.service.store import SCHEMA_VERSION, JobConflict, JobRecord, QueueFull
 
 __all__ = ["create_app"]
 
 _JOB_ID = Path(min_length=1, max_length=128, description="The job's id.")
+#: A client's own name (``X-Client-Id``, without a token).
+_CLIENT_NAME = re.compile(r"[A-Za-z0-9._:@-]{1,64}")
 
 
 class JobIn(BaseModel):
@@ -81,7 +91,7 @@ def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     """The error answers an operation may give, documented with their one-line body."""
     text = {
         401: "No or wrong API token.",
-        404: "No such job.",
+        404: "No such job of this client, or expired (deleted by retention).",
         409: "The job id names another job, or too late to cancel.",
         413: "Request body too large.",
         422: "Invalid request or job.",
@@ -176,7 +186,9 @@ def create_app(service: JudgeService, token: str | None = None) -> FastAPI:
     expected = hashlib.sha256(token.encode()).digest() if token else None
 
     def client_of(request: Request) -> str:
-        """The client: its token's hash (with a token), else its peer address."""
+        """The client: ``token:<its hash>`` (with a token; ``X-Client-Id`` is not read), else
+        ``name:<X-Client-Id>`` (default ``anonymous``; 422 when not 1 to 64 of
+        ``A-Z a-z 0-9 . _ : @ -``)."""
         header = request.headers.get("authorization", "")
         scheme, _, given = header.partition(" ")
         if expected is not None:
@@ -186,8 +198,12 @@ def create_app(service: JudgeService, token: str | None = None) -> FastAPI:
                     401, "missing or wrong API token", headers={"WWW-Authenticate": "Bearer"}
                 )
             return "token:" + digest.hex()[:16]
-        peer = request.client.host if request.client else "unknown"
-        return "peer:" + peer
+        name = request.headers.get("x-client-id")
+        if name is None:
+            return DEFAULT_CLIENT
+        if not _CLIENT_NAME.fullmatch(name):
+            raise HTTPException(422, "X-Client-Id is 1 to 64 of A-Z a-z 0-9 . _ : @ -")
+        return "name:" + name
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -263,16 +279,25 @@ def create_app(service: JudgeService, token: str | None = None) -> FastAPI:
             raise HTTPException(422, f"a batch holds at most {service.limits.max_batch} jobs")
         return {"jobs": submit([raw(j) for j in batch.jobs], client)}
 
-    def record_of(job_id: str) -> JobRecord:
-        record = service.store.get(job_id)
-        if record is None:
-            raise HTTPException(404, f"no job {job_id[:128]!r}")
-        return record
+    def record_of(job_id: str, client: str) -> JobRecord:
+        record = service.store.get(job_id, client)
+        if record is not None:
+            return record
+        deleted_at = service.store.expired(job_id, client)
+        if deleted_at is not None:
+            kept_h = service.limits.retention_s / 3600
+            raise HTTPException(
+                404,
+                f"job {job_id[:128]!r} expired: deleted at "
+                f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(deleted_at))} "
+                f"(results are kept {kept_h:g} h after they finish)",
+            )
+        raise HTTPException(404, f"no job {job_id[:128]!r}")
 
     @app.get("/v1/jobs/{job_id}", response_model=JobStatus, responses=_errors(404), tags=["jobs"])
     def job_status(job_id: str = _JOB_ID, client: str = Depends(client_of)) -> dict[str, Any]:
         """The job's state."""
-        return _status(record_of(job_id))
+        return _status(record_of(job_id, client))
 
     @app.get(
         "/v1/jobs/{job_id}/result",
@@ -289,15 +314,18 @@ def create_app(service: JudgeService, token: str | None = None) -> FastAPI:
         client: str = Depends(client_of),
     ) -> JSONResponse:
         """The job's verdict (200 once it is finished: ``verdict`` for state ``done``, else
-        ``error``); 202 with its state while it is not finished after ``wait`` seconds."""
+        ``error``; the result then counts as fetched); 202 with its state while it is not
+        finished after ``wait`` seconds."""
         deadline = time.monotonic() + wait
         # The store's reads wait for its lock (held over fsync'd writes): off the event loop.
-        record = await run_in_threadpool(record_of, job_id)
+        record = await run_in_threadpool(record_of, job_id, client)
         delay = 0.05
         while not record.finished and time.monotonic() < deadline:
             await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(0.5, delay * 1.5)
-            record = await run_in_threadpool(record_of, job_id)
+            record = await run_in_threadpool(record_of, job_id, client)
+        if record.finished and record.fetched_at is None:
+            await run_in_threadpool(service.store.mark_fetched, record.seq)
         out = _status(record)
         out["verdict"] = json.loads(record.verdict_json) if record.verdict_json else None
         return JSONResponse(out, status_code=200 if record.finished else 202)
@@ -309,12 +337,16 @@ def create_app(service: JudgeService, token: str | None = None) -> FastAPI:
         tags=["jobs"],
     )
     def cancel_job(job_id: str = _JOB_ID, client: str = Depends(client_of)) -> dict[str, Any]:
-        """Cancel a job that has not started; 409 when it has started or finished."""
-        record_of(job_id)
-        cancelled = service.cancel(job_id)
-        state = record_of(job_id).state
+        """Cancel a job that has not started (it then counts as fetched); 409 when it has
+        started or finished."""
+        record_of(job_id, client)
+        cancelled = service.cancel(job_id, client)
+        record = record_of(job_id, client)
+        state = record.state
         if not cancelled and state != "cancelled":
             raise HTTPException(409, f"job {job_id} is {state}: too late to cancel")
+        if state == "cancelled":  # the client knows how its job ended: its result is fetched
+            service.store.mark_fetched(record.seq)
         return {"job_id": job_id, "cancelled": cancelled, "state": state}
 
     @app.get("/v1/health", responses=_errors(), tags=["service"])

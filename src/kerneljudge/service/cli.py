@@ -93,6 +93,22 @@ def serve_command(
             help="Jobs handed to the executor at once (0: two per slot).",
         ),
     ] = 0,
+    retention_hours: Annotated[
+        float,
+        typer.Option(
+            envvar="KERNELJUDGE_RETENTION_HOURS",
+            min=0.0001,
+            help="Hours a finished job's result is kept.",
+        ),
+    ] = 168.0,
+    max_finished_jobs: Annotated[
+        int,
+        typer.Option(
+            envvar="KERNELJUDGE_MAX_FINISHED_JOBS",
+            min=1,
+            help="Finished jobs kept at most (fetched ones, oldest deleted first).",
+        ),
+    ] = 100_000,
 ) -> None:
     """Serve the judge over HTTP: a durable job queue (SQLite) in front of this machine's
     devices. Candidates are code: off loopback a --token is required."""
@@ -117,7 +133,13 @@ def serve_command(
     except Exception as exc:
         _fail(f"cannot open the job database {db}: {' '.join(str(exc).split())}")
         return
-    limits = Limits(max_queued=max_queued, max_per_client=max_per_client, max_batch=max_batch)
+    limits = Limits(
+        max_queued=max_queued,
+        max_per_client=max_per_client,
+        max_batch=max_batch,
+        retention_s=retention_hours * 3600.0,
+        max_finished_jobs=max_finished_jobs,
+    )
     service = JudgeService(
         store,
         lambda: build_executor(cpu_slots, wanted),

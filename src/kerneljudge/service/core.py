@@ -4,7 +4,12 @@ and the result writes.
 
 The dispatcher takes jobs from the store oldest first, at most ``max_in_flight`` handed to the
 executor at a time, and writes each job's end state when its future completes (a verdict:
-``done``; a :class:`JobError`: ``failed``, or ``cancelled`` for kind ``cancelled``).
+``done``; a :class:`JobError`: ``failed``, or ``cancelled`` for kind ``cancelled``). The
+executor knows a job by its :attr:`~kerneljudge.service.store.JobRecord.run_id`, unique across
+clients (job ids are per client).
+
+The retention thread applies :meth:`~kerneljudge.service.store.JobStore.prune` at start and
+then every :func:`sweep_interval_s` seconds.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from kerneljudge.executors.base import Executor, Job, JobError
 from kerneljudge.service.store import JobRecord, JobStore, QueueFull
 from kerneljudge.verdict import Verdict
 
-__all__ = ["Limits", "JudgeService", "resolve_problem", "parse_job"]
+__all__ = ["Limits", "JudgeService", "resolve_problem", "parse_job", "sweep_interval_s"]
 
 log = logging.getLogger("kerneljudge.service")
 
@@ -36,11 +41,11 @@ MAX_SOURCE_BYTES = 1 << 20
 
 @dataclass(frozen=True)
 class Limits:
-    """Admission limits.
+    """Admission and retention limits.
 
     Attributes:
         max_queued: jobs queued at once, all clients together (more: 429).
-        max_per_client: jobs one client (a token, or a peer address) may have queued.
+        max_per_client: jobs one client (a token, or a named client) may have queued.
         max_batch: jobs in one batch request.
         max_body_bytes: the size of one request body.
         max_source_bytes: the size of one candidate source (UTF-8).
@@ -48,6 +53,10 @@ class Limits:
         max_trials: the most correctness trials a job may ask for.
         max_timeout_s: the largest build limit, run limit and timing budget a job may ask for
             (seconds).
+        retention_s: seconds a finished job (its result) is kept after it finished.
+        max_finished_jobs: finished jobs kept at most (the oldest fetched ones deleted
+            first); also the most jobs that may be pending or hold a result not fetched yet
+            (more: 429).
     """
 
     max_queued: int = 10_000
@@ -58,6 +67,14 @@ class Limits:
     max_wait_s: float = 60.0
     max_trials: int = 100
     max_timeout_s: float = 900.0
+    retention_s: float = 7 * 86400.0
+    max_finished_jobs: int = 100_000
+
+
+def sweep_interval_s(retention_s: float) -> float:
+    """Seconds between two retention sweeps: a quarter of the retention period, within
+    [0.5, 60]."""
+    return min(60.0, max(0.5, retention_s / 4))
 
 
 def resolve_problem(spec: str, problems_dir: Path | None) -> str:
@@ -150,22 +167,30 @@ class JudgeService:
         self._factory = executor_factory
         self.executor: Executor | None = None
         self._wake = threading.Condition()
-        self._in_flight: dict[str, Future[Verdict]] = {}
+        self._in_flight: dict[str, Future[Verdict]] = {}  # by run_id
         self._stop = False
         self._thread: threading.Thread | None = None
+        self._sweeper: threading.Thread | None = None
+        self._stop_sweeping = threading.Event()  # set to stop the retention thread
         self.started_at = time.time()
         self.requeued = 0
+        #: Jobs deleted by retention since start: for their age, and for the bound.
+        self.deleted = {"expired": 0, "over_cap": 0}
+        self.last_sweep_at: float | None = None
 
     # -- life cycle ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Put jobs left ``running`` by a dead service back in the queue, start the executor
-        and the dispatcher."""
+        """Put jobs left ``running`` by a dead service back in the queue, apply retention
+        once, start the executor, the dispatcher and the retention thread."""
         self.requeued = self.store.requeue_running()
         if self.requeued:
             log.warning(
                 "%d jobs were running when the service stopped: queued again", self.requeued
             )
+        self.sweep()
+        self._sweeper = threading.Thread(target=self._sweep_loop, name="kj-retention", daemon=True)
+        self._sweeper.start()
         self.executor = self._factory()
         if self.max_in_flight <= 0:
             self.max_in_flight = 2 * max(1, len(self.executor.stats().busy_share))
@@ -178,8 +203,11 @@ class JudgeService:
         with self._wake:
             self._stop = True
             self._wake.notify_all()
+        self._stop_sweeping.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        if self._sweeper is not None:
+            self._sweeper.join(timeout=30)
         if self.executor is not None:
             self.executor.close()
         self.store.requeue_running()  # handed out, not finished: judged at the next start
@@ -202,7 +230,13 @@ class JudgeService:
                 prefix = f"jobs[{i}]: " if len(items) > 1 else ""
                 raise ValueError(prefix + " ".join(str(exc).split())) from None
         try:
-            out = self.store.add(jobs, client, self.limits.max_queued, self.limits.max_per_client)
+            out = self.store.add(
+                jobs,
+                client,
+                self.limits.max_queued,
+                self.limits.max_per_client,
+                max_unfetched=self.limits.max_finished_jobs,
+            )
         except QueueFull as exc:
             raise QueueFull(str(exc), self.retry_after_s()) from None
         if any(created for _, created in out):
@@ -219,14 +253,38 @@ class JudgeService:
             return 10
         return int(min(60, max(1, queued / 10 / rate)))
 
-    def cancel(self, job_id: str) -> bool:
-        """Cancel a job not yet started: queued here, or handed to the executor and not
-        started there. True when cancelled."""
-        if self.store.cancel_queued(job_id):
+    def cancel(self, job_id: str, client: str | None = None) -> bool:
+        """Cancel ``client``'s job ``job_id`` (None: see :class:`JobStore`) if it has not
+        started: queued here, or handed to the executor and not started there. True when
+        cancelled."""
+        record = self.store.get(job_id, client)
+        if record is None:
+            return False
+        if self.store.cancel_queued(record.seq):
             return True
         with self._wake:
-            pending = job_id in self._in_flight
-        return bool(pending and self.executor is not None and self.executor.cancel(job_id))
+            pending = record.run_id in self._in_flight
+        return bool(pending and self.executor is not None and self.executor.cancel(record.run_id))
+
+    # -- retention -----------------------------------------------------------------------------
+
+    def sweep(self) -> tuple[int, int]:
+        """Apply retention now (:meth:`JobStore.prune` with this service's limits); the jobs
+        deleted (for their age, for the bound)."""
+        expired, over_cap = self.store.prune(self.limits.retention_s, self.limits.max_finished_jobs)
+        self.deleted["expired"] += expired
+        self.deleted["over_cap"] += over_cap
+        self.last_sweep_at = time.time()
+        if expired or over_cap:
+            log.info("retention: %d jobs expired, %d over the bound deleted", expired, over_cap)
+        return expired, over_cap
+
+    def _sweep_loop(self) -> None:
+        while not self._stop_sweeping.wait(sweep_interval_s(self.limits.retention_s)):
+            try:
+                self.sweep()
+            except Exception:  # a locked or failing database: try again at the next sweep
+                log.exception("cannot apply retention to the job database")
 
     # -- dispatch ------------------------------------------------------------------------------
 
@@ -252,46 +310,46 @@ class JudgeService:
     def _hand_out(self, record: JobRecord) -> None:
         assert self.executor is not None
         try:
-            job = record.job()
+            job = dataclasses.replace(record.job(), job_id=record.run_id)
             future = self.executor.submit(job)
         except Exception as exc:  # the executor refused it (closed) or the row is unreadable
             if self._stop:
                 return  # stays running: queued again at the next start
-            self._record_error(record.job_id, JobError(" ".join(str(exc).split()) or repr(exc)))
+            self._record_error(record.seq, JobError(" ".join(str(exc).split()) or repr(exc)))
             return
         with self._wake:
-            self._in_flight[record.job_id] = future
-        future.add_done_callback(functools.partial(self._done, record.job_id))
+            self._in_flight[record.run_id] = future
+        future.add_done_callback(functools.partial(self._done, record))
 
-    def _done(self, job_id: str, future: Future[Verdict]) -> None:
+    def _done(self, record: JobRecord, future: Future[Verdict]) -> None:
         try:
             if future.cancelled():
                 if self._stop:
                     return  # the executor closed under it: queued again at the next start
-                self._record_error(job_id, JobError("cancelled", kind="cancelled"))
+                self._record_error(record.seq, JobError("cancelled", kind="cancelled"))
                 return
             exc = future.exception()
             if exc is None:
                 verdict = future.result()
-                if not self.store.finish(job_id, "done", verdict_json=verdict.to_json(None)):
-                    log.warning("job %s already had its result: this one is dropped", job_id)
+                if not self.store.finish(record.seq, "done", verdict_json=verdict.to_json(None)):
+                    log.warning("job %s already had its result: this one is dropped", record.run_id)
             elif isinstance(exc, JobError):
                 if exc.kind == "cancelled" and self._stop:
                     return  # the executor closed under it: queued again at the next start
-                self._record_error(job_id, exc)
+                self._record_error(record.seq, exc)
             else:
                 message = " ".join(str(exc).split()) or type(exc).__name__
-                self._record_error(job_id, JobError(message))
+                self._record_error(record.seq, JobError(message))
         except Exception:
-            log.exception("cannot record the result of job %s", job_id)
+            log.exception("cannot record the result of job %s", record.run_id)
         finally:
             with self._wake:
-                self._in_flight.pop(job_id, None)
+                self._in_flight.pop(record.run_id, None)
                 self._wake.notify_all()
 
-    def _record_error(self, job_id: str, exc: JobError) -> None:
+    def _record_error(self, seq: int, exc: JobError) -> None:
         state = "cancelled" if exc.kind == "cancelled" else "failed"
-        self.store.finish(job_id, state, error_kind=exc.kind, error=str(exc))
+        self.store.finish(seq, state, error_kind=exc.kind, error=str(exc))
 
     # -- reports -------------------------------------------------------------------------------
 
@@ -300,7 +358,9 @@ class JudgeService:
             return len(self._in_flight)
 
     def metrics(self) -> dict[str, Any]:
-        """Queue depth, counts by state, the executor's load and verdict rates (JSON-ready)."""
+        """Queue depth, counts by state, the executor's load, verdict rates and retention
+        (``retention``: its limits, jobs deleted since start for their age and for the bound,
+        jobs deleted over the database's life, the last sweep's UNIX time) (JSON-ready)."""
         counts = self.store.counts()
         now = time.time()
         stats = self.executor.stats() if self.executor is not None else None
@@ -314,4 +374,12 @@ class JudgeService:
             "executor": dataclasses.asdict(stats) if stats else None,
             "uptime_s": now - self.started_at,
             "requeued_at_start": self.requeued,
+            "retention": {
+                "retention_s": self.limits.retention_s,
+                "max_finished_jobs": self.limits.max_finished_jobs,
+                "deleted_expired": self.deleted["expired"],
+                "deleted_over_cap": self.deleted["over_cap"],
+                "deleted_total": self.store.deleted_total(),
+                "last_sweep_at": self.last_sweep_at,
+            },
         }

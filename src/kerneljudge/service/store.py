@@ -6,6 +6,19 @@ to the executor) -> one of ``done`` (a verdict), ``failed`` (a :class:`JobError`
 goes back to ``queued`` (:meth:`JobStore.requeue_running`) and is judged again. Every write of
 an end state is conditional on the job being ``running`` (``cancelled``: ``queued``), so a job
 gets exactly one end state and one result however many times it is handed out.
+
+Job ids are per client: ``(client, job_id)`` names a job, and the same id sent by two clients
+names two jobs. Inside the store (and to the executor) a job is its ``seq``, the row number
+SQLite never hands out twice (``AUTOINCREMENT``), so ids never collide there.
+
+Retention (:meth:`JobStore.prune`): a finished job is deleted once it has been finished longer
+than the retention period, and the oldest finished jobs whose result was fetched are deleted
+while more than ``max_finished`` jobs are finished. A result nobody fetched is kept for the
+whole retention period; instead, :meth:`JobStore.add` refuses new jobs while unfetched results
+and pending jobs together would pass ``max_finished``. A deleted job leaves a tombstone
+(client, job id), itself kept for one more retention period, and at least
+:data:`TOMBSTONE_MIN_S` (at most ``max_finished`` of them), so a request for it can say
+"expired" rather than "unknown".
 """
 
 from __future__ import annotations
@@ -20,37 +33,20 @@ from pathlib import Path
 from typing import Any
 
 from kerneljudge.executors.base import Job
+from kerneljudge.service import _schema
 
 __all__ = ["SCHEMA_VERSION", "STATES", "JobRecord", "JobStore", "QueueFull", "JobConflict"]
 
-#: The layout of the database file; a file of another version is refused.
-SCHEMA_VERSION = 1
+#: The layout of the database file; an older one is migrated, a newer one refused.
+SCHEMA_VERSION = _schema.SCHEMA_VERSION
 STATES = ("queued", "running", "done", "failed", "cancelled")
 FINISHED = ("done", "failed", "cancelled")
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS jobs (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    job_id TEXT NOT NULL UNIQUE,
-    client TEXT NOT NULL,
-    state TEXT NOT NULL,
-    problem TEXT NOT NULL,
-    source_sha256 TEXT NOT NULL,
-    job_json TEXT NOT NULL,
-    submitted_at REAL NOT NULL,
-    started_at REAL,
-    finished_at REAL,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    verdict_json TEXT,
-    error_kind TEXT,
-    error TEXT
-);
-CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state, seq);
-CREATE INDEX IF NOT EXISTS jobs_client ON jobs (client, state);
-CREATE INDEX IF NOT EXISTS jobs_finished ON jobs (finished_at);
-"""
-
+_FINISHED_SQL = "state IN ('done', 'failed', 'cancelled')"
+#: Rows deleted per transaction by :meth:`JobStore.prune` (the store's lock is let go between).
+PRUNE_CHUNK = 500
+#: The least time a tombstone is kept, seconds (longer than the retention period when that is
+#: short: a tombstone is a few dozen bytes).
+TOMBSTONE_MIN_S = 7 * 86400.0
 
 #: Times a job may be handed out; after that many stops of the service while it ran, it fails.
 MAX_ATTEMPTS = 3
@@ -70,7 +66,12 @@ class JobConflict(Exception):
 
 @dataclass(frozen=True)
 class JobRecord:
-    """One stored job. Times are UNIX seconds (None: not reached yet)."""
+    """One stored job. Times are UNIX seconds (None: not reached yet).
+
+    ``seq`` is the store's own number for the job (unique for ever in this file), ``client``
+    the client whose namespace ``job_id`` is in, ``fetched_at`` when a client first read the
+    finished result (None: not yet).
+    """
 
     job_id: str
     state: str
@@ -84,13 +85,21 @@ class JobRecord:
     error_kind: str | None
     error: str | None
     job_json: str
+    seq: int = 0
+    client: str = ""
+    fetched_at: float | None = None
 
     @property
     def finished(self) -> bool:
         return self.state in FINISHED
 
+    @property
+    def run_id(self) -> str:
+        """The job's id at the executor: ``<seq>:<job_id>``, unique across clients."""
+        return f"{self.seq}:{self.job_id}"
+
     def job(self) -> Job:
-        """The job as it is handed to the executor (its problem resolved on this machine)."""
+        """The job as the client sent it (its problem resolved on this machine)."""
         return Job.from_dict(json.loads(self.job_json))
 
     def status(self) -> dict[str, Any]:
@@ -111,7 +120,7 @@ class JobRecord:
 
 _COLUMNS = (
     "job_id, state, problem, source_sha256, submitted_at, started_at, finished_at, attempts, "
-    "verdict_json, error_kind, error, job_json"
+    "verdict_json, error_kind, error, job_json, seq, client, fetched_at"
 )
 
 
@@ -122,8 +131,12 @@ def _same_job(a: Job, b: Job) -> bool:
 class JobStore:
     """The queue and results in one SQLite file. Thread-safe (one connection, one lock).
 
+    A job is named by its ``seq`` (an int: the dispatcher's name) or by its ``job_id`` in
+    ``client``'s namespace; a ``job_id`` with ``client`` None names the oldest stored job of
+    that id, whichever client it belongs to.
+
     Raises:
-        RuntimeError: (on open) the file holds another schema version, or another store
+        RuntimeError: (on open) the file holds a newer schema version, or another store
             holds it open (an exclusive lock on ``<path>.lock``).
         sqlite3.Error: the file cannot be opened or written.
     """
@@ -144,21 +157,13 @@ class JobStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            for stmt in filter(str.strip, _SCHEMA.split(";")):
-                self._db.execute(stmt)
-            row = self._db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-            if row is None:
-                self._db.execute(
-                    "INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
-                )
-            elif int(row[0]) != SCHEMA_VERSION:
-                self._db.execute("ROLLBACK")
-                raise RuntimeError(
-                    f"{self.path}: job database schema version {row[0]}, this kerneljudge "
-                    f"reads version {SCHEMA_VERSION}"
-                )
-            self._db.execute("COMMIT")
+            try:
+                #: The schema version the file had when opened (it is now SCHEMA_VERSION).
+                self.opened_version = _schema.open_schema(self._db, self.path)
+            except BaseException:
+                self._db.close()
+                self._flock.close()
+                raise
 
     def close(self) -> None:
         with self._lock:
@@ -169,21 +174,33 @@ class JobStore:
         with self._lock:
             return [JobRecord(*r) for r in self._db.execute(sql, args).fetchall()]
 
+    @staticmethod
+    def _where(ref: int | str, client: str | None) -> tuple[str, tuple[Any, ...]]:
+        """The row ``ref`` names (see the class doc) as a WHERE clause and its arguments."""
+        if isinstance(ref, int):
+            return "seq=?", (ref,)
+        if client is not None:
+            return "client=? AND job_id=?", (client, ref)
+        return "seq=(SELECT MIN(seq) FROM jobs WHERE job_id=?)", (ref,)
+
     def add(
         self,
         jobs: list[tuple[Job, str]],
         client: str,
         max_queued: int,
         max_per_client: int,
+        max_unfetched: int | None = None,
     ) -> list[tuple[JobRecord, bool]]:
-        """Record ``jobs`` (each with the problem as the client named it) as ``queued``, all or
-        none, in one transaction; a job id already stored is answered with its record (False:
-        not new). Returns (record, created) per job, in order.
+        """Record ``jobs`` (each with the problem as the client named it) as ``queued`` in
+        ``client``'s namespace, all or none, in one transaction; a job id this client stored
+        before is answered with its record (False: not new). Returns (record, created) per
+        job, in order.
 
         Raises:
             QueueFull: more than ``max_queued`` jobs (``max_per_client`` of this client) would
-                be queued.
-            JobConflict: a job id names a stored job with other content.
+                be queued, or more than ``max_unfetched`` jobs would be pending or finished
+                with their result not fetched yet (None: no such bound).
+            JobConflict: a job id names a stored job of this client with other content.
         """
         now = time.time()
         out: list[tuple[JobRecord, bool]] = []
@@ -193,7 +210,7 @@ class JobStore:
                 new: list[tuple[Job, str]] = []
                 seen: dict[str, Job] = {}
                 for job, problem in jobs:
-                    old = self._one(job.job_id)
+                    old = self._one(job.job_id, client)
                     prior = old.job() if old is not None else seen.get(job.job_id)
                     if prior is not None and not _same_job(prior, job):
                         raise JobConflict(f"job_id {job.job_id} already names another job")
@@ -202,6 +219,7 @@ class JobStore:
                         seen[job.job_id] = job
                 if new:
                     self._check_room(len(new), client, max_queued, max_per_client)
+                    self._check_unfetched(len(new), max_unfetched)
                 for job, problem in new:
                     self._db.execute(
                         "INSERT INTO jobs (job_id, client, state, problem, source_sha256, "
@@ -215,9 +233,12 @@ class JobStore:
                             now,
                         ),
                     )
+                    self._db.execute(
+                        "DELETE FROM expired WHERE client=? AND job_id=?", (client, job.job_id)
+                    )
                 created = {job.job_id for job, _ in new}
                 for job, _ in jobs:
-                    record = self._one(job.job_id)
+                    record = self._one(job.job_id, client)
                     assert record is not None
                     out.append((record, job.job_id in created))
                     created.discard(job.job_id)  # a repeat inside one batch is not new
@@ -237,14 +258,46 @@ class JobStore:
         if mine + n > max_per_client:
             raise QueueFull(f"this client has {mine} jobs queued (at most {max_per_client})", 5)
 
-    def _one(self, job_id: str) -> JobRecord | None:
-        row = self._db.execute(f"SELECT {_COLUMNS} FROM jobs WHERE job_id=?", (job_id,)).fetchone()
+    def _check_unfetched(self, n: int, max_unfetched: int | None) -> None:
+        if max_unfetched is None:
+            return
+        (held,) = self._db.execute("SELECT COUNT(*) FROM jobs WHERE fetched_at IS NULL").fetchone()
+        if held + n > max_unfetched:
+            raise QueueFull(
+                f"{held} jobs are pending or hold a result not fetched yet (at most "
+                f"{max_unfetched}): fetch results, or wait for them to expire",
+                60,
+            )
+
+    def _one(self, ref: int | str, client: str | None = None) -> JobRecord | None:
+        where, args = self._where(ref, client)
+        row = self._db.execute(f"SELECT {_COLUMNS} FROM jobs WHERE {where}", args).fetchone()
         return JobRecord(*row) if row else None
 
-    def get(self, job_id: str) -> JobRecord | None:
-        """The stored job ``job_id``, or None."""
+    def get(self, ref: int | str, client: str | None = None) -> JobRecord | None:
+        """The stored job ``ref`` (a seq, or a job id in ``client``'s namespace), or None."""
         with self._lock:
-            return self._one(job_id)
+            return self._one(ref, client)
+
+    def expired(self, job_id: str, client: str) -> float | None:
+        """When ``client``'s job ``job_id`` was deleted by :meth:`prune` (UNIX seconds), or
+        None: not deleted, or its tombstone is gone too."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT deleted_at FROM expired WHERE client=? AND job_id=?", (client, job_id)
+            ).fetchone()
+        return float(row[0]) if row else None
+
+    def mark_fetched(self, seq: int) -> bool:
+        """Note that a client read the result of the finished job ``seq`` (the first read
+        only); True when this was the first."""
+        with self._lock:
+            cur = self._db.execute(
+                f"UPDATE jobs SET fetched_at=? WHERE seq=? AND fetched_at IS NULL "
+                f"AND {_FINISHED_SQL}",
+                (time.time(), seq),
+            )
+            return cur.rowcount == 1
 
     def requeue_running(self) -> int:
         """Put every ``running`` job back to ``queued`` (at open, after a crash); their count.
@@ -268,17 +321,17 @@ class JobStore:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 row = self._db.execute(
-                    "SELECT job_id FROM jobs WHERE state='queued' ORDER BY seq LIMIT 1"
+                    "SELECT seq FROM jobs WHERE state='queued' ORDER BY seq LIMIT 1"
                 ).fetchone()
                 if row is None:
                     self._db.execute("COMMIT")
                     return None
                 self._db.execute(
                     "UPDATE jobs SET state='running', started_at=?, attempts=attempts+1 "
-                    "WHERE job_id=? AND state='queued'",
+                    "WHERE seq=? AND state='queued'",
                     (time.time(), row[0]),
                 )
-                record = self._one(row[0])
+                record = self._one(int(row[0]))
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
@@ -287,34 +340,138 @@ class JobStore:
 
     def finish(
         self,
-        job_id: str,
+        ref: int | str,
         state: str,
         verdict_json: str | None = None,
         error_kind: str | None = None,
         error: str | None = None,
+        client: str | None = None,
     ) -> bool:
-        """Write the end state of a ``running`` job; False (nothing written) when it is not
-        running (already finished, or never handed out)."""
+        """Write the end state of the ``running`` job ``ref``; False (nothing written) when it
+        is not running (already finished, or never handed out)."""
         if state not in FINISHED:
             raise ValueError(f"not an end state: {state}")
+        where, args = self._where(ref, client)
         with self._lock:
             cur = self._db.execute(
                 "UPDATE jobs SET state=?, verdict_json=?, error_kind=?, error=?, finished_at=? "
-                "WHERE job_id=? AND state='running'",
-                (state, verdict_json, error_kind, error, time.time(), job_id),
+                f"WHERE {where} AND state='running'",
+                (state, verdict_json, error_kind, error, time.time(), *args),
             )
             return cur.rowcount == 1
 
-    def cancel_queued(self, job_id: str) -> bool:
-        """Cancel a job still ``queued``; True when it was."""
+    def cancel_queued(self, ref: int | str, client: str | None = None) -> bool:
+        """Cancel the job ``ref`` while it is still ``queued``; True when it was."""
+        where, args = self._where(ref, client)
         with self._lock:
             cur = self._db.execute(
                 "UPDATE jobs SET state='cancelled', error_kind='cancelled', "
                 "error='cancelled before it started', finished_at=? "
-                "WHERE job_id=? AND state='queued'",
-                (time.time(), job_id),
+                f"WHERE {where} AND state='queued'",
+                (time.time(), *args),
             )
             return cur.rowcount == 1
+
+    def prune(
+        self, retention_s: float, max_finished: int, now: float | None = None
+    ) -> tuple[int, int]:
+        """Delete finished jobs: those finished more than ``retention_s`` seconds before
+        ``now`` (None: the time now), then the oldest finished ones whose result was fetched
+        while more than ``max_finished`` are finished. Queued and running jobs, and results
+        not fetched within their retention period, are never deleted. Each deleted job leaves
+        a tombstone; tombstones older than ``retention_s`` (and :data:`TOMBSTONE_MIN_S`) and
+        beyond the newest ``max_finished`` go. Works in transactions of :data:`PRUNE_CHUNK` rows.
+
+        Returns:
+            ``(expired, over_cap)``: jobs deleted for their age, and for the bound.
+        """
+        now = time.time() if now is None else now
+        cutoff = now - retention_s
+        expired = self._delete_chunks(
+            f"SELECT seq FROM jobs WHERE {_FINISHED_SQL} AND finished_at<? "
+            "ORDER BY finished_at LIMIT ?",
+            (cutoff,),
+            now,
+        )
+        over_cap = 0
+        while True:
+            with self._lock:
+                (finished,) = self._db.execute(
+                    f"SELECT COUNT(*) FROM jobs WHERE {_FINISHED_SQL}"
+                ).fetchone()
+            excess = finished - max_finished
+            if excess <= 0:
+                break
+            n = self._delete_chunks(
+                f"SELECT seq FROM jobs WHERE {_FINISHED_SQL} AND fetched_at IS NOT NULL "
+                "ORDER BY finished_at, seq LIMIT ?",
+                (),
+                now,
+                limit=excess,
+            )
+            over_cap += n
+            if n < excess:
+                break  # the rest are results nobody fetched yet: kept
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute(
+                    "DELETE FROM expired WHERE deleted_at<?",
+                    (now - max(retention_s, TOMBSTONE_MIN_S),),
+                )
+                (tombstones,) = self._db.execute("SELECT COUNT(*) FROM expired").fetchone()
+                if tombstones > max_finished:
+                    self._db.execute(
+                        "DELETE FROM expired WHERE rowid IN "
+                        "(SELECT rowid FROM expired ORDER BY deleted_at, rowid LIMIT ?)",
+                        (tombstones - max_finished,),
+                    )
+                if expired or over_cap:
+                    self._db.execute(
+                        "UPDATE meta SET value=CAST(value AS INTEGER)+? WHERE key='deleted_jobs'",
+                        (expired + over_cap,),
+                    )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return expired, over_cap
+
+    def _delete_chunks(
+        self, select: str, args: tuple[Any, ...], now: float, limit: int | None = None
+    ) -> int:
+        """Delete the rows ``select`` (a query of seqs ending ``LIMIT ?``) lists, at most
+        ``limit`` (None: all), :data:`PRUNE_CHUNK` per transaction, each leaving a tombstone;
+        their count."""
+        total = 0
+        while limit is None or total < limit:
+            chunk = PRUNE_CHUNK if limit is None else min(PRUNE_CHUNK, limit - total)
+            with self._lock:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    seqs = [r[0] for r in self._db.execute(select, (*args, chunk)).fetchall()]
+                    marks = ",".join("?" * len(seqs))
+                    if seqs:
+                        self._db.execute(
+                            "INSERT OR REPLACE INTO expired (client, job_id, deleted_at) "
+                            f"SELECT client, job_id, ? FROM jobs WHERE seq IN ({marks})",
+                            (now, *seqs),
+                        )
+                        self._db.execute(f"DELETE FROM jobs WHERE seq IN ({marks})", seqs)
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+            total += len(seqs)
+            if len(seqs) < chunk:
+                break
+        return total
+
+    def deleted_total(self) -> int:
+        """Jobs :meth:`prune` deleted over the file's life (since schema version 2)."""
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE key='deleted_jobs'").fetchone()
+        return int(row[0]) if row else 0
 
     def counts(self) -> dict[str, int]:
         """Jobs per state (every state named, 0 where none)."""
