@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -137,6 +139,21 @@ def test_broken_and_unanswered_records_are_ignored(local_server: Server) -> None
         # a live process (this one) and a port nobody listens on
         path.write_text(json.dumps({**record, "pid": os.getpid(), "port": free_port()}))
         assert find_local_service(timeout_s=5.0) is None
+        # something that is not an HTTP service listens there
+        with socket.create_server(("127.0.0.1", 0)) as listener:
+
+            def answer() -> None:
+                conn, _ = listener.accept()
+                with conn:
+                    conn.recv(1024)
+                    conn.sendall(b"not http at all\r\n\r\n")
+
+            thread = threading.Thread(target=answer, daemon=True)
+            thread.start()
+            port = listener.getsockname()[1]
+            path.write_text(json.dumps({**record, "pid": os.getpid(), "port": port}))
+            assert find_local_service(timeout_s=30.0) is None
+            thread.join(30)
         # not a loopback address
         path.write_text(json.dumps({**record, "host": "10.1.2.3"}))
         assert find_local_service() is None

@@ -17,6 +17,7 @@ Standard library only (``urllib`` for the health check): ``eval`` reads it witho
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import tempfile
@@ -210,8 +211,8 @@ def _health(url: str, timeout_s: float) -> dict[str, object] | None:
     try:
         with opener.open(request, timeout=timeout_s) as answer:
             body = json.loads(answer.read(65536).decode("utf-8"))
-    except (OSError, ValueError, urllib.error.URLError):
-        return None
+    except (OSError, ValueError, http.client.HTTPException, urllib.error.URLError):
+        return None  # refused, timed out, not HTTP, not JSON
     if not isinstance(body, dict) or body.get("status") != "ok":
         return None
     return body
