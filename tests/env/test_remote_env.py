@@ -31,6 +31,9 @@ CUDA = (
     "x = load_inline(name='a', cpp_sources='', cuda_sources='__global__ void k(){}')\n"
     "class ModelNew: pass\n"
 )
+SYNTAX_ERROR = (
+    Path(__file__).resolve().parent / "candidates" / "torch_syntax_error.txt"
+).read_text()
 CONFIG = EnvConfig(
     device="cpu",
     baselines=("eager",),
@@ -74,6 +77,11 @@ def test_a_scripted_episode_through_the_service(service: Server) -> None:
         assert built.observation.startswith("compile_kernel SUCCEEDED: the torch candidate passed")
         assert built.info.outcome == "built" and built.info.build is not None
 
+        broken = env.step(_call("compile_kernel", SYNTAX_ERROR))  # as the local judge says it
+        assert broken.observation.startswith("compile_kernel FAILED: compilation failed with 1 ")
+        assert "kernel_code:10" in broken.observation
+        assert broken.info.build is not None and not broken.info.build.ok
+
         wrong = env.step(_call("run_correctness", WRONG))
         assert wrong.observation.startswith("run_correctness FAILED: (0 / 2) trials matched")
         assert wrong.info.verdict is not None and wrong.info.verdict.status is Status.INCORRECT
@@ -97,9 +105,9 @@ def test_a_scripted_episode_through_the_service(service: Server) -> None:
         assert env.final_verdict is not None and env.final_verdict.status is Status.CORRECT
         judge = env.session.judge
         assert isinstance(judge, RemoteJudge)
-        # the device probe, compile, two checks, benchmark, submit: every one a service job
-        assert judge.jobs == 6
-    assert _done(service) == before + 6
+        # the device probe, two compiles, two checks, benchmark, submit: each a service job
+        assert judge.jobs == 7
+    assert _done(service) == before + 7
 
 
 def test_a_problem_the_service_cannot_load_is_an_error_not_a_verdict(service: Server) -> None:
