@@ -38,6 +38,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The tests' own state folder: a service a test starts records itself there (not in
+    the user's), and a `kerneljudge eval` a test runs finds no service it did not start."""
+    saved = os.environ.get("KERNELJUDGE_STATE_DIR")
+    os.environ["KERNELJUDGE_STATE_DIR"] = str(tmp_path_factory.mktemp("state"))
+    yield
+    if saved is None:
+        os.environ.pop("KERNELJUDGE_STATE_DIR", None)
+    else:
+        os.environ["KERNELJUDGE_STATE_DIR"] = saved
+
+
 @pytest.fixture(scope="session")
 def shared_cache() -> Path:
     """A build cache shared by every test that compiles for real."""

@@ -166,13 +166,19 @@ def episode_command(
     json_out: Annotated[
         bool, typer.Option("--json", envvar=_env("json"), help="Print summaries as JSON lines.")
     ] = False,
+    server: Annotated[
+        Optional[str],
+        _opt("server", "Judge through the service at this URL (kerneljudge serve)."),
+    ] = None,
+    token: Annotated[Optional[str], _opt("token", "The judge service's API token.")] = None,
 ) -> None:
     """Run agent episodes on --problem with --model at --base-url, --resume a run, or --replay
     a transcript.
 
     Exit status: 0 when every episode ran; 1 when a harness error ended one (said on stderr);
     2 on bad input (an unknown problem, bad options) or an unreachable server (the episodes not
-    run stay planned: --resume the folder later).
+    run stay planned: --resume the folder later). With --server every episode is judged by
+    that service (problems named as it knows them); no judge runs here.
     """
     from kerneljudge.env import EnvConfig
 
@@ -200,6 +206,8 @@ def episode_command(
         return
     progress = None if json_out else (lambda line: _err.print(line, highlight=False, markup=False))
     try:
+        if replay_file is not None and server:
+            raise ValueError("--server is not available with --replay")
         if replay_file is not None:
             summaries = [_replay(replay_file, problem, config, out, progress)]
             title = f"replay of {replay_file}"
@@ -216,6 +224,7 @@ def episode_command(
                 backoff,
                 request_timeout,
                 progress,
+                (server, token),
             )
         else:
             summaries = _run(
@@ -235,6 +244,7 @@ def episode_command(
                 reasoning_in_history,
                 progress,
                 judges,
+                (server, token),
             )
             title = f"{model} at {base_url}"
     except (KernelJudgeError, ImportError, ValueError, FileNotFoundError, RuntimeError) as exc:
@@ -286,6 +296,7 @@ def _run(
     reasoning_in_history: bool,
     progress: Any,
     judges: int,
+    remote: tuple[str | None, str | None],
 ) -> list[Any]:
     from kerneljudge.agent.config import RunnerConfig
     from kerneljudge.agent.runs import run_episodes
@@ -313,6 +324,8 @@ def _run(
         out_dir=out,
         progress=progress,
         judges=judges,
+        server=remote[0],
+        token=remote[1],
     )
 
 
@@ -337,6 +350,7 @@ def _resume(
     backoff: float,
     request_timeout: float,
     progress: Any,
+    remote: tuple[str | None, str | None],
 ) -> tuple[list[Any], str]:
     """Resume with the run's recorded runner settings; --model and --base-url given win, and
     so do the retry options set to a non-default value."""
@@ -356,6 +370,12 @@ def _resume(
     settings.update({k: v for k, v in given.items() if v != getattr(defaults, k)})
     runner = RunnerConfig(**{**settings, "api_key": api_key})
     summaries = resume_episodes(
-        out, runner, concurrency=concurrency, progress=progress, judges=judges
+        out,
+        runner,
+        concurrency=concurrency,
+        progress=progress,
+        judges=judges,
+        server=remote[0],
+        token=remote[1],
     )
     return summaries, f"{runner.model} at {runner.base_url} (resumed {out})"

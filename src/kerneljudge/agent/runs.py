@@ -17,6 +17,11 @@ are alive at a time (default: ``min(concurrency, 2)``); a step waits for one. A 
 one step at a time (it is not thread-safe), and every judge holds the same device lock around
 anything that runs a candidate, so timings never overlap.
 
+Remote judging: with ``server`` (a ``kerneljudge serve`` address) every episode judges through
+that service (:class:`~kerneljudge.env.remote.RemoteJudge`, one per episode) and no judge runs
+here; the service queues the episodes' jobs and times one candidate per device at a time. The
+plan records the address (not the token), and a resumed run uses it unless told another.
+
 Temporary files: while a run lasts, the process's temporary folder (:data:`tempfile.tempdir`)
 is the run's own folder (``kj-run-*`` under the system's), recorded in ``state.jsonl``; the
 workers' scratch folders go there. The run removes it at its end; a resumed run removes those of
@@ -43,6 +48,7 @@ from kerneljudge.agent.runner import ChatClient, Progress, run_episode
 from kerneljudge.agent.transcript import EpisodeSummary
 from kerneljudge.env import EnvConfig
 from kerneljudge.env._context import JudgeSession
+from kerneljudge.env.remote import RemoteJudge
 from kerneljudge.env.rewards import RewardFn
 from kerneljudge.judge import Judge
 from kerneljudge.problem import Problem, resolve_problem
@@ -142,12 +148,17 @@ def run_episodes(
     reward: RewardFn | None = None,
     progress: Progress | None = None,
     judges: int = 0,
+    server: str | None = None,
+    token: str | None = None,
 ) -> list[EpisodeSummary]:
     """Run ``episodes`` episodes of every problem, ``concurrency`` at a time, recorded in
     ``out_dir`` (see the module docstring).
 
     Args:
         judges: the most judges alive at once (0: ``min(concurrency, 2)``).
+        server: judge through the judge service at this address (None: judges here); each
+            problem is named to it as given.
+        token: the service's API token.
 
     Returns:
         The summaries, in plan order (an episode that failed has ``stop_reason`` ``error``,
@@ -179,6 +190,8 @@ def run_episodes(
         "env_config": config.to_dict(),
         "runner": runner.public_dict(),
     }
+    if server:
+        plan["server"] = server
     log = RunLog(out_dir)
     log.lock()
     try:
@@ -191,7 +204,8 @@ def run_episodes(
                 )
         log.repair()
         log.write_plan(plan)
-        return _execute(log, runner, config, concurrency, client, reward, progress, judges)
+        remote = (server, token) if server else None
+        return _execute(log, runner, config, concurrency, client, reward, progress, judges, remote)
     finally:
         log.unlock()
 
@@ -205,8 +219,11 @@ def resume_episodes(
     reward: RewardFn | None = None,
     progress: Progress | None = None,
     judges: int = 0,
+    server: str | None = None,
+    token: str | None = None,
 ) -> list[EpisodeSummary]:
-    """Continue the run recorded in ``out_dir`` with its own environment configuration.
+    """Continue the run recorded in ``out_dir`` with its own environment configuration (and
+    its judge service, unless ``server`` names another; ``token`` is the service's).
 
     Removes what the runs it continues left behind (temporary folders, processes working in
     them); recovers an episode whose summary reached its transcript only; marks the transcript
@@ -233,7 +250,9 @@ def resume_episodes(
             if record.get("tmp"):
                 cleanup_tmp(record["tmp"])
         _reconcile(log, progress)
-        return _execute(log, runner, config, concurrency, client, reward, progress, judges)
+        server = server or plan.get("server")
+        remote = (str(server), token) if server else None
+        return _execute(log, runner, config, concurrency, client, reward, progress, judges, remote)
     finally:
         log.unlock()
 
@@ -278,7 +297,9 @@ def _execute(
     reward: RewardFn | None,
     progress: Progress | None,
     judges: int,
+    remote: tuple[str, str | None] | None = None,
 ) -> list[EpisodeSummary]:
+    """Run the plan's episodes not ended; ``remote``: ``(server, token)`` of a judge service."""
     from kerneljudge.agent.client import ServerUnreachable
 
     if client is None:
@@ -306,14 +327,18 @@ def _execute(
                 fields = {**fields, "transcript": log.relative(fields["transcript"])}
             log.event(slot, event, **fields)
 
+        remote_judge = None
         try:
+            if remote is not None:  # this episode's own client of the service
+                remote_judge = RemoteJudge(problem, remote[0], remote[1])
             summary = run_episode(
                 problem,
                 runner,
                 config,
                 out_dir=log.out,
                 client=client,
-                lease=lambda: pool.judge(problem),
+                judge=remote_judge,  # type: ignore[arg-type]  # a Judge's stand-in
+                lease=None if remote_judge is not None else lambda: pool.judge(problem),
                 device_lock=device_lock,
                 reward=reward,
                 progress=progress,
@@ -324,6 +349,9 @@ def _execute(
                 stop.set()
                 unreachable.append(exc)
             summary = getattr(exc, "summary", None) or _failure(problem, n, runner, exc)
+        finally:
+            if remote_judge is not None:
+                remote_judge.close()
         log.add_summary(slot, summary.to_dict(), _state_of(summary))
 
     saved = tempfile.tempdir

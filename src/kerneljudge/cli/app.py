@@ -173,8 +173,18 @@ def eval_command(
     token: Annotated[
         Optional[str], typer.Option(envvar=_env("token"), help="The service's API token.")
     ] = None,
+    local: Annotated[
+        bool,
+        typer.Option(
+            "--local",
+            envvar=_env("local"),
+            help="Judge in this process, even when a local service (kerneljudge serve) runs.",
+        ),
+    ] = False,
 ) -> None:
-    """Judge CANDIDATE against --problem: build, correctness trials, timing, verdict."""
+    """Judge CANDIDATE against --problem: build, correctness trials, timing, verdict. Without
+    --server, a loopback `kerneljudge serve` found running judges it (one line says so);
+    --local judges in this process."""
     import dataclasses
 
     from kerneljudge.candidate import Candidate
@@ -201,14 +211,26 @@ def eval_command(
             max_time_s=max_time,
         )
         cand = Candidate.from_file(candidate, backend=backend)
+        if server and local:
+            raise KernelJudgeError("--local and --server exclude each other")
+        unsupported: dict[str, object] = {"--atol": atol, "--rtol": rtol, "--seed": seed}
+        unsupported["--backend"] = backend
+        unsupported |= {"--memory-budget": memory_budget or None, "--cache-dir": cache_dir}
+        verdict = None
         if server:  # the same verdict, judged by a service (kerneljudge serve)
             from kerneljudge.service.cli import remote_eval
 
-            unsupported: dict[str, object] = {"--atol": atol, "--rtol": rtol, "--seed": seed}
-            unsupported["--backend"] = backend
-            unsupported |= {"--memory-budget": memory_budget or None, "--cache-dir": cache_dir}
             verdict = remote_eval(server, token, problem, cand, config, shape_sets, unsupported)
-        else:
+        elif not local:  # a warm local service, when one runs and can judge this
+            from kerneljudge.service.cli import local_service_eval
+
+            def note(line: str) -> None:
+                err_console.print(f"kerneljudge: {line}", highlight=False, markup=False)
+
+            verdict = local_service_eval(
+                problem, cand, config, shape_sets, unsupported, token, note
+            )
+        if verdict is None:
             sets = Problem.load(problem).shape_sets
             if shape_sets == "all" and sets:
                 config = dataclasses.replace(config, shape_sets=tuple(sets))

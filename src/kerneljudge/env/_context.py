@@ -6,7 +6,7 @@ import dataclasses
 import re
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, Union
 
 import torch
 
@@ -19,6 +19,9 @@ from kerneljudge.judge import Judge, JudgeConfig
 from kerneljudge.problem import Problem
 from kerneljudge.verdict import BuildResult, DeviceInfo, Verdict
 from kerneljudge.worker import CandidateFault, WorkerDied, WorkerTimeout
+
+if TYPE_CHECKING:
+    from kerneljudge.env.remote import RemoteSession
 
 __all__ = ["JudgeSession", "ToolContext", "resolve_env_device"]
 
@@ -202,11 +205,16 @@ class ToolContext:
     """Handed to the tool factories: the judge session and the environment's reward function.
 
     Args:
-        session: the judge session.
+        session: the judge session: local (:class:`JudgeSession`) or through the judge
+            service (:class:`~kerneljudge.env.remote.RemoteSession`, the same methods).
         reward: ``reward(verdict) -> float``, the environment's reward of a submitted verdict.
     """
 
-    def __init__(self, session: JudgeSession, reward: Callable[[Verdict | None], float]) -> None:
+    def __init__(
+        self,
+        session: Union[JudgeSession, RemoteSession],
+        reward: Callable[[Verdict | None], float],
+    ) -> None:
         self.session = session
         self._reward = reward
 

@@ -32,6 +32,7 @@ from kerneljudge.env._tool import Tool, ToolError
 from kerneljudge.env.budget import Budget
 from kerneljudge.env.config import EnvConfig
 from kerneljudge.env.observations import Observation
+from kerneljudge.env.remote import RemoteJudge, RemoteSession
 from kerneljudge.env.rewards import RewardFn, default_reward
 from kerneljudge.env.state import EpisodeState
 from kerneljudge.env.tools import default_tools
@@ -180,7 +181,11 @@ class KernelEnv:
         config: the environment's configuration (default :class:`EnvConfig`).
         judge: a judge to run candidates on (kept open on :meth:`close`); None: the
             environment starts and ends its own. A judge is not thread-safe: give each
-            concurrent environment its own.
+            concurrent environment its own. A :class:`~kerneljudge.env.remote.RemoteJudge`
+            judges through a judge service.
+        server, token, server_problem: judge through the service at ``server``
+            (``http://host:port``) with this API token, naming the problem ``server_problem``
+            (None: as given): the environment's own RemoteJudge (not with ``judge``).
         reward: the reward function (default :data:`~kerneljudge.env.rewards.default_reward`).
         device_lock: a lock shared with other environments on the same device, held while a
             candidate runs (builds run outside it).
@@ -188,7 +193,8 @@ class KernelEnv:
 
     Raises:
         ProblemError: the problem cannot be loaded.
-        ValueError: an invalid configuration.
+        ValueError: an invalid configuration; ``server`` and ``judge`` both given.
+        KernelJudgeError: ``server`` without the service's client installed.
     """
 
     def __init__(
@@ -196,19 +202,31 @@ class KernelEnv:
         problem: Problem | str | Path,
         config: EnvConfig | None = None,
         *,
-        judge: Judge | None = None,
+        judge: Judge | RemoteJudge | None = None,
         reward: RewardFn | None = None,
         device_lock: Any = None,
         episode_id: str | None = None,
+        server: str | None = None,
+        token: str | None = None,
+        server_problem: str | None = None,
     ) -> None:
         self.config = config or EnvConfig()
         self._problem_spec = problem.name if isinstance(problem, Problem) else str(problem)
-        loaded = (
-            judge.problem
-            if judge is not None
-            else (problem if isinstance(problem, Problem) else Problem.load(problem))
-        )
-        self.session = JudgeSession(loaded, self.config, judge, device_lock)
+        if server is not None and judge is not None:
+            raise ValueError("give a judge or a server, not both")
+        self.session: JudgeSession | RemoteSession
+        if server is not None:  # its own remote judge, closed with the environment
+            remote = RemoteJudge(problem, server, token, server_problem=server_problem)
+            self.session = RemoteSession(self.config, remote, owns_judge=True)
+        elif isinstance(judge, RemoteJudge):
+            self.session = RemoteSession(self.config, judge)
+        else:
+            loaded = (
+                judge.problem
+                if judge is not None
+                else (problem if isinstance(problem, Problem) else Problem.load(problem))
+            )
+            self.session = JudgeSession(loaded, self.config, judge, device_lock)
         self.reward_fn: RewardFn = reward or default_reward
         self._ctx = ToolContext(self.session, self._reward)
         self.tools: list[Tool[Observation]] = default_tools(self._ctx)
@@ -221,14 +239,16 @@ class KernelEnv:
         cls,
         state: EpisodeState | dict[str, Any] | str,
         *,
-        judge: Judge | None = None,
+        judge: Judge | RemoteJudge | None = None,
         reward: RewardFn | None = None,
         device_lock: Any = None,
+        **remote: Any,
     ) -> KernelEnv:
         """Continue an episode from its serialized state (e.g. in another process).
 
         Args:
             state: an :class:`EpisodeState`, its dict or its JSON text.
+            remote: ``server``, ``token``, ``server_problem``, as :class:`KernelEnv` takes them.
 
         Raises:
             ProblemError: the state's problem cannot be loaded here.
@@ -245,6 +265,7 @@ class KernelEnv:
             reward=reward,
             device_lock=device_lock,
             episode_id=state.episode_id,
+            **remote,
         )
         env.state = state
         return env

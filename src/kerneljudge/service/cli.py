@@ -1,6 +1,7 @@
 """``kerneljudge serve``: the judge service on this machine (FastAPI + uvicorn).
 
-Also :func:`remote_eval`, the ``kerneljudge eval --server`` path.
+Also :func:`remote_eval`, the ``kerneljudge eval --server`` path, and
+:func:`local_service_eval`, ``eval``'s use of a local service found by its discovery file.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import logging
 import os
 import signal
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -21,7 +23,7 @@ if TYPE_CHECKING:
     from kerneljudge.judge import JudgeConfig
     from kerneljudge.verdict import Verdict
 
-__all__ = ["is_loopback", "serve_command", "remote_eval", "MISSING_SERVE"]
+__all__ = ["is_loopback", "local_service_eval", "serve_command", "remote_eval", "MISSING_SERVE"]
 
 MISSING_SERVE = "the judge service needs FastAPI, uvicorn and httpx: install kerneljudge[serve]"
 
@@ -166,12 +168,17 @@ def serve_command(
         service.close()
         _fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
         return
-    print(
-        f"kerneljudge serve: http://{host}:{sock.getsockname()[1]} (pid {os.getpid()})", flush=True
-    )
+    from kerneljudge.service.discovery import remove_record, write_record
+
+    bound = int(sock.getsockname()[1])
+    print(f"kerneljudge serve: http://{host}:{bound} (pid {os.getpid()})", flush=True)
+    # Where `kerneljudge eval` finds this service (removed at a clean exit; a record left by a
+    # crash names a dead process and is ignored).
+    record = write_record(host, bound, bool(token), problems_dir)
     try:
         server.run(sockets=[sock])
     finally:
+        remove_record(record)
         signal.signal(signal.SIGTERM, previous)
         service.close()
         store.close()
@@ -186,11 +193,13 @@ def remote_eval(
     shape_sets: str,
     unsupported: dict[str, object],
     wait_s: float = 3600.0,
+    local_problem: str | None = None,
 ) -> Verdict:
     """``kerneljudge eval --server``: judge ``cand`` on ``problem`` through the service at
     ``server`` with the options of ``config`` (those a job carries: JudgeOptions), and wait up
     to ``wait_s`` seconds for the verdict. ``shape_sets`` ``all`` needs the problem here too
-    (to list its sets); ``unsupported`` maps an eval option a job cannot carry to its value.
+    (to list its sets), read from ``local_problem`` when given (the problem as this machine
+    names it); ``unsupported`` maps an eval option a job cannot carry to its value.
 
     Raises:
         KernelJudgeError: an option a job cannot carry is set; the service refused the job,
@@ -207,7 +216,7 @@ def remote_eval(
     if shape_sets == "all":
         from kerneljudge.problem import Problem
 
-        sets = tuple(Problem.load(problem).shape_sets) or sets
+        sets = tuple(Problem.load(local_problem or problem).shape_sets) or sets
     options = JudgeOptions(
         device=config.device,
         trials=config.trials,
@@ -232,3 +241,58 @@ def remote_eval(
         raise KernelJudgeError(str(exc)) from None
     except TimeoutError as exc:
         raise KernelJudgeError(str(exc)) from None
+
+
+def local_service_eval(
+    problem: str,
+    cand: Candidate,
+    config: JudgeConfig,
+    shape_sets: str,
+    unsupported: dict[str, object],
+    token: str | None,
+    note: Callable[[str], None],
+) -> Verdict | None:
+    """``kerneljudge eval`` without ``--server``: the verdict of the loopback service that the
+    discovery file names (:mod:`kerneljudge.service.discovery`), or None when there is none
+    that can judge this request: no live service answering its health check quickly, an
+    option a job cannot carry (``unsupported``, as :func:`remote_eval`), a service that wants
+    a token and none given, a problem it cannot load (neither bundled nor under its
+    ``--problems-dir``), or any failure to get the verdict from it. ``note`` is called with one
+    line when a found service is used or passed over, and when it fails. Never raises."""
+    from kerneljudge.errors import KernelJudgeError
+    from kerneljudge.service.discovery import find_local_service, service_problem
+
+    found = find_local_service()
+    if found is None:
+        return None
+    where = f"the local service at {found.url}"
+    carried = [flag for flag, value in unsupported.items() if value is not None]
+    if carried:
+        note(f"judging in this process: {carried[0]} is not carried to {where}")
+        return None
+    if found.token_required and not token:
+        note(f"judging in this process: {where} needs a token (KERNELJUDGE_TOKEN or --token)")
+        return None
+    named = service_problem(problem, found.problems_dir)
+    if named is None:
+        note(f"judging in this process: {where} cannot load {problem} (not under its folder)")
+        return None
+    ahead = f", {found.queue_depth} jobs queued there" if found.queue_depth else ""
+    note(f"judging through {where} (pid {found.pid}{ahead}); --local judges in this process")
+    try:
+        return remote_eval(
+            found.url,
+            token if found.token_required else None,
+            named,
+            cand,
+            config,
+            shape_sets,
+            {},
+            local_problem=problem,
+        )
+    except KernelJudgeError as exc:
+        reason = " ".join(str(exc).split())
+    except Exception as exc:  # noqa: BLE001 - any failure of the service path: judge here
+        reason = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+    note(f"{where} failed ({reason[:300]}): judging in this process")
+    return None
