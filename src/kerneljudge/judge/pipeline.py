@@ -286,10 +286,9 @@ class Judge:
     def _reference_stage(
         self, worker: WorkerProcess, device: str, run_seed: int, clock: Stopwatch
     ) -> tuple[Prepared, dict[str, SetLimits]]:
-        """The reference's trials (waited for), checked against the memory budget; the
-        worker's reply limit follows from it, and the limits of each shape set's requests
-        from the reference's measured runs (:meth:`ReferenceSide.limits`). Before any of the
-        candidate's code runs, so a reference failure so far is not its.
+        """The reference's trials (waited for), checked against the memory budget (the worker's
+        reply limit follows), and each shape set's request limits (:meth:`ReferenceSide.limits`).
+        Before any of the candidate's code runs, so a reference failure so far is not its.
 
         Raises:
             ProblemError: the reference fails on its own, or the trials do not fit the budget.
@@ -431,8 +430,7 @@ class Judge:
         worker = self._pool(device).take()
         try:
             inputs = ref.problem.make_inputs(derive_seed(run_seed, shape_set, "profile"))
-            # Nothing is measured here: the reference's limit of the bytes moved.
-            moved = tensor_bytes([inputs, ref.init_inputs, ref.state_dict])
+            moved = tensor_bytes([inputs, ref.init_inputs, ref.state_dict])  # nothing measured
             timeout = RunLimits(self.config.run_timeout_s).reference_s(moved)
             if self._load(worker, cand, result, device, timeout) is not None:
                 return []

@@ -365,15 +365,17 @@ def _audit_timed_calls(
     rtol: float,
     roll: bool,
     kept: dict[int, KeptCall],
-    limits_s: tuple[float, float],
+    limits_s: tuple[float, float] | None = None,
 ) -> tuple[Status, str]:
     """Check the kept outputs of the candidate's timed calls, one call at a time (fetched,
     checked, dropped): each must be what the worker committed to at the call's end mark (its
     digests) and match the reference run on the same perturbed inputs
     (:func:`kerneljudge.worker.measure.perturb`), which the reference worker builds from the
     trial inputs it holds under ``keys`` (the shape set's trials, in order) and compares
-    there. ``limits_s``: the limits of the candidate's and of the reference's requests."""
-    run_s, ref_s = limits_s
+    there. ``limits_s``: the limits of the candidate's and of the reference's requests (None:
+    ``run_timeout_s`` for both, :data:`~kerneljudge.check.limits.REFERENCE_FLOOR_S` when that
+    is None)."""
+    run_s, ref_s = limits_s or (cfg.run_timeout_s or REFERENCE_FLOOR_S,) * 2
     if not kept:
         return Status.REJECTED, "no timed call of the candidate was kept for the audit"
     for slot, call in sorted(kept.items()):
