@@ -95,10 +95,12 @@ def test_the_limit_grows_with_the_reference_and_the_bytes_moved() -> None:
     assert got.run_s == pytest.approx(FACTOR * 0.4 + TRANSFER_S_PER_GIB)
 
 
-def test_the_cap_holds_for_a_slow_reference_or_huge_inputs() -> None:
+def test_the_cap_holds_for_a_slow_reference() -> None:
     rule = RunLimits()
     assert rule.run_s(60.0, 0) == CAP_S
-    assert rule.run_s(0.0, 1000 * GIB) == CAP_S
+    assert rule.run_s(1e6, 0) == CAP_S
+    # The transfer of a big problem's tensors comes on top of the capped calls.
+    assert rule.run_s(60.0, 2 * GIB) == pytest.approx(CAP_S + 2 * TRANSFER_S_PER_GIB)
 
 
 def test_an_explicit_limit_wins_over_the_derived_one() -> None:

@@ -6,11 +6,12 @@ runs) runs each shape set's trials and measures each run on the supervisor's clo
 (:attr:`~kerneljudge.check.reference.HeldTrial.wall_s`: sending the inputs, the call, the
 float64 oracle, the reply); a candidate's request on that shape set may then take
 
-    ``max(floor_s, min(cap_s, factor x reference call + transfer_s_per_gib x GiB moved))``
+    ``max(floor_s, min(cap_s, factor x reference call) + transfer_s_per_gib x GiB moved)``
 
-(:meth:`RunLimits.run_s`), so a problem whose reference takes seconds a call, or whose inputs
-are gigabytes, is never a ``timeout`` for an honest candidate, while a hang in a small
-problem's candidate ends after ``floor_s``. An explicit ``run_timeout_s`` replaces the derived
+(:meth:`RunLimits.run_s`; the cap bounds the scaled call, the bytes bound the transfer), so
+a problem whose reference takes seconds a call, or whose inputs are gigabytes, is never a
+``timeout`` for an honest candidate, while a hang in a small problem's candidate ends after
+``floor_s``. An explicit ``run_timeout_s`` replaces the derived
 limit of every candidate request. The reference's own requests (trusted code) may take at least
 :meth:`RunLimits.reference_s`, a limit from the bytes it moves alone, since nothing of it is
 measured before its first run.
@@ -47,8 +48,10 @@ FLOOR_S = 20.0
 #: first kernel may be 50x slower than the reference (a naive loop where the reference calls
 #: a library), and a loaded host can double that.
 FACTOR = 100.0
-#: Largest derived limit of a candidate's request (seconds); the limit of the reference's
-#: ``torch.compile`` (:data:`kerneljudge.check.reference.COMPILE_TIMEOUT_S`) is the same.
+#: Most seconds a candidate's request gets for its calls (the scaled reference call; the
+#: transfer of its tensors comes on top): a hang of a slow problem's candidate still ends. The
+#: limit of the reference's ``torch.compile``
+#: (:data:`kerneljudge.check.reference.COMPILE_TIMEOUT_S`) is the same.
 CAP_S = 600.0
 #: Seconds per GiB a candidate's request adds for the tensors it moves (its inputs fetched
 #: from the reference worker and sent to it, its outputs sent back and on to the reference
@@ -134,11 +137,11 @@ class RunLimits:
         """Limit of a candidate's request on a shape set whose reference call took
         ``reference_call_s`` seconds and whose trial moves ``moved_bytes`` bytes (inputs and
         outputs): the explicit limit if there is one, else
-        ``max(floor_s, min(cap_s, factor x reference_call_s + transfer_s_per_gib x GiB))``."""
+        ``max(floor_s, min(cap_s, factor x reference_call_s) + transfer_s_per_gib x GiB)``."""
         if self.explicit_s is not None:
             return self.explicit_s
-        wanted = self.factor * reference_call_s + self.transfer_s_per_gib * moved_bytes / _GIB
-        return max(self.floor_s, min(self.cap_s, wanted))
+        calls = min(self.cap_s, self.factor * reference_call_s)
+        return max(self.floor_s, calls + self.transfer_s_per_gib * moved_bytes / _GIB)
 
     def load_s(self, sets: Iterable[SetLimits]) -> float:
         """Limit of the candidate's import: the explicit limit, else the largest run limit of

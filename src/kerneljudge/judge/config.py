@@ -149,9 +149,9 @@ class JudgeConfig:
         run_timeout_s: limit of one request to a candidate worker: import, one trial (seconds;
             the reference's requests may take at least this long). None: derived per shape set
             from the reference's measured call and the bytes a request moves, at least 20 s
-            and at most 600 s (:class:`kerneljudge.check.limits.RunLimits`); the verdict
-            records the limits used (``Verdict.limits``). A timing batch's limit scales with
-            the calls it asks for, from this floor up to 5x it
+            and at most 600 s plus 30 s per GiB moved (:class:`kerneljudge.check.limits.
+            RunLimits`); the verdict records the limits used (``Verdict.limits``). A timing
+            batch's limit scales with the calls it asks for, from this floor up to 5x it
             (:class:`kerneljudge.timing.BatchLimit`).
         cache_dir: the build cache (None: :func:`kerneljudge.build.default_cache_dir`).
         seed: the run seed (None: a fresh secret one per evaluation).

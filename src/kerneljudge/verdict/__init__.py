@@ -335,7 +335,7 @@ class RequestLimits:
         reference_call_s: shape set -> the reference's measured call: the least wall time of
             its trial runs on the supervisor's clock.
         floor_s, cap_s, factor: the derivation's floor, cap and factor
-            (``max(floor, min(cap, factor x call + seconds per GiB moved))``).
+            (``max(floor, min(cap, factor x call) + seconds per GiB moved)``).
     """
 
     source: str
