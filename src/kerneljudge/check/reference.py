@@ -9,12 +9,14 @@ holds at most one trial's inputs or outputs at a time."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from kerneljudge.check.limits import tensor_bytes
 from kerneljudge.errors import ProblemError, WorkerError
 from kerneljudge.problem import Problem
 from kerneljudge.verdict import Mismatch, TrialResult
@@ -57,11 +59,15 @@ class HeldTrial:
         seed: the seed its inputs were drawn from (:meth:`Problem.make_inputs`).
         reply: the reference's reply to its run: ``aliases_input``, ``modified_inputs`` and
             ``input_layout``/``output_layout`` (``[shape, dtype name]`` of each tensor).
+        wall_s: seconds its ``run`` request took on the supervisor's clock (sending the
+            inputs, the call, the float64 oracle when asked, the reply; not the worker's start
+            nor the loading of the problem and its weights); 0 when not measured.
     """
 
     key: str
     seed: int
     reply: dict[str, Any]
+    wall_s: float = 0.0
 
     def input_stand_ins(self) -> list[torch.Tensor]:
         """Tensors on the ``meta`` device shaped as the trial's input tensors (no data)."""
@@ -163,18 +169,32 @@ class ReferenceSession:
                 "setup", timeout_s, init_inputs=self.init_inputs, state_dict=self.state_dict
             )
 
-    def run_trial(self, key: Any, seed: int, timeout_s: float, oracle: bool = True) -> HeldTrial:
+    def run_trial(
+        self, key: Any, seed: int, timeout_s: float, oracle: bool = True, per_gib_s: float = 0.0
+    ) -> HeldTrial:
         """Run the reference on the inputs drawn from ``seed`` and hold the trial in the
-        worker under ``key`` (inputs, outputs and, with ``oracle``, the float64 oracle).
+        worker under ``key`` (inputs, outputs and, with ``oracle``, the float64 oracle); the
+        run is timed on the supervisor's clock (:attr:`HeldTrial.wall_s`).
+
+        The limit of its requests is ``timeout_s`` plus ``per_gib_s`` seconds per GiB of the
+        inputs (and of the weights, when this worker has not had them yet), so that a problem
+        of gigabytes is not cut short by the time its tensors take to send.
 
         Raises:
             ReferenceFailed: as :meth:`request`.
         """
+        box = [self.problem.make_inputs(seed)]
+        nbytes = tensor_bytes(box) + (0 if self._ready else tensor_bytes(self.state_dict))
+        limit = timeout_s + per_gib_s * nbytes / float(1 << 30)
+        self._set_up(limit)  # outside the timed run: loading the problem is not its call
         fields = {"expect": str(key), "hold_inputs": True, "oracle": oracle}
-        reply = self.request("run", timeout_s, inputs=self.problem.make_inputs(seed), **fields)
+        started = time.monotonic()
+        # The inputs go out in the request alone: nothing here holds them while it runs.
+        reply = self.request("run", limit, inputs=box.pop(), **fields)
+        wall_s = time.monotonic() - started
         self._held[str(key)] = (seed, fields)
         kept = ("aliases_input", "modified_inputs", "input_layout", "output_layout")
-        return HeldTrial(str(key), seed, {k: reply[k] for k in kept if k in reply})
+        return HeldTrial(str(key), seed, {k: reply[k] for k in kept if k in reply}, wall_s)
 
     def held_inputs(self, key: str, timeout_s: float, forget: bool = False) -> list[Any]:
         """The inputs of the trial held under ``key`` (on the CPU, as the reference got them);

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kerneljudge.candidate.policy import forbidden_ops_used, ops_reason, requires_custom_kernel
+from kerneljudge.check.limits import SetLimits
 from kerneljudge.check.reference import HeldTrial, ReferenceSession
 from kerneljudge.verdict import CheckResult, TrialResult
 from kerneljudge.worker import WorkerProcess
@@ -52,7 +53,7 @@ def run_trials(
     prepared: Mapping[str, Sequence[HeldTrial]],
     session: Callable[[str], ReferenceSession],
     *,
-    timeout_s: float,
+    limits: Mapping[str, SetLimits],
     atol: float,
     rtol: float,
     mode: str,
@@ -74,7 +75,8 @@ def run_trials(
         worker: the candidate's worker, its candidate loaded.
         prepared: shape set -> its held trials (:meth:`ReferenceSide.prepare`).
         session: the reference session of a shape set.
-        timeout_s: limit of each request (seconds).
+        limits: shape set -> the limits of its requests: ``run_s`` for the candidate's,
+            ``reference_s`` for the reference's (:class:`kerneljudge.check.limits.SetLimits`).
         policy: the problem's custom-kernel policy (:mod:`kerneljudge.candidate.policy`).
         kept_set: the shape set whose inputs stay in the reference worker for the timing
             audit (None: none).
@@ -95,13 +97,14 @@ def run_trials(
     sessions: dict[str, ReferenceSession] = {}
     for shape_set, held_trials in prepared.items():
         ref = sessions[shape_set] = session(shape_set)
-        worker.request("setup", timeout_s, init_inputs=ref.init_inputs, state_dict=ref.state_dict)
+        run_s, ref_s = limits[shape_set].run_s, limits[shape_set].reference_s
+        worker.request("setup", run_s, init_inputs=ref.init_inputs, state_dict=ref.state_dict)
         for held in held_trials:
             say(f"trial {len(done) + 1}/{total}")
             got = worker.request(
                 "run",
-                timeout_s,
-                inputs=ref.held_inputs(held.key, timeout_s, forget=shape_set != kept_set),
+                run_s,
+                inputs=ref.held_inputs(held.key, ref_s, forget=shape_set != kept_set),
                 record_ops=record_ops,
             )
             run = RunReply.decode(got, worker.role)
@@ -116,7 +119,7 @@ def run_trials(
             trial = ref.compare(
                 held.key,
                 got.pop("outputs"),
-                timeout_s,
+                ref_s,
                 atol=atol,
                 rtol=rtol,
                 mode=mode,

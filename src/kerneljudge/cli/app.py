@@ -150,7 +150,13 @@ def eval_command(
     build_timeout: Annotated[
         float, typer.Option(envvar=_env("build_timeout"))
     ] = DEFAULT_BUILD_TIMEOUT_S,
-    run_timeout: Annotated[float, typer.Option(envvar=_env("run_timeout"))] = DEFAULT_RUN_TIMEOUT_S,
+    run_timeout: Annotated[
+        Optional[float],
+        typer.Option(
+            envvar=_env("run_timeout"),
+            help="Seconds per candidate request (default: from the reference's call time).",
+        ),
+    ] = DEFAULT_RUN_TIMEOUT_S,
     seed: Annotated[
         Optional[int], typer.Option(envvar=_env("seed"), help="Fix the run seed (default: secret).")
     ] = None,

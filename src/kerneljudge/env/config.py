@@ -61,7 +61,8 @@ class EnvConfig:
         profile: ``run_benchmark`` also profiles the candidate (torch.profiler).
         profile_calls: forward calls profiled.
         build_timeout_s: limit of one build (seconds).
-        run_timeout_s: limit of one request to a candidate worker (seconds).
+        run_timeout_s: limit of one request to a candidate worker (seconds; None: derived per
+            problem, see :class:`kerneljudge.judge.JudgeConfig`).
         cache_dir: the build cache (None: the judge's default).
         threads: torch threads in the workers (0: torch's default).
         prompt_dir: a folder of template files that replace the bundled ones by name
@@ -85,7 +86,7 @@ class EnvConfig:
     profile: bool = True
     profile_calls: int = 5
     build_timeout_s: float = DEFAULT_BUILD_TIMEOUT_S
-    run_timeout_s: float = DEFAULT_RUN_TIMEOUT_S
+    run_timeout_s: float | None = DEFAULT_RUN_TIMEOUT_S
     cache_dir: str | None = None
     threads: int = 0
     prompt_dir: str | None = None

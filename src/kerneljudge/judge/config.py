@@ -43,8 +43,10 @@ DEFAULT_TOLERANCE = "oracle"
 BASELINES = ("eager", "compile")
 DEFAULT_BASELINES: tuple[str, ...] = BASELINES
 DEFAULT_SHAPE_SETS: tuple[str, ...] = ("public",)
-#: Limit of one request to a candidate worker: import, one trial (seconds).
-DEFAULT_RUN_TIMEOUT_S = 120.0
+#: Limit of one request to a candidate worker: import, one trial (seconds). None: derived per
+#: verdict from the reference's measured call and the bytes a request moves, between a floor
+#: and a cap (:class:`kerneljudge.check.limits.RunLimits`).
+DEFAULT_RUN_TIMEOUT_S: float | None = None
 
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
 
@@ -65,6 +67,11 @@ def _at_least(low: int) -> Callable[[str, Any], None]:
 def _positive(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise ConfigError(name, f"{name} must be a positive number of seconds, not {value!r}")
+
+
+def _positive_or_none(name: str, value: Any) -> None:
+    if value is not None:
+        _positive(name, value)
 
 
 def _non_negative_or_none(name: str, value: Any) -> None:
@@ -102,7 +109,7 @@ _CHECKS: dict[str, Callable[[str, Any], None]] = {
     "shape_sets": _shape_sets,
     "baselines": _baselines,
     "build_timeout_s": _positive,
-    "run_timeout_s": _positive,
+    "run_timeout_s": _positive_or_none,
     "memory_budget_mib": _at_least(0),
     "threads": _at_least(0),
 }
@@ -113,8 +120,8 @@ def check_fields(config: object, names: Iterable[str] | None = None) -> None:
 
     Ranges: ``device`` auto|cpu|cuda|cuda:N; ``trials`` >= 1; ``tolerance`` oracle|allclose;
     ``atol``/``rtol`` None or >= 0; ``shape_sets`` non-empty; ``baselines`` a subset of
-    eager, compile; ``build_timeout_s``/``run_timeout_s`` > 0 seconds; ``memory_budget_mib``,
-    ``threads`` integers >= 0.
+    eager, compile; ``build_timeout_s`` > 0 seconds; ``run_timeout_s`` None or > 0 seconds;
+    ``memory_budget_mib``, ``threads`` integers >= 0.
 
     Raises:
         ConfigError: the first field out of its range (the message names it).
@@ -139,9 +146,13 @@ class JudgeConfig:
         baselines: reference baselines to time: ``eager`` and/or ``compile`` (torch.compile).
         timing_config: the timing protocol's knobs.
         build_timeout_s: limit of one build (seconds).
-        run_timeout_s: limit of one request to a candidate worker: import, one trial (seconds).
-            A timing batch's limit scales with the calls it asks for, from this floor up to 5x
-            it (:class:`kerneljudge.timing.BatchLimit`).
+        run_timeout_s: limit of one request to a candidate worker: import, one trial (seconds;
+            the reference's requests may take at least this long). None: derived per shape set
+            from the reference's measured call and the bytes a request moves, at least 20 s
+            and at most 600 s plus 30 s per GiB moved (:class:`kerneljudge.check.limits.
+            RunLimits`); the verdict records the limits used (``Verdict.limits``). A timing
+            batch's limit scales with the calls it asks for, from this floor up to 5x it
+            (:class:`kerneljudge.timing.BatchLimit`).
         cache_dir: the build cache (None: :func:`kerneljudge.build.default_cache_dir`).
         seed: the run seed (None: a fresh secret one per evaluation).
         memory_budget_mib: memory this process may use above its base to relay one trial (MiB;
@@ -167,7 +178,7 @@ class JudgeConfig:
     baselines: tuple[str, ...] = DEFAULT_BASELINES
     timing_config: TimingConfig = field(default_factory=TimingConfig)
     build_timeout_s: float = DEFAULT_BUILD_TIMEOUT_S
-    run_timeout_s: float = DEFAULT_RUN_TIMEOUT_S
+    run_timeout_s: float | None = DEFAULT_RUN_TIMEOUT_S
     cache_dir: Path | None = None
     seed: int | None = None
     memory_budget_mib: int = 0

@@ -25,7 +25,8 @@ __all__ = ["JudgeOptions"]
 @dataclass(frozen=True)
 class JudgeOptions:
     """How to judge, as plain data. Field meanings are :class:`JudgeConfig`'s; ``max_time_s``
-    is the timing budget per candidate in seconds (None: the timing protocol's default).
+    is the timing budget per candidate in seconds (None: the timing protocol's default);
+    ``run_timeout_s`` None (the default) derives the request limits per problem.
     The eager baseline alone by default: the suite's metrics use the eager speedup.
     """
 
@@ -37,7 +38,7 @@ class JudgeOptions:
     shape_sets: tuple[str, ...] = DEFAULT_SHAPE_SETS
     max_time_s: float | None = None
     build_timeout_s: float = DEFAULT_BUILD_TIMEOUT_S
-    run_timeout_s: float = DEFAULT_RUN_TIMEOUT_S
+    run_timeout_s: float | None = DEFAULT_RUN_TIMEOUT_S
     cache_dir: str | None = None
 
     def to_dict(self) -> dict[str, Any]:

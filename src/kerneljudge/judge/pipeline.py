@@ -28,6 +28,7 @@ from kerneljudge.build.log import shape_log
 from kerneljudge.candidate import Candidate
 from kerneljudge.candidate.backends import IMPORT_ONLY_BACKENDS
 from kerneljudge.candidate.policy import requires_custom_kernel, static_issues, static_reason
+from kerneljudge.check.limits import RunLimits, SetLimits, tensor_bytes
 from kerneljudge.check.memory import check_budget, reply_limit
 from kerneljudge.check.reference import first_line
 from kerneljudge.check.trials import Trials, run_trials
@@ -209,15 +210,18 @@ class Judge:
         with contextlib.ExitStack() as running:
             running.callback(worker.close)
             try:
-                prepared = self._reference_stage(worker, device, run_seed, clock)
+                prepared, limits = self._reference_stage(worker, device, run_seed, clock)
+                out.base["limits"] = RunLimits(self.config.run_timeout_s).record(limits)
                 # The pool's workers (this one's replacement is starting up) wait, stopped,
                 # until the verdict ends: beside a starting worker, a trial of a 0.01 s
                 # candidate took 0.12 s on a 2-core machine
                 # (docs/benchmarks/2026-11-30-cpu-verdict-stages.md).
                 running.enter_context(pool.paused())
-                self._load_stage(worker, cand, result, device, clock)
-                trials = self._trials_stage(worker, device, prepared, result, done, clock)
-                return self._timing_stage(out, worker, device, prepared, trials, result, clock)
+                self._load_stage(worker, cand, result, device, clock, out.base["limits"].load_s)
+                trials = self._trials_stage(worker, device, prepared, limits, result, done, clock)
+                return self._timing_stage(
+                    out, worker, device, prepared, limits, trials, result, clock
+                )
             except Decided as early:
                 return out.decided(early)
             except CANDIDATE_FAILURES as exc:
@@ -281,10 +285,10 @@ class Judge:
 
     def _reference_stage(
         self, worker: WorkerProcess, device: str, run_seed: int, clock: Stopwatch
-    ) -> Prepared:
-        """The reference's trials (waited for), checked against the memory budget; the
-        worker's reply limit follows from it. Before any of the candidate's code runs, so a
-        reference failure so far is not its.
+    ) -> tuple[Prepared, dict[str, SetLimits]]:
+        """The reference's trials (waited for), checked against the memory budget (the worker's
+        reply limit follows), and each shape set's request limits (:meth:`ReferenceSide.limits`).
+        Before any of the candidate's code runs, so a reference failure so far is not its.
 
         Raises:
             ProblemError: the reference fails on its own, or the trials do not fit the budget.
@@ -298,8 +302,9 @@ class Judge:
         )
         # A reply larger than the judge can relay ends the worker, unread.
         worker.reply_limit_bytes = reply_limit(budget)
+        limits = self.reference.limits(self.config, device, prepared)
         clock.lap("reference")
-        return prepared
+        return prepared, limits
 
     def _load_stage(
         self,
@@ -308,14 +313,15 @@ class Judge:
         result: BuildResult,
         device: str,
         clock: Stopwatch,
+        limit_s: float,
     ) -> None:
-        """Import the candidate in its worker.
+        """Import the candidate in its worker, within ``limit_s`` seconds.
 
         Raises:
             Decided: the import of an import-only backend failed (a compile error).
         """
         self._say("loading the candidate")
-        failed_import = self._load(worker, cand, result, device)
+        failed_import = self._load(worker, cand, result, device, limit_s)
         clock.lap("load")
         if failed_import is not None:
             first = failed_import.messages[0]
@@ -327,6 +333,7 @@ class Judge:
         worker: WorkerProcess,
         device: str,
         prepared: Prepared,
+        limits: dict[str, SetLimits],
         result: BuildResult,
         done: list[TrialResult],
         clock: Stopwatch,
@@ -341,7 +348,7 @@ class Judge:
             worker,
             prepared,
             functools.partial(self.reference.session, device),
-            timeout_s=self.config.run_timeout_s,
+            limits=limits,
             atol=atol,
             rtol=rtol,
             mode=self.config.tolerance,
@@ -361,6 +368,7 @@ class Judge:
         worker: WorkerProcess,
         device: str,
         prepared: Prepared,
+        limits: dict[str, SetLimits],
         trials: Trials,
         result: BuildResult,
         clock: Stopwatch,
@@ -381,6 +389,7 @@ class Judge:
             prepared[timed_set],
             atol,
             rtol,
+            limits[timed_set],
         )
         clock.lap("timing")
         return out.write(status, note, build=result, check=trials.check, timing=timing)
@@ -420,20 +429,26 @@ class Judge:
         run_seed = seed if seed is not None else secrets.randbits(62)
         worker = self._pool(device).take()
         try:
-            if self._load(worker, cand, result, device) is not None:
-                return []
-            timeout = self.config.run_timeout_s
-            worker.request("setup", timeout, init_inputs=ref.init_inputs, state_dict=ref.state_dict)
             inputs = ref.problem.make_inputs(derive_seed(run_seed, shape_set, "profile"))
+            moved = tensor_bytes([inputs, ref.init_inputs, ref.state_dict])  # nothing measured
+            timeout = RunLimits(self.config.run_timeout_s).reference_s(moved)
+            if self._load(worker, cand, result, device, timeout) is not None:
+                return []
+            worker.request("setup", timeout, init_inputs=ref.init_inputs, state_dict=ref.state_dict)
             worker.request("run", timeout, inputs=inputs)
             return list(worker.request("profile", timeout, calls=calls)["rows"])
         finally:
             worker.close()
 
     def _load(
-        self, worker: WorkerProcess, cand: Candidate, result: BuildResult, device: str
+        self,
+        worker: WorkerProcess,
+        cand: Candidate,
+        result: BuildResult,
+        device: str,
+        limit_s: float,
     ) -> BuildResult | None:
-        """Import the built candidate in its worker.
+        """Import the built candidate in its worker, within ``limit_s`` seconds.
 
         Returns None on success. For backends whose build *is* the import (``torch``,
         ``triton``) an import failure is a compile error: the failed :class:`BuildResult` is
@@ -444,7 +459,7 @@ class Judge:
         try:
             worker.request(
                 "load_candidate",
-                self.config.run_timeout_s,
+                limit_s,
                 path=str(entry / "candidate.py"),
                 env=toolchain.build_environment(self.arch_for(device), entry / "ext"),
             )

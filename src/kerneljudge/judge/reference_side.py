@@ -20,6 +20,7 @@ from concurrent.futures import Future
 from types import MappingProxyType
 from typing import Any
 
+from kerneljudge.check.limits import REFERENCE_S_PER_GIB, RunLimits, SetLimits, tensor_bytes
 from kerneljudge.check.reference import (
     COMPILE_TIMEOUT_S,
     HeldTrial,
@@ -272,31 +273,55 @@ class ReferenceSide:
 
         For each shape set (the timed one last): the trials, run by the reference and held in
         its worker (inputs, outputs, float64 oracle outputs; :meth:`ReferenceSession.run_trial`)
-        with its reply on them (input effects, layouts); then the ``torch.compile`` baseline is
-        compiled if it will be timed.
+        with its reply on them (input effects, layouts) and the wall time of each run, which
+        the limits of the candidate's requests derive from
+        (:meth:`kerneljudge.check.limits.RunLimits.for_set`); then the ``torch.compile``
+        baseline is compiled if it will be timed. Nothing is measured before these runs, so
+        their limit follows the bytes they move
+        (:meth:`~kerneljudge.check.limits.RunLimits.reference_s`, at least the configured
+        ``run_timeout_s``).
 
         Raises:
             ReferenceFailed: the reference failed.
         """
+        limits = RunLimits(config.run_timeout_s)
+        floor_s = limits.reference_s(0)
         prepared: Prepared = {}
         sets = config.ordered_shape_sets()
         for shape_set in sets:
             ref = self.session(device, shape_set)
-            ref.forget(config.run_timeout_s)  # what an earlier verdict left there
+            ref.forget(floor_s)  # what an earlier verdict left there
             prepared[shape_set] = [
                 ref.run_trial(
                     i,
                     derive_seed(run_seed, shape_set, i),
-                    config.run_timeout_s,
+                    floor_s,
                     oracle=config.tolerance == "oracle",
+                    per_gib_s=REFERENCE_S_PER_GIB,
                 )
                 for i in range(config.trials)
             ]
         if config.timing and "compile" in config.baselines:
+            held = prepared[sets[-1]]
+            replay_s = limits.reference_s(max((h.input_bytes for h in held), default=0))
             self.session(device, sets[-1]).ensure_compiled(
-                max(config.run_timeout_s, COMPILE_TIMEOUT_S), (), config.run_timeout_s
+                max(replay_s, COMPILE_TIMEOUT_S), (), replay_s
             )
         return prepared
+
+    def limits(self, config: JudgeConfig, device: str, prepared: Prepared) -> dict[str, SetLimits]:
+        """The limits of each shape set's requests in the verdict ``prepared`` is for
+        (:meth:`kerneljudge.check.limits.RunLimits.for_set`): from the wall times of the
+        reference's trial runs, the bytes moved being a trial's inputs and outputs at most
+        and the weights (``init_inputs`` and the state dict, sent in a ``setup``)."""
+        rule = RunLimits(config.run_timeout_s)
+        limits = {}
+        for shape_set, held in prepared.items():
+            ref = self.session(device, shape_set)
+            weights = tensor_bytes([ref.init_inputs, ref.state_dict])
+            moved = max((h.input_bytes + h.output_bytes for h in held), default=0)
+            limits[shape_set] = rule.for_set([h.wall_s for h in held], moved + weights)
+        return limits
 
     def close(self) -> None:
         """Stop: no session starts after this, a running preparation fails at once (its

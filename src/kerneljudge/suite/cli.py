@@ -117,7 +117,10 @@ def suite_run(
         Optional[float], typer.Option(help="Timing budget per candidate, seconds.")
     ] = None,
     build_timeout: float = DEFAULT_BUILD_TIMEOUT_S,
-    run_timeout: float = DEFAULT_RUN_TIMEOUT_S,
+    run_timeout: Annotated[
+        Optional[float],
+        typer.Option(help="Seconds per candidate request (default: from the reference)."),
+    ] = DEFAULT_RUN_TIMEOUT_S,
     cache_dir: Annotated[Optional[Path], typer.Option(help="Build cache folder.")] = None,
     dry_run: Annotated[bool, typer.Option(help="Print the plan; judge nothing.")] = False,
     store: StoreOpt = None,

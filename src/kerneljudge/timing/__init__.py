@@ -454,7 +454,8 @@ class BatchLimit:
     A batch of ``calls`` calls (timed and warm-up) may take ``factor`` times ``calls`` times the
     slowest wall time per call seen in this contestant's earlier batches (on the supervisor's
     clock, so including the host's load at that moment), and never less than the request limit
-    it would have had (``floor_s``: ``JudgeConfig.run_timeout_s``), nor more than ``cap``
+    it would have had (``floor_s``: the shape set's derived or configured request limit,
+    :class:`kerneljudge.check.limits.SetLimits`), nor more than ``cap``
     times that (a hang is still caught). Before any batch came back, each call counts
     ``floor_s`` (as long as one correctness trial may take). Under load a batch can take
     many times its quiet time, and sizing batches for ``batch_target_ms`` of calls makes a

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from kerneljudge.check.limits import REFERENCE_FLOOR_S, SetLimits
 from kerneljudge.check.reference import COMPILE_TIMEOUT_S, HeldTrial, ReferenceSession
 from kerneljudge.timing import BatchLimit, TimingConfig, measure_judged, median_ci, summarise
 from kerneljudge.timing.hostload import LoadMonitor, timing_cores
@@ -58,7 +59,7 @@ class TimingSettings(Protocol):
     @property
     def timing_config(self) -> TimingConfig: ...
     @property
-    def run_timeout_s(self) -> float: ...
+    def run_timeout_s(self) -> float | None: ...
     @property
     def threads(self) -> int: ...
     @property
@@ -122,6 +123,7 @@ def time_candidate(
     trials: list[HeldTrial],
     atol: float,
     rtol: float,
+    limits: SetLimits | None = None,
 ) -> tuple[TimingResult, Status, str]:
     """Time baselines and candidate alternately, then audit what was timed.
 
@@ -151,10 +153,16 @@ def time_candidate(
             their inputs (the candidate's timed input sets are the last of them; the last
             one's sizes give the roofline's byte count).
         atol, rtol: the allclose tolerances.
+        limits: the limits of the shape set's requests (:class:`kerneljudge.check.limits.
+            SetLimits`): ``run_s`` for the candidate's, ``reference_s`` for the reference's;
+            each is the floor of its contestants' batch limits. None: ``run_timeout_s`` for
+            both, or :data:`~kerneljudge.check.limits.REFERENCE_FLOOR_S` when it is None.
 
     Returns the timing, the status it implies and the reason (empty when ``correct``).
     """
     cfg = config
+    run_s = limits.run_s if limits else (cfg.run_timeout_s or REFERENCE_FLOOR_S)
+    ref_s = limits.reference_s if limits else run_s
     flush = 2 * (info.l2_bytes or 128 << 20) if info.kind == "cuda" else 0
     tampered: list[str] = []
     seen: dict[str, list[Batch]] = {}
@@ -164,7 +172,7 @@ def time_candidate(
     unstamped: list[str] = []
     pace: dict[str, float] = {}  # wall ms per call of each contestant's last request
 
-    def sampler(request, process, name: str):  # type: ignore[no-untyped-def]
+    def sampler(request, process, name: str, floor_s: float):  # type: ignore[no-untyped-def]
         cand = name == "candidate"
 
         def sample(n: int, warmup: int) -> list[float]:
@@ -172,7 +180,7 @@ def time_candidate(
             # seen so far (the loop's own work per call, outside the timed window, can be far
             # above a fast call's time); more calls go in further requests.
             per_call = pace.get(name)
-            most = max(1, int(cfg.run_timeout_s * 250.0 / per_call)) if per_call else n
+            most = max(1, int(floor_s * 250.0 / per_call)) if per_call else n
             times: list[float] = []
             done = 0
             while done < n:
@@ -191,7 +199,7 @@ def time_candidate(
             try:
                 reply, obs = Observer(process().stamps, cores).run(
                     request,
-                    cfg.run_timeout_s,
+                    floor_s,
                     n=n,
                     warmup=warmup,
                     keep=(lambda i: reservoir.offer()) if cand else (lambda i: -1),
@@ -251,18 +259,21 @@ def time_candidate(
     # Compiled (or replaced, when the compile fails) before pinning: the worker pinned is the
     # one that is timed.
     compiled = "compile" in cfg.baselines and ref.ensure_compiled(
-        max(cfg.run_timeout_s, COMPILE_TIMEOUT_S), (), cfg.run_timeout_s
+        max(ref_s, COMPILE_TIMEOUT_S), (), ref_s
     )
     # Both workers on the same timing cores with the same intra-op thread count.
     cores, threads = timing_cores(info.kind, cfg.threads)
-    for request in (ref.request, worker.request):
-        request("pin", cfg.run_timeout_s, cpus=list(cores), threads=threads)
+    for request, limit_s in ((ref.request, ref_s), (worker.request, run_s)):
+        request("pin", limit_s, cpus=list(cores), threads=threads)
     contestants = {}
     if "eager" in cfg.baselines:
-        contestants["eager"] = sampler(_batch_limited(ref.request), lambda: ref.worker, "eager")
-    contestants["candidate"] = sampler(_batch_limited(worker.request), lambda: worker, "candidate")
+        eager = _batch_limited(ref.request)
+        contestants["eager"] = sampler(eager, lambda: ref.worker, "eager", ref_s)
+    timed = _batch_limited(worker.request)
+    contestants["candidate"] = sampler(timed, lambda: worker, "candidate", run_s)
     if compiled:
-        contestants["compile"] = sampler(_batch_limited(ref.request), lambda: ref.worker, "compile")
+        comp = _batch_limited(ref.request)
+        contestants["compile"] = sampler(comp, lambda: ref.worker, "compile", ref_s)
     monitor = LoadMonitor([ref.worker.worker_pid(), worker.worker_pid()], cores)
     note = ""
     for attempt in range(2):
@@ -304,7 +315,9 @@ def time_candidate(
         tampered.append(found.reason)
     if tampered:
         return timing, Status.REJECTED, "the timer was tampered with: " + tampered[0]
-    status, why = _audit_timed_calls(cfg, worker, ref, keys, atol, rtol, roll, reservoir.kept)
+    status, why = _audit_timed_calls(
+        cfg, worker, ref, keys, atol, rtol, roll, reservoir.kept, limits_s=(run_s, ref_s)
+    )
     if status is not Status.CORRECT:
         return timing, status, why
     cand = timing.measurement("candidate")
@@ -360,17 +373,21 @@ def _audit_timed_calls(
     rtol: float,
     roll: bool,
     kept: dict[int, KeptCall],
+    limits_s: tuple[float, float] | None = None,
 ) -> tuple[Status, str]:
     """Check the kept outputs of the candidate's timed calls, one call at a time (fetched,
     checked, dropped): each must be what the worker committed to at the call's end mark (its
     digests) and match the reference run on the same perturbed inputs
     (:func:`kerneljudge.worker.measure.perturb`), which the reference worker builds from the
     trial inputs it holds under ``keys`` (the shape set's trials, in order) and compares
-    there, where the digests of the outputs shown are computed too."""
+    there, where the digests of the outputs shown are computed too. ``limits_s``: the limits
+    of the candidate's and of the reference's requests (None: ``run_timeout_s`` for both,
+    :data:`~kerneljudge.check.limits.REFERENCE_FLOOR_S` when that is None)."""
+    run_s, ref_s = limits_s or (cfg.run_timeout_s or REFERENCE_FLOOR_S,) * 2
     if not kept:
         return Status.REJECTED, "no timed call of the candidate was kept for the audit"
     for slot, call in sorted(kept.items()):
-        slots = worker.request("timed_outputs", cfg.run_timeout_s, slots=[slot]).get("slots")
+        slots = worker.request("timed_outputs", run_s, slots=[slot]).get("slots")
         if not isinstance(slots, dict):
             return Status.REJECTED, "the worker's record of its timed calls was tampered with"
         outputs = slots.get(slot)
@@ -388,12 +405,10 @@ def _audit_timed_calls(
         if not sets:
             return Status.REJECTED, "the worker reported outputs of unknown timed calls"
         oracle = cfg.tolerance == "oracle"
-        ref.run_timed_call(sets[call.index % len(sets)], call.seed, roll, cfg.run_timeout_s, oracle)
+        ref.run_timed_call(sets[call.index % len(sets)], call.seed, roll, ref_s, oracle)
         # The outputs' digests and their comparison, both in the reference worker (a tree
         # digest on its device: an int64 tree over a large output is slow on the host).
-        again, shown = ref.audit(
-            outputs, kinds, cfg.run_timeout_s, atol=atol, rtol=rtol, mode=cfg.tolerance
-        )
+        again, shown = ref.audit(outputs, kinds, ref_s, atol=atol, rtol=rtol, mode=cfg.tolerance)
         del outputs
         if shown != list(call.digests):
             return Status.REJECTED, shown_wrong

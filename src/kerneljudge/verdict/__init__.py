@@ -25,6 +25,7 @@ __all__ = [
     "HostLoad",
     "Measurement",
     "Mismatch",
+    "RequestLimits",
     "Roofline",
     "Speedup",
     "Status",
@@ -34,7 +35,7 @@ __all__ = [
     "decode",
 ]
 
-SCHEMA_VERSION = "1.3"
+SCHEMA_VERSION = "1.4"
 
 
 class Status(str, Enum):
@@ -320,6 +321,34 @@ class TimingResult:
 
 
 @dataclass(frozen=True)
+class RequestLimits:
+    """The time limits of a verdict's requests to its workers (seconds), and where they came
+    from (:class:`kerneljudge.check.limits.RunLimits`). Added in schema 1.4.
+
+    Attributes:
+        source: ``derived`` (from the reference's measured call and the bytes moved) or
+            ``explicit`` (the configured ``run_timeout_s``).
+        load_s: limit of the candidate's import.
+        run_s: shape set -> limit of each request to the candidate's worker on it (a trial;
+            the floor of a timing batch's limit).
+        reference_s: shape set -> limit of each request to the reference's worker on it.
+        reference_call_s: shape set -> the reference's measured call: the least wall time of
+            its trial runs on the supervisor's clock.
+        floor_s, cap_s, factor: the derivation's floor, cap and factor
+            (``max(floor, min(cap, factor x call) + seconds per GiB moved)``).
+    """
+
+    source: str
+    load_s: float
+    run_s: dict[str, float] = field(default_factory=dict)
+    reference_s: dict[str, float] = field(default_factory=dict)
+    reference_call_s: dict[str, float] = field(default_factory=dict)
+    floor_s: float = 0.0
+    cap_s: float = 0.0
+    factor: float = 0.0
+
+
+@dataclass(frozen=True)
 class DeviceInfo:
     """The device judged on. ``memory_bytes``/``l2_bytes`` are 0 when unknown (CPU)."""
 
@@ -364,6 +393,9 @@ class Verdict:
     #: ``net_namespace``, ``mount_namespace``, ``user_namespace``, ``private_dev_shm``,
     #: ``landlock_abi_N``, ``audit_hook``. Added in schema 1.3.
     confinement: tuple[str, ...] = ()
+    #: The time limits of its worker requests (None: the verdict ended before the reference's
+    #: trials were run, e.g. at its build). Added in schema 1.4.
+    limits: RequestLimits | None = None
     schema_version: str = SCHEMA_VERSION
 
     @property

@@ -274,7 +274,9 @@ class WorkerProcess:
                 continue
         return total
 
-    def _recv(self, op: str, timeout_s: float) -> dict[str, Any]:
+    def _recv(self, op: str, timeout_s: float, limit_s: float | None = None) -> dict[str, Any]:
+        """The next reply, within ``timeout_s``; a timeout names ``limit_s``, the request's
+        whole limit (sending it included), when given."""
         deadline = time.monotonic() + timeout_s
         while True:
             remaining = deadline - time.monotonic()
@@ -290,7 +292,7 @@ class WorkerProcess:
                     raise WorkerOverMemory(self.memory_limit_bytes, self.log_tail()) from None
                 if remaining <= 0.5:
                     self.kill()
-                    raise WorkerTimeout(op, timeout_s) from None
+                    raise WorkerTimeout(op, limit_s or timeout_s) from None
             except (ChannelClosed, OSError):
                 break
         try:
@@ -324,7 +326,8 @@ class WorkerProcess:
         # Sent: the request's tensors are not held here while the reply comes (the caller's
         # own references, if any, keep them).
         fields.clear()
-        reply = self._recv(op, max(0.1, timeout_s - (time.monotonic() - started)))
+        # The limit covers sending the request too: a timeout names the whole limit.
+        reply = self._recv(op, max(0.1, timeout_s - (time.monotonic() - started)), timeout_s)
         if reply.get("nonce") != nonce:
             self.kill()
             raise WorkerDied(None, "a reply that does not answer the request (forged?)")
