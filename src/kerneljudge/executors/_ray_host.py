@@ -16,6 +16,8 @@ from __future__ import annotations
 import io
 import os
 import tarfile
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,7 @@ __all__ = [
     "JudgeHost",
     "build_job",
     "error_kind",
+    "exit_when_orphaned",
     "install_entry",
     "job_config",
     "pack_entry",
@@ -188,3 +191,25 @@ class JudgeHost:
     def shutdown(self) -> None:
         """Close every warm judge (their worker processes end)."""
         self._warm.close()
+
+
+#: Seconds between a judging actor's checks that its parent (its node's raylet) is alive.
+PARENT_POLL_S = 1.0
+
+
+def exit_when_orphaned() -> None:
+    """End this process (exit status 1) once its parent is no longer the one it has now,
+    checked every :data:`PARENT_POLL_S` seconds on a daemon thread.
+
+    A raylet killed outright (its node lost) leaves its workers running until they next speak
+    to it; a judging actor in the middle of a long job would judge on for minutes on a node the
+    cluster has already declared dead. Its judges' workers follow it (``PR_SET_PDEATHSIG``).
+    """
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()

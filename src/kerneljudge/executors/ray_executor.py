@@ -16,7 +16,6 @@ good is built by its judging actor.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections import deque
@@ -26,7 +25,7 @@ from typing import Any
 
 from kerneljudge.candidate import Candidate
 from kerneljudge.errors import KernelJudgeError
-from kerneljudge.executors._ray_host import JudgeHost, build_job
+from kerneljudge.executors._ray_host import JudgeHost, build_job, exit_when_orphaned
 from kerneljudge.executors.base import Executor, ExecutorStats, Job, JobError
 from kerneljudge.verdict import Verdict
 
@@ -476,21 +475,11 @@ class RayExecutor(Executor):
 
 class _RayJudgeHost(JudgeHost):
     """:class:`JudgeHost` as a Ray actor: its :meth:`ready` names its node, and it exits when
-    its parent (the node's raylet, which started it) dies.
-
-    A raylet killed outright (its node lost) leaves its workers running until they next
-    speak to it; a host in the middle of a long job would judge on for minutes on a node the
-    cluster has already declared dead. A daemon thread compares ``os.getppid()`` with the
-    parent at start every :data:`_PARENT_POLL_S` seconds and ends the process when it
-    changes (the judges' workers follow through ``PR_SET_PDEATHSIG``).
-    """
+    its parent (the node's raylet, which started it) dies (:func:`exit_when_orphaned`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        parent = os.getppid()
-        threading.Thread(
-            target=_exit_when_orphaned, args=(parent,), name="parent-watch", daemon=True
-        ).start()
+        exit_when_orphaned()
 
     def ready(self) -> dict[str, Any]:
         import ray
@@ -509,14 +498,3 @@ def _kind(job: Job) -> str:
         except KernelJudgeError:
             return "cpu"  # the judging actor's judge says what is wrong
     return "gpu" if device.startswith("cuda") else "cpu"
-
-
-#: Seconds between a judging actor's checks that its raylet is alive (its parent process).
-_PARENT_POLL_S = 1.0
-
-
-def _exit_when_orphaned(parent: int) -> None:
-    """End this process (exit status 1) once its parent is no longer ``parent``."""
-    while os.getppid() == parent:
-        time.sleep(_PARENT_POLL_S)
-    os._exit(1)
