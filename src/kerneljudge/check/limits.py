@@ -30,6 +30,7 @@ from kerneljudge.verdict import RequestLimits
 __all__ = [
     "CAP_S",
     "FACTOR",
+    "FIRST_CALL_FLOOR_S",
     "FLOOR_S",
     "LOAD_FLOOR_S",
     "REFERENCE_FLOOR_S",
@@ -40,10 +41,14 @@ __all__ = [
     "tensor_bytes",
 ]
 
-#: Least limit of a candidate's request (seconds): a loaded host stalls a worker for seconds,
-#: and a candidate's first call may compile its kernels (Triton's JIT); a hang in a small
-#: problem's candidate still ends this soon (the fixed limit was 120 s).
+#: Least limit of a candidate's request (seconds): a loaded host stalls a worker for seconds;
+#: a hang in a small problem's candidate still ends this soon (the fixed limit was 120 s). The
+#: first trial of each shape set gets at least :data:`FIRST_CALL_FLOOR_S`.
 FLOOR_S = 20.0
+#: Least limit of a candidate's first trial on each shape set (seconds): its first call may
+#: compile its kernels for those shapes (Triton's JIT, autotuning, ``torch.compile``), seconds
+#: to tens of seconds on a loaded host.
+FIRST_CALL_FLOOR_S = 60.0
 #: A candidate's request may take this many times the reference's measured call: an honest
 #: first kernel may be 50x slower than the reference (a naive loop where the reference calls
 #: a library), and a loaded host can double that.
@@ -96,12 +101,15 @@ class SetLimits:
         reference_call_s: the reference's measured call (the least supervisor wall time of its
             trials' runs on this shape set; 0 when none was measured).
         moved_bytes: bytes a trial's request moves: its inputs and its outputs.
+        first_run_s: limit of the candidate's first trial on this shape set: ``run_s``, at
+            least :data:`FIRST_CALL_FLOOR_S` unless the limit is explicit.
     """
 
     run_s: float
     reference_s: float
     reference_call_s: float
     moved_bytes: int
+    first_run_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -157,7 +165,9 @@ class RunLimits:
         walls = [w for w in wall_s if w > 0]
         call = min(walls) if walls else 0.0
         run = self.run_s(call, moved_bytes)
-        return SetLimits(run, max(run, self.reference_s(moved_bytes)), call, moved_bytes)
+        first = run if self.explicit_s is not None else max(run, FIRST_CALL_FLOOR_S)
+        reference = max(run, self.reference_s(moved_bytes))
+        return SetLimits(run, reference, call, moved_bytes, first)
 
     def record(self, sets: Mapping[str, SetLimits]) -> RequestLimits:
         """The verdict's record of the limits of ``sets`` (shape set -> its limits)."""

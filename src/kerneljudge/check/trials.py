@@ -99,11 +99,11 @@ def run_trials(
         ref = sessions[shape_set] = session(shape_set)
         run_s, ref_s = limits[shape_set].run_s, limits[shape_set].reference_s
         worker.request("setup", run_s, init_inputs=ref.init_inputs, state_dict=ref.state_dict)
-        for held in held_trials:
+        for i, held in enumerate(held_trials):
             say(f"trial {len(done) + 1}/{total}")
             got = worker.request(
                 "run",
-                run_s,
+                max(run_s, limits[shape_set].first_run_s) if i == 0 else run_s,
                 inputs=ref.held_inputs(held.key, ref_s, forget=shape_set != kept_set),
                 record_ops=record_ops,
             )
