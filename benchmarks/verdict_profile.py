@@ -1,0 +1,105 @@
+"""Where one verdict's time goes: its stages, the supervisor's time per worker request, and the
+supervisor's own hottest functions.
+
+The problem is elementwise (``tanh(x) * 0.5`` on ``--mib`` MiB of float32, input and output of
+that size); the candidate is the same code as ``ModelNew``. One judge judges it ``--verdicts``
+times (the first is cold: workers start, the reference is prepared); for the last verdict this
+prints the stage seconds (``Verdict.stage_s``), the seconds the supervisor waited on each kind of
+request to each worker (role, request: total seconds and count; a request's time includes
+sending its tensors and receiving the reply), and the supervisor's functions by their own time
+(``cProfile``; the workers' time shows as waiting in ``select``).
+
+Run:  PYTHONPATH=src python3 benchmarks/verdict_profile.py [--mib 64] [--device cpu]
+      [--verdicts 2] [--top 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from kerneljudge import Judge, JudgeConfig
+from kerneljudge.worker import WorkerProcess
+
+PROBLEM = """
+import torch
+import torch.nn as nn
+
+N = {n}
+SHAPE_SETS = {{"public": {{"N": N}}}}
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.tanh(x) * 0.5
+
+
+def get_inputs():
+    return [torch.randn(N)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+CANDIDATE = """
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        return torch.tanh(x) * 0.5
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mib", type=int, default=64)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--verdicts", type=int, default=2)
+    parser.add_argument("--top", type=int, default=15)
+    args = parser.parse_args()
+    spent: dict[tuple[str, str], list[float]] = {}
+    plain = WorkerProcess.request
+
+    def counted(self: Any, op: str, *a: Any, **k: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return plain(self, op, *a, **k)
+        finally:
+            spent.setdefault((self.role, op), []).append(time.perf_counter() - t0)
+
+    WorkerProcess.request = counted  # type: ignore[method-assign]
+    with tempfile.TemporaryDirectory() as tmp:
+        problem, candidate = Path(tmp) / "problem.py", Path(tmp) / "candidate.py"
+        problem.write_text(PROBLEM.format(n=args.mib * (1 << 20) // 4))
+        candidate.write_text(CANDIDATE)
+        config = JudgeConfig(device=args.device, baselines=("eager",), cache_dir=Path(tmp) / "c")
+        with Judge(problem, config) as judge:
+            for i in range(args.verdicts):
+                spent.clear()
+                profile = cProfile.Profile()
+                t0 = time.perf_counter()
+                profile.enable()
+                verdict = judge.evaluate(candidate)
+                profile.disable()
+                seconds = time.perf_counter() - t0
+                print(f"verdict {i + 1}: {verdict.status.value} in {seconds:.1f} s", flush=True)
+    print("stages (s):", " ".join(f"{k} {v:.2f}" for k, v in verdict.stage_s.items()))
+    print("requests (role, request: total s / count):")
+    for (role, op), times in sorted(spent.items(), key=lambda kv: -sum(kv[1])):
+        print(f"  {role:10s} {op:16s} {sum(times):7.2f} s / {len(times)}")
+    out = io.StringIO()
+    pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(args.top)
+    print(out.getvalue())
+
+
+if __name__ == "__main__":
+    main()
