@@ -306,13 +306,13 @@ def test_the_reference_worker_digests_outputs_as_the_candidate_committed() -> No
     digest on its device) are those :func:`output_digest` gives where the call ran."""
     from kerneljudge.worker.kept_trials import KeptTrials
 
-    host = KeptTrials()
-    host.device = torch.device("cpu")
     outputs = [torch.randn(3, 5), torch.arange(7, dtype=torch.int32)]
-    for kind in (KIND_SHA256, KIND_TREE):
-        got = host._digests(outputs, [kind, kind])
-        assert [tuple(d) for d in got] == [output_digest(t, kind) for t in outputs]
-    assert host._digests(outputs, [KIND_TREE]) == [list(output_digest(outputs[0], KIND_TREE))]
+    for device in (None, torch.device("cpu")):
+        for kind in (KIND_SHA256, KIND_TREE):
+            got = KeptTrials._digests(outputs, [kind, kind], device)
+            assert [tuple(d) for d in got] == [output_digest(t, kind) for t in outputs]
+    first = [list(output_digest(outputs[0], KIND_TREE))]
+    assert KeptTrials._digests(outputs, [KIND_TREE], None) == first  # fewer kinds, fewer
 
 
 def test_an_output_revealed_other_than_the_one_committed_is_rejected() -> None:

@@ -86,18 +86,22 @@ def test_the_bound_deletes_fetched_results_oldest_first_never_unfetched(tmp_path
 
 
 def test_admission_keeps_unfetched_results_within_the_bound(tmp_path: Path) -> None:
+    """A bound of 4 pending or unread jobs: 2 (half) for one client, 4 for all."""
     store = JobStore(tmp_path / "jobs.sqlite")
     a, b = smoke_job(), smoke_job()
-    _add(store, a, b, unfetched=2)
+    _add(store, a, b, unfetched=4)
     with pytest.raises(QueueFull, match="not fetched yet"):
-        _add(store, smoke_job(), unfetched=2)  # two pending already
+        _add(store, smoke_job(), unfetched=4)  # two of this client's pending already
     [seq_a, _] = _finish(store, 2)
     with pytest.raises(QueueFull, match="not fetched yet"):
-        _add(store, smoke_job(), unfetched=2)  # two results wait to be read
+        _add(store, smoke_job(), unfetched=4)  # two of its results wait to be read
+    _add(store, smoke_job(), smoke_job(), client="d", unfetched=4)  # the other half: another's
+    with pytest.raises(QueueFull, match="at most 4"):
+        _add(store, smoke_job(), client="e", unfetched=4)  # all four taken
     assert store.mark_fetched(seq_a)
-    [(_, created)] = _add(store, smoke_job(), unfetched=2)
+    [(_, created)] = _add(store, smoke_job(), unfetched=4)
     assert created
-    assert _add(store, a, unfetched=2)[0][1] is False  # a repeat takes no room
+    assert _add(store, a, unfetched=4)[0][1] is False  # a repeat takes no room
     store.close()
 
 
@@ -234,16 +238,18 @@ def test_a_version_1_database_is_migrated_keeping_every_job(tmp_path: Path) -> N
 
 
 def test_served_results_expire_and_say_so(tmp_path: Path) -> None:
-    """A real server with a retention of 18 s and a bound of 2 finished jobs."""
+    """A real server with a retention of 18 s and a bound of 4 finished jobs (2 for one
+    client)."""
     args = ["--cpu-slots", "1", "--max-in-flight", "1"]
-    args += ["--retention-hours", "0.005", "--max-finished-jobs", "2"]
+    args += ["--retention-hours", "0.005", "--max-finished-jobs", "4"]
     srv = Server(tmp_path / "jobs.sqlite", args, token=None).start()
     try:
         http = httpx.Client(base_url=srv.url, timeout=WAIT_S + 30)
         first, second = smoke_job(), smoke_job(WRONG)
         for job in (first, second):
             assert http.post("/v1/jobs", json=job.to_dict()).status_code == 202
-        # Two jobs pending (then two results nobody read): no room for a third.
+        # Two of this client's jobs pending (then two results it did not read): no room for a
+        # third of its own (half the bound).
         third = smoke_job()
         answer = http.post("/v1/jobs", json=third.to_dict())
         assert answer.status_code == 429 and "not fetched yet" in answer.json()["detail"]
@@ -264,7 +270,7 @@ def test_served_results_expire_and_say_so(tmp_path: Path) -> None:
         unknown = http.get("/v1/jobs/never-submitted")
         assert unknown.status_code == 404 and "expired" not in unknown.json()["detail"]
         retention = http.get("/v1/metrics").json()["retention"]
-        assert retention["deleted_total"] >= 1 and retention["max_finished_jobs"] == 2
+        assert retention["deleted_total"] >= 1 and retention["max_finished_jobs"] == 4
         assert retention["deleted_expired"] + retention["deleted_over_cap"] >= 1
     finally:
         srv.stop()

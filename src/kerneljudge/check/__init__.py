@@ -49,9 +49,9 @@ _MAX_MISMATCHES = 5
 #: Elements compared per step on the CPU (see :func:`_scan`): below torch's intra-op grain size
 #: (32,768).
 CHUNK = 16_384
-#: Elements compared per step on a GPU (2^24): about ten float64 intermediates of this size,
-#: some 1.3 GiB of device memory, at a time.
-DEVICE_CHUNK = 1 << 24
+#: Elements compared per step on a GPU (2^22): about ten float64 intermediates of this size,
+#: some 340 MiB of device memory, at a time.
+DEVICE_CHUNK = 1 << 22
 
 
 def flatten_outputs(outputs: Any) -> list[Any]:

@@ -2,9 +2,10 @@
 reference's measured call time.
 
 A verdict's limits follow its problem: the reference's preparation (before any candidate code
-runs) runs each shape set's trials and measures each run on the supervisor's clock
-(:attr:`~kerneljudge.check.reference.HeldTrial.wall_s`: sending the inputs, the call, the
-float64 oracle, the reply); a candidate's request on that shape set may then take
+runs) runs each shape set's trials and measures each call (the reference worker's own clock
+around the call, :attr:`~kerneljudge.check.reference.HeldTrial.call_s`; where a worker does not
+report it, the run's request on the supervisor's clock, :attr:`~HeldTrial.wall_s`); a
+candidate's request on that shape set may then take
 
     ``max(floor_s, min(cap_s, factor x reference call) + transfer_s_per_gib x GiB moved)``
 
@@ -45,10 +46,11 @@ __all__ = [
 #: a hang in a small problem's candidate still ends this soon (the fixed limit was 120 s). The
 #: first trial of each shape set gets at least :data:`FIRST_CALL_FLOOR_S`.
 FLOOR_S = 20.0
-#: Least limit of a candidate's first trial on each shape set (seconds): its first call may
-#: compile its kernels for those shapes (Triton's JIT, autotuning, ``torch.compile``), seconds
-#: to tens of seconds on a loaded host.
-FIRST_CALL_FLOOR_S = 60.0
+#: Least limit of a candidate's ``setup`` and first trial on each shape set (seconds): its
+#: ``__init__`` and first call may compile its kernels (Triton's JIT and autotuning,
+#: ``torch.compile``: tens of seconds, more on a loaded host); the fixed limit every request
+#: had before limits were derived.
+FIRST_CALL_FLOOR_S = 120.0
 #: A candidate's request may take this many times the reference's measured call: an honest
 #: first kernel may be 50x slower than the reference (a naive loop where the reference calls
 #: a library), and a loaded host can double that.
@@ -101,8 +103,8 @@ class SetLimits:
         reference_call_s: the reference's measured call (the least supervisor wall time of its
             trials' runs on this shape set; 0 when none was measured).
         moved_bytes: bytes a trial's request moves: its inputs and its outputs.
-        first_run_s: limit of the candidate's first trial on this shape set: ``run_s``, at
-            least :data:`FIRST_CALL_FLOOR_S` unless the limit is explicit.
+        first_run_s: limit of the candidate's ``setup`` and first trial on this shape set:
+            ``run_s``, at least :data:`FIRST_CALL_FLOOR_S` unless the limit is explicit.
     """
 
     run_s: float
@@ -159,8 +161,8 @@ class RunLimits:
         return max([LOAD_FLOOR_S, *(s.run_s for s in sets)])
 
     def for_set(self, wall_s: Iterable[float], moved_bytes: int) -> SetLimits:
-        """The limits of a shape set whose reference trial runs took ``wall_s`` seconds each
-        (the least one is the reference's call: the others carry a first call's warm-up or a
+        """The limits of a shape set whose reference calls took ``wall_s`` seconds each (the
+        least one is the reference's call: the others carry a first call's warm-up or a
         moment of load) and whose trials move at most ``moved_bytes`` bytes."""
         walls = [w for w in wall_s if w > 0]
         call = min(walls) if walls else 0.0

@@ -62,12 +62,15 @@ class HeldTrial:
         wall_s: seconds its ``run`` request took on the supervisor's clock (sending the
             inputs, the call, the float64 oracle when asked, the reply; not the worker's start
             nor the loading of the problem and its weights); 0 when not measured.
+        call_s: seconds of the reference's call itself, on its worker's clock (the device
+            synchronised); 0 when not reported.
     """
 
     key: str
     seed: int
     reply: dict[str, Any]
     wall_s: float = 0.0
+    call_s: float = 0.0
 
     def input_stand_ins(self) -> list[torch.Tensor]:
         """Tensors on the ``meta`` device shaped as the trial's input tensors (no data)."""
@@ -194,7 +197,10 @@ class ReferenceSession:
         wall_s = time.monotonic() - started
         self._held[str(key)] = (seed, fields)
         kept = ("aliases_input", "modified_inputs", "input_layout", "output_layout")
-        return HeldTrial(str(key), seed, {k: reply[k] for k in kept if k in reply}, wall_s)
+        call_s = reply.get("call_s")
+        call_s = float(call_s) if isinstance(call_s, int | float) else 0.0
+        fields_kept = {k: reply[k] for k in kept if k in reply}
+        return HeldTrial(str(key), seed, fields_kept, wall_s, call_s)
 
     def held_inputs(self, key: str, timeout_s: float, forget: bool = False) -> list[Any]:
         """The inputs of the trial held under ``key`` (on the CPU, as the reference got them);

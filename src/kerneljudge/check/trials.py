@@ -98,12 +98,13 @@ def run_trials(
     for shape_set, held_trials in prepared.items():
         ref = sessions[shape_set] = session(shape_set)
         run_s, ref_s = limits[shape_set].run_s, limits[shape_set].reference_s
-        worker.request("setup", run_s, init_inputs=ref.init_inputs, state_dict=ref.state_dict)
+        first_s = max(run_s, limits[shape_set].first_run_s)  # __init__ may compile too
+        worker.request("setup", first_s, init_inputs=ref.init_inputs, state_dict=ref.state_dict)
         for i, held in enumerate(held_trials):
             say(f"trial {len(done) + 1}/{total}")
             got = worker.request(
                 "run",
-                max(run_s, limits[shape_set].first_run_s) if i == 0 else run_s,
+                first_s if i == 0 else run_s,
                 inputs=ref.held_inputs(held.key, ref_s, forget=shape_set != kept_set),
                 record_ops=record_ops,
             )

@@ -320,7 +320,8 @@ class ReferenceSide:
             ref = self.session(device, shape_set)
             weights = tensor_bytes([ref.init_inputs, ref.state_dict])
             moved = max((h.input_bytes + h.output_bytes for h in held), default=0)
-            limits[shape_set] = rule.for_set([h.wall_s for h in held], moved + weights)
+            calls = [h.call_s or h.wall_s for h in held]  # the call itself where reported
+            limits[shape_set] = rule.for_set(calls, moved + weights)
         return limits
 
     def close(self) -> None:

@@ -184,7 +184,13 @@ def service_problem(spec: str, problems_dir: Path | None) -> str | None:
 
 
 def _read(path: Path) -> dict[str, Any] | None:
+    """The record at ``path``; None unless it is this user's file that no one else may write
+    (a record another user could write would send this user's candidates and token where it
+    says)."""
     try:
+        st = path.stat()
+        if st.st_uid != os.getuid() or st.st_mode & 0o022:
+            return None
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
@@ -198,8 +204,8 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # another user's process: alive
-        return True
+    except PermissionError:  # another user's process: not the service that wrote the record
+        return False
     except OSError:
         return False
     return True

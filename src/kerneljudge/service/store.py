@@ -15,10 +15,10 @@ Retention (:meth:`JobStore.prune`): a finished job is deleted once it has been f
 than the retention period, and the oldest finished jobs whose result was fetched are deleted
 while more than ``max_finished`` jobs are finished. A result nobody fetched is kept for the
 whole retention period; instead, :meth:`JobStore.add` refuses new jobs while unfetched results
-and pending jobs together would pass ``max_finished``. A deleted job leaves a tombstone
-(client, job id), itself kept for one more retention period, and at least
-:data:`TOMBSTONE_MIN_S` (at most ``max_finished`` of them), so a request for it can say
-"expired" rather than "unknown".
+and pending jobs would pass ``max_finished`` (one client's alone: half of it). A deleted job
+leaves a tombstone (client, job id), kept one more retention period and at least
+:data:`TOMBSTONE_MIN_S` (at most ``max_finished``): a request for it gets "expired", not
+"unknown".
 """
 
 from __future__ import annotations
@@ -219,7 +219,7 @@ class JobStore:
                         seen[job.job_id] = job
                 if new:
                     self._check_room(len(new), client, max_queued, max_per_client)
-                    self._check_unfetched(len(new), max_unfetched)
+                    self._check_unfetched(len(new), max_unfetched, client)
                 for job, problem in new:
                     self._db.execute(
                         "INSERT INTO jobs (job_id, client, state, problem, source_sha256, "
@@ -258,16 +258,21 @@ class JobStore:
         if mine + n > max_per_client:
             raise QueueFull(f"this client has {mine} jobs queued (at most {max_per_client})", 5)
 
-    def _check_unfetched(self, n: int, max_unfetched: int | None) -> None:
+    def _check_unfetched(self, n: int, max_unfetched: int | None, client: str) -> None:
+        """Refuse ``n`` more jobs past the bound on pending and unfetched jobs (the module's
+        docstring): all clients' ``max_unfetched``, ``client``'s alone half of it."""
         if max_unfetched is None:
             return
-        (held,) = self._db.execute("SELECT COUNT(*) FROM jobs WHERE fetched_at IS NULL").fetchone()
-        if held + n > max_unfetched:
-            raise QueueFull(
-                f"{held} jobs are pending or hold a result not fetched yet (at most "
-                f"{max_unfetched}): fetch results, or wait for them to expire",
-                60,
-            )
+        q = "SELECT COUNT(*) FROM jobs WHERE fetched_at IS NULL"
+        (held,) = self._db.execute(q).fetchone()
+        (mine,) = self._db.execute(q + " AND client=?", (client,)).fetchone()
+        for count, most in ((mine, max(1, max_unfetched // 2)), (held, max_unfetched)):
+            if count + n > most:
+                raise QueueFull(
+                    f"{count} jobs are pending or hold a result not fetched yet (at most "
+                    f"{most}): fetch results, or wait for them to expire",
+                    60,
+                )
 
     def _one(self, ref: int | str, client: str | None = None) -> JobRecord | None:
         where, args = self._where(ref, client)

@@ -457,9 +457,9 @@ class BatchLimit:
     it would have had (``floor_s``: the shape set's derived or configured request limit,
     :class:`kerneljudge.check.limits.SetLimits`), nor more than ``cap``
     times that (a hang is still caught). Before any batch came back, each call counts
-    ``floor_s`` (as long as one correctness trial may take). Under load a batch can take
-    many times its quiet time, and sizing batches for ``batch_target_ms`` of calls makes a
-    slow candidate's batch long: a fixed limit would turn an honest candidate on a busy host
+    ``floor_s`` (as long as one correctness trial may take), with no cap. Under load a batch
+    can take many times its quiet time, and sizing batches for ``batch_target_ms`` of calls
+    makes a slow candidate's batch long: a fixed limit would turn an honest candidate on a busy host
     into a ``timeout``.
     """
 
@@ -468,7 +468,9 @@ class BatchLimit:
     slowest_call_s: float | None = None
 
     def limit_s(self, calls: int, floor_s: float) -> float:
-        per_call = floor_s if self.slowest_call_s is None else self.factor * self.slowest_call_s
+        if self.slowest_call_s is None:  # nothing seen: each call may take a trial's limit
+            return max(1, calls) * floor_s
+        per_call = self.factor * self.slowest_call_s
         return min(self.cap * floor_s, max(floor_s, max(1, calls) * per_call))
 
     def observe(self, calls: int, wall_s: float) -> None:

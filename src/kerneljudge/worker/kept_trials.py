@@ -12,6 +12,7 @@ Imports only the standard library, torch and :mod:`kerneljudge.worker` modules a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -68,31 +69,38 @@ class KeptTrials:
         kept = self._reference_only(self.expected, msg["key"])
         if msg.get("forget"):
             del self.expected[str(msg["key"])]
-        result = compare_outputs(
-            kept["outputs"],
-            msg["outputs"],
-            oracle=kept["oracle"],
-            atol=float(msg["atol"]),
-            rtol=float(msg["rtol"]),
-            mode=str(msg["mode"]),
-            index=int(msg.get("index", 0)),
-            device=self.device,
-        )
-        reply: dict[str, Any] = {"trial": trial_fields(result)}
+
+        def compare(device: Any) -> Any:
+            return compare_outputs(
+                kept["outputs"],
+                msg["outputs"],
+                oracle=kept["oracle"],
+                atol=float(msg["atol"]),
+                rtol=float(msg["rtol"]),
+                mode=str(msg["mode"]),
+                index=int(msg.get("index", 0)),
+                device=device,
+            )
+
+        reply: dict[str, Any] = {"trial": trial_fields(_on_device_or_host(self.device, compare))}
         if msg.get("digest_kinds") is not None:
-            reply["digests"] = self._digests(msg["outputs"], msg["digest_kinds"])
+            kinds = msg["digest_kinds"]
+            reply["digests"] = _on_device_or_host(
+                self.device, lambda device: self._digests(msg["outputs"], kinds, device)
+            )
         return reply
 
-    def _digests(self, outputs: Any, kinds: Any) -> list[list[Any]]:
+    @staticmethod
+    def _digests(outputs: Any, kinds: Any, device: Any) -> list[list[Any]]:
         """``[kind, digest bytes]`` of each of ``outputs`` (a list of tensors) by the kind of
         the same index in ``kinds`` (:func:`kerneljudge.worker.stamps.output_digest`); a tree
-        digest is computed on this worker's device (the same value on any device). A list
+        digest is computed on ``device`` when given (the same value on any device). A list
         shorter than ``outputs`` gives fewer digests (the caller compares lengths)."""
         out: list[list[Any]] = []
         for t, kind in zip(outputs, kinds):
             if not isinstance(t, torch.Tensor):
                 break
-            t = t.to(self.device) if int(kind) == KIND_TREE else t
+            t = t.to(device) if device is not None and int(kind) == KIND_TREE else t
             out.append(list(output_digest(t, int(kind))))
         return out
 
@@ -106,3 +114,18 @@ class KeptTrials:
             self.expected.pop(key, None)
             self.held.pop(key, None)
         return {}
+
+
+def _on_device_or_host(device: Any, work: Callable[[Any], Any]) -> Any:
+    """``work(device)`` on a GPU worker, its memory given back to the device afterwards (the
+    candidate shares it); ``work(None)`` (on the host) on a CPU worker, or when the GPU has no
+    room for it (``torch.cuda.OutOfMemoryError``): the same result, slower."""
+    if getattr(device, "type", "cpu") == "cpu":
+        return work(None)
+    try:
+        return work(device)
+    except torch.cuda.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        return work(None)
+    finally:
+        torch.cuda.empty_cache()

@@ -219,7 +219,8 @@ class Worker(KeptTrials):
 
         In the reference worker, ``expect`` (a key) keeps the outputs and oracle here for
         :meth:`op_compare` and replies with their layout instead (``output_layout``,
-        ``input_layout``: ``[shape, dtype name]`` per tensor, flattened); ``hold_inputs`` also
+        ``input_layout``: ``[shape, dtype name]`` per tensor, flattened) and ``call_s``, the
+        seconds of the call itself on this worker's clock; ``hold_inputs`` also
         keeps the inputs as received, for :meth:`op_held_inputs` and ``from_held``. With
         ``from_held`` (a key) and ``perturb`` (a seed) the inputs are the held ones of that
         key as a timed call got them (:func:`kerneljudge.worker.measure.perturb`, with
@@ -247,7 +248,9 @@ class Worker(KeptTrials):
             self.nudgeable = (self.nudgeable + [nudgeable(received)])[-MAX_TIMING_SETS:]
         args = [x.clone() if isinstance(x, torch.Tensor) else x for x in self.inputs]
         measure.poison(self.poison_bytes or nbytes(args), self.device)
+        started = time.perf_counter()
         out = self._call(self.model, args, record_ops=bool(msg.get("record_ops")))
+        call_s = time.perf_counter() - started
         effects = input_effects(args, self.inputs, out)
         self.poison_bytes = max(self.poison_bytes, nbytes(measure.flatten_tensors(out)))
         outputs = to_cpu(out)
@@ -262,6 +265,7 @@ class Worker(KeptTrials):
                 "ops": self.ops,
                 "output_layout": layout(outputs),
                 "input_layout": layout(received),
+                "call_s": call_s,
                 **effects,
             }
         reply: dict[str, Any] = {"outputs": outputs, "ops": self.ops, **effects}
