@@ -30,11 +30,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,7 +41,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from _oneshot import run_one
 
 #: The default problems: 22 across the three levels, from 4 MB to several GB of input.
 DEFAULT_PROBLEMS = (
@@ -175,20 +173,8 @@ def _side(args: argparse.Namespace, side: str, problem: Path) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--one", side, "--one-problem", str(problem)]
     cmd += ["--kernelbench", str(args.kernelbench), "--kb-perf-trials", str(args.kb_perf_trials)]
     cmd += ["--requests"] if args.requests else []
-    path = os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
-    env = {**os.environ, "PYTHONPATH": path}
     t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=args.timeout, env=env, check=False
-        )
-    except subprocess.TimeoutExpired:
-        return {"seconds": None, "status": "timeout", "reason": f"over {args.timeout} s"}
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    if not lines:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        return {"seconds": None, "status": f"exit {proc.returncode}", "reason": " | ".join(tail)}
-    out: dict[str, Any] = json.loads(lines[-1][len("RESULT ") :])
+    out = run_one(cmd, args.timeout)
     out["process_s"] = time.perf_counter() - t0
     return out
 

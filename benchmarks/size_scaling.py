@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,7 +30,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from _oneshot import run_one
+
 COLUMNS = 4096  # float32 columns of the input: 16 KiB a row
 
 #: The body of each problem's ``forward``.
@@ -106,20 +105,7 @@ def _verdict(args: argparse.Namespace, kind: str, mib: int) -> dict[str, Any]:
     cmd += ["--device", args.device, "--trials", str(args.trials)]
     cmd += ["--max-time", str(args.max_time)] if args.max_time else []
     cmd += ["--run-timeout", str(args.run_timeout)] if args.run_timeout else []
-    path = os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
-    env = {**os.environ, "PYTHONPATH": path}
-    try:
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=args.timeout, env=env, check=False
-        )
-    except subprocess.TimeoutExpired:
-        return {"seconds": None, "status": "timeout", "reason": f"over {args.timeout} s"}
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    if not lines:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        return {"seconds": None, "status": f"exit {proc.returncode}", "reason": " | ".join(tail)}
-    out: dict[str, Any] = json.loads(lines[-1][len("RESULT ") :])
-    return out
+    return run_one(cmd, args.timeout)
 
 
 def _fmt(x: float | None, spec: str) -> str:

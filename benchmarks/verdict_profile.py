@@ -1,8 +1,9 @@
 """Where one verdict's time goes: its stages, the supervisor's time per worker request, and the
 supervisor's own hottest functions.
 
-The problem is elementwise (``tanh(x) * 0.5`` on ``--mib`` MiB of float32, input and output of
-that size); the candidate is the same code as ``ModelNew``. One judge judges it ``--verdicts``
+The problem and candidate are :mod:`supervisor_memory`'s (``tanh(x) * 0.5`` on ``--mib`` MiB of
+float32, input and output of that size; the candidate the same code as ``ModelNew``), judged
+on its ``public`` shape set. One judge judges it ``--verdicts``
 times (the first is cold: workers start, the reference is prepared); for the last verdict this
 prints the stage seconds (``Verdict.stage_s``), the seconds the supervisor waited on each kind of
 request to each worker (role, request: total seconds and count; a request's time includes
@@ -20,43 +21,15 @@ import cProfile
 import io
 import pstats
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
 
+from supervisor_memory import CANDIDATE, PROBLEM
+
 from kerneljudge import Judge, JudgeConfig
 from kerneljudge.worker import WorkerProcess
-
-PROBLEM = """
-import torch
-import torch.nn as nn
-
-N = {n}
-SHAPE_SETS = {{"public": {{"N": N}}}}
-
-
-class Model(nn.Module):
-    def forward(self, x):
-        return torch.tanh(x) * 0.5
-
-
-def get_inputs():
-    return [torch.randn(N)]
-
-
-def get_init_inputs():
-    return []
-"""
-
-CANDIDATE = """
-import torch
-import torch.nn as nn
-
-
-class ModelNew(nn.Module):
-    def forward(self, x):
-        return torch.tanh(x) * 0.5
-"""
 
 
 def main() -> None:
@@ -79,8 +52,9 @@ def main() -> None:
     WorkerProcess.request = counted  # type: ignore[method-assign]
     with tempfile.TemporaryDirectory() as tmp:
         problem, candidate = Path(tmp) / "problem.py", Path(tmp) / "candidate.py"
-        problem.write_text(PROBLEM.format(n=args.mib * (1 << 20) // 4))
-        candidate.write_text(CANDIDATE)
+        n = args.mib * (1 << 20) // 4
+        problem.write_text(textwrap.dedent(PROBLEM.format(n=n, half=n // 2)))
+        candidate.write_text(textwrap.dedent(CANDIDATE))
         config = JudgeConfig(device=args.device, baselines=("eager",), cache_dir=Path(tmp) / "c")
         with Judge(problem, config) as judge:
             for i in range(args.verdicts):

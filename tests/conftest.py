@@ -105,6 +105,20 @@ def tiny_problem() -> Path:
 
 
 @pytest.fixture
+def slow_reference_problem(tmp_path: Path) -> Callable[[float], Path]:
+    """Writes fixtures/slow_reference_problem.py with its reference sleeping the given seconds
+    a call, into the test's folder; returns the file."""
+
+    def write(sleep_s: float) -> Path:
+        text = (FIXTURES / "slow_reference_problem.py").read_text()
+        path = tmp_path / f"slow_reference_{sleep_s:g}.py"
+        path.write_text(text.replace("SLEEP_S = 0.0", f"SLEEP_S = {sleep_s!r}"))
+        return path
+
+    return write
+
+
+@pytest.fixture
 def fresh_worker_report(tmp_path: Path) -> Callable[[str | Path, str], str]:
     """``report(problem, device)``: what a judge's freshly started candidate worker had loaded
     before any candidate ran, as ``"dynamo: <bool> cuda: <bool>"`` (torch._dynamo imported, a

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -197,34 +198,12 @@ def test_outputs_of_timed_calls_are_audited(judge: Judge) -> None:
     assert "timed call" in v.reason
 
 
-SLOW_PROBLEM = """
-import time
-import torch
-import torch.nn as nn
-
-SHAPE_SETS = {"public": {}}
-
-
-class Model(nn.Module):
-    def forward(self, x):
-        time.sleep(SLEEP_S)
-        return x * 2.0
-
-
-def get_inputs():
-    return [torch.randn(8)]
-
-
-def get_init_inputs():
-    return []
-"""
-
-
-def test_reference_work_runs_beside_the_build(tmp_path: Path) -> None:
+def test_reference_work_runs_beside_the_build(
+    tmp_path: Path, slow_reference_problem: Callable[[float], Path]
+) -> None:
     """A failed build is reported without waiting for the reference's preparation, and the
     judge stays usable: the next verdict waits for that preparation and uses it correctly."""
-    problem = tmp_path / "slow_reference.py"
-    problem.write_text(SLOW_PROBLEM.replace("SLEEP_S", "2.0"))
+    problem = slow_reference_problem(2.0)
     config = JudgeConfig(
         device="cpu",
         trials=2,

@@ -4,6 +4,7 @@ reference's measured call, between a floor and a cap, unless ``run_timeout_s`` i
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -51,27 +52,6 @@ DOUBLE = Candidate.from_source(
 )
 
 #: A reference that sleeps SLEEP_S in every call (the float64 oracle calls it too).
-SLEEPY_PROBLEM = """
-import time
-import torch
-import torch.nn as nn
-
-SHAPE_SETS = {"public": {}}
-
-
-class Model(nn.Module):
-    def forward(self, x):
-        time.sleep(SLEEP_S)
-        return x * 2.0
-
-
-def get_inputs():
-    return [torch.randn(8)]
-
-
-def get_init_inputs():
-    return []
-"""
 
 
 def _config(tmp_path: Path, **changes: object) -> JudgeConfig:
@@ -187,11 +167,12 @@ def test_a_hang_in_a_small_problem_ends_at_the_floor_and_an_explicit_limit_wins(
     assert again.limits == v.limits
 
 
-def test_a_slower_reference_gets_a_longer_limit(tmp_path: Path) -> None:
+def test_a_slower_reference_gets_a_longer_limit(
+    tmp_path: Path, slow_reference_problem: Callable[[float], Path]
+) -> None:
     """A reference of 0.5 s a call (1 s a trial run with its float64 oracle) gives the
     candidate at least 100 x 0.5 s per request; an honest candidate is correct."""
-    problem = tmp_path / "sleepy.py"
-    problem.write_text(SLEEPY_PROBLEM.replace("SLEEP_S", "0.5"))
+    problem = slow_reference_problem(0.5)
     with Judge(problem, _config(tmp_path)) as j:
         v = j.evaluate(DOUBLE)
     assert v.status is Status.CORRECT, v.reason
