@@ -4,9 +4,12 @@ For each problem file of a KernelBench checkout (``KernelBench/levelN/NAME.py``)
 candidate (the reference's source with ``Model`` renamed ``ModelNew``: its true speedup is 1)
 is judged twice, one right after the other on the same GPU, each in a fresh process:
 
-* kerneljudge: ``Judge(problem, JudgeConfig(device="cuda")).evaluate(candidate)`` with the
-  default configuration (5 correctness trials per shape set, eager baseline, 1 s timing
-  budget); the seconds count from the judge's construction (its workers start) to the verdict;
+* kerneljudge: ``Judge(problem, JudgeConfig(device="cuda", baselines=("eager",)))``
+  ``.evaluate(candidate)``: the default configuration (5 correctness trials per shape set, 1 s
+  timing budget) with the eager baseline alone, the work KernelBench's harness does (it times
+  no ``torch.compile``); the seconds count from the judge's construction (its workers start)
+  to the verdict; with ``--again``, a second candidate's verdict in the same judge is timed
+  too (its workers and the reference's prepared trials reused);
 * KernelBench: ``eval_kernel_against_ref(reference, candidate, num_correct_trials=5,
   num_perf_trials=100, measure_performance=True)`` (its CUDA-event timing of the candidate,
   then of the reference for its excessive-speedup check); the seconds count that call.
@@ -77,7 +80,7 @@ def identity_source(reference: str) -> str:
 
 
 # ------------------------------------------------------------------ one side, in its own process
-def _run_kerneljudge(problem: Path, requests: bool) -> dict[str, Any]:
+def _run_kerneljudge(problem: Path, requests: bool, again: bool) -> dict[str, Any]:
     from kerneljudge import Judge, JudgeConfig
     from kerneljudge.worker import WorkerProcess
 
@@ -97,9 +100,23 @@ def _run_kerneljudge(problem: Path, requests: bool) -> dict[str, Any]:
         cand = Path(tmp) / f"identity_{problem.stem}.py"
         cand.write_text(identity_source(problem.read_text()))
         t0 = time.perf_counter()
-        with Judge(problem, JudgeConfig(device="cuda")) as judge:
+        config = JudgeConfig(device="cuda", baselines=("eager",))
+        with Judge(problem, config) as judge:
             verdict = judge.evaluate(cand)
-        seconds = time.perf_counter() - t0
+            seconds = time.perf_counter() - t0
+            warm = None
+            if again:
+                # A second candidate (the same code, another file) in the same judge: its
+                # workers and the reference's prepared trials are reused.
+                cand2 = cand.with_name(f"identity2_{problem.stem}.py")
+                cand2.write_text(cand.read_text() + "\n# again\n")
+                t1 = time.perf_counter()
+                second = judge.evaluate(cand2)
+                warm = {
+                    "seconds": time.perf_counter() - t1,
+                    "status": second.status.value,
+                    "stage_s": second.stage_s,
+                }
     eager = verdict.timing.speedup("eager") if verdict.timing else None
     return {
         "seconds": seconds,
@@ -109,6 +126,7 @@ def _run_kerneljudge(problem: Path, requests: bool) -> dict[str, Any]:
         "ci95": list(eager.ci95) if eager else None,
         "stage_s": verdict.stage_s,
         "requests": {op: [round(sum(t), 3), len(t)] for op, t in spent.items()},
+        "again": warm,
     }
 
 
@@ -161,7 +179,7 @@ def _one(args: argparse.Namespace) -> None:
     problem = Path(args.one_problem)
     try:
         if args.one == "kj":
-            out = _run_kerneljudge(problem, args.requests)
+            out = _run_kerneljudge(problem, args.requests, args.again)
         else:
             out = _run_kernelbench(problem, Path(args.kernelbench), args.kb_perf_trials)
     except Exception as exc:  # noqa: BLE001 - reported as the row's failure
@@ -173,6 +191,7 @@ def _side(args: argparse.Namespace, side: str, problem: Path) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--one", side, "--one-problem", str(problem)]
     cmd += ["--kernelbench", str(args.kernelbench), "--kb-perf-trials", str(args.kb_perf_trials)]
     cmd += ["--requests"] if args.requests else []
+    cmd += ["--again"] if args.again else []
     t0 = time.perf_counter()
     out = run_one(cmd, args.timeout)
     out["process_s"] = time.perf_counter() - t0
@@ -190,6 +209,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--kb-perf-trials", type=int, default=100)
     parser.add_argument("--requests", action="store_true", help="kerneljudge's time per request")
+    parser.add_argument(
+        "--again", action="store_true", help="kerneljudge: a second verdict in the same judge"
+    )
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per side")
     parser.add_argument("--sides", default="kb,kj", help="which sides, in order")
     parser.add_argument("--one", choices=("kj", "kb"), help=argparse.SUPPRESS)
@@ -225,6 +247,11 @@ def main() -> None:
         if kj.get("stage_s"):
             stages = " ".join(f"{k} {v:.1f}" for k, v in kj["stage_s"].items())
             print(f"    kj stages: {stages}", flush=True)
+        if kj.get("again"):
+            again = kj["again"]
+            stages = " ".join(f"{k} {v:.1f}" for k, v in (again.get("stage_s") or {}).items())
+            line = f"    kj again: {again['seconds']:.1f} s {again['status']} ({stages})"
+            print(line, flush=True)
         if kj.get("requests"):
             reqs = " ".join(f"{op} {t}s/{n}" for op, (t, n) in kj["requests"].items())
             print(f"    kj requests: {reqs}", flush=True)

@@ -2,8 +2,9 @@
 
 Two problems, written here for each size: ``elementwise`` (``x * 0.5 + tanh(x)``) and
 ``reduction`` (``x.sum(-1)``), on one float32 input of ``MiB`` MiB shaped ``(rows, 4096)``;
-sizes from 1 MiB doubling up to ``--max-mib``. The candidate is the reference's own source
-with ``Model`` renamed ``ModelNew`` (``torch`` backend). Each verdict runs in a fresh process:
+sizes from 1 MiB doubling up to ``--max-mib`` (or the list ``--sizes``). The candidate is the
+reference's own source with ``Model`` renamed ``ModelNew`` (``torch`` backend). Each verdict
+runs in a fresh process:
 ``Judge(problem, JudgeConfig(device=..., trials=..., baselines=("eager",)))``, timing on, the
 request limits derived (``run_timeout_s`` unset; ``--run-timeout`` sets them); its seconds count
 from the judge's construction (its workers start) to the verdict. Printed per size: input MiB,
@@ -14,7 +15,7 @@ cut short keeps what it measured).
 
 Run:  PYTHONPATH=src python3 benchmarks/size_scaling.py [--device cpu] [--max-mib 256]
       [--problems elementwise,reduction] [--trials 5] [--max-time 1] [--json OUT]
-      [--timeout 1800]
+      [--timeout 1800] [--sizes 1,64,1024]
 On a GPU: ``--device cuda --max-mib 8192``.
 """
 
@@ -116,6 +117,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--max-mib", type=int, default=256, help="largest input, MiB")
+    parser.add_argument("--sizes", default=None, help="input MiB, comma-separated")
     parser.add_argument("--problems", default="elementwise,reduction")
     parser.add_argument("--trials", type=int, default=5, help="correctness trials")
     parser.add_argument("--max-time", type=float, default=None, help="timing budget, s")
@@ -137,6 +139,8 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown problems {unknown} (use {', '.join(FORWARDS)})")
     sizes = [1 << i for i in range(max(args.max_mib, 1).bit_length()) if 1 << i <= args.max_mib]
+    if args.sizes:
+        sizes = [int(x) for x in args.sizes.split(",") if x]
     meta = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "host": platform.node(),

@@ -10,7 +10,7 @@ request to each worker (role, request: total seconds and count; a request's time
 sending its tensors and receiving the reply), and the supervisor's functions by their own time
 (``cProfile``; the workers' time shows as waiting in ``select``).
 
-Run:  PYTHONPATH=src python3 benchmarks/verdict_profile.py [--mib 64] [--device cpu]
+Run:  PYTHONPATH=src python3 benchmarks/verdict_profile.py [--mib 64] [--device cpu] [--workers]
       [--verdicts 2] [--top 15]
 """
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import os
 import pstats
 import tempfile
 import textwrap
@@ -30,6 +31,7 @@ from supervisor_memory import CANDIDATE, PROBLEM
 
 from kerneljudge import Judge, JudgeConfig
 from kerneljudge.worker import WorkerProcess
+from kerneljudge.worker.protocol import PROFILE_ENV
 
 
 def main() -> None:
@@ -38,7 +40,15 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--verdicts", type=int, default=2)
     parser.add_argument("--top", type=int, default=15)
+    parser.add_argument(
+        "--workers", action="store_true", help="also profile the workers' request handlers"
+    )
+    parser.add_argument("--problem", type=Path, default=None, help="another problem file")
+    parser.add_argument("--candidate", type=Path, default=None, help="its candidate")
     args = parser.parse_args()
+    kept = Path(tempfile.mkdtemp(prefix="kj-worker-profiles-"))
+    if args.workers:
+        os.environ[PROFILE_ENV] = str(kept)
     spent: dict[tuple[str, str], list[float]] = {}
     plain = WorkerProcess.request
 
@@ -55,6 +65,8 @@ def main() -> None:
         n = args.mib * (1 << 20) // 4
         problem.write_text(textwrap.dedent(PROBLEM.format(n=n, half=n // 2)))
         candidate.write_text(textwrap.dedent(CANDIDATE))
+        if args.problem is not None:
+            problem, candidate = args.problem, args.candidate
         config = JudgeConfig(device=args.device, baselines=("eager",), cache_dir=Path(tmp) / "c")
         with Judge(problem, config) as judge:
             for i in range(args.verdicts):
@@ -73,6 +85,15 @@ def main() -> None:
     out = io.StringIO()
     pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(args.top)
     print(out.getvalue())
+    for role in ("reference", "candidate"):
+        files = sorted(str(p) for p in kept.glob(f"{role}-*.prof"))
+        if files:
+            out = io.StringIO()
+            print(f"worker profile: {role} ({len(files)} workers, every verdict)")
+            stats = pstats.Stats(*files, stream=out)
+            stats.sort_stats("tottime").print_stats(args.top)
+            stats.sort_stats("cumulative").print_stats(args.top)
+            print(out.getvalue())
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 
-from kerneljudge.worker.protocol import Channel, ChannelClosed, ChannelTimeout
+from kerneljudge.worker.protocol import RAW_MIN_BYTES, Channel, ChannelClosed, ChannelTimeout
 
 
 @pytest.fixture
@@ -67,7 +67,7 @@ def test_oversized_length_and_garbage_are_refused(pipe_pair) -> None:
     os.close(r)
     os.close(w)
     r, w = os.pipe()
-    os.write(w, struct.pack(">Q", 8) + b"notatorch")
+    os.write(w, struct.pack(">Q", 17) + struct.pack(">Q", 9) + b"notatorch")
     with pytest.raises(ChannelClosed, match="unreadable message"):
         Channel(r, -1).recv(timeout_s=5)
     os.close(r)
@@ -108,3 +108,112 @@ def test_a_large_message_costs_at_most_twice_its_size_to_receive() -> None:
     assert hwm_bytes() - base < tensor_and_send + 2 * size + (16 << 20)
     os.close(w)
     reader.close()
+
+
+def _wire(message: dict) -> bytes:
+    """The bytes :meth:`Channel.send` writes for ``message``."""
+    r, w = os.pipe()
+    out = bytearray()
+    sender = threading.Thread(target=lambda: (Channel(-1, w).send(message), os.close(w)))
+    sender.start()
+    while chunk := os.read(r, 1 << 20):
+        out += chunk
+    sender.join()
+    os.close(r)
+    return bytes(out)
+
+
+def test_large_tensors_travel_raw_and_keep_values_types_and_sharing(pipe_pair) -> None:
+    reader, writer = pipe_pair
+    n = RAW_MIN_BYTES  # elements: every tensor below is at least RAW_MIN_BYTES long
+    base = torch.randn(2 * n)
+    msg = {
+        "f32": torch.randn(n, 3),
+        "bf16": torch.randn(n).to(torch.bfloat16),
+        "bool": torch.rand(n) > 0.5,
+        "i64": torch.arange(n),
+        "strided": torch.randn(n, 4).t(),  # not contiguous: in the torch.save part
+        "views": (base[:n], base[n:]),  # one storage: in the torch.save part, still shared
+        "empty": torch.empty(0, 5),
+        "small": torch.ones(3),
+        "plain": [1, "x", None],
+    }
+    # The bytes of the four large contiguous tensors are in the message once, outside the
+    # torch.save part: the message is barely longer than the tensors themselves.
+    wire = _wire(msg)
+    raw = sum(msg[k].numel() * msg[k].element_size() for k in ("f32", "bf16", "bool", "i64"))
+    skeleton = struct.unpack(">Q", wire[8:16])[0]
+    assert len(wire) == 16 + skeleton + raw
+    sender = threading.Thread(target=writer.send, args=(msg,), daemon=True)
+    sender.start()  # a pipe holds 1 MiB: the message is written while it is read
+    got = reader.recv(timeout_s=30)
+    sender.join()
+    for key in ("f32", "bf16", "bool", "i64", "strided", "empty", "small"):
+        assert got[key].dtype == msg[key].dtype and torch.equal(got[key], msg[key]), key
+    a, b = got["views"]
+    assert torch.equal(a, base[:n]) and torch.equal(b, base[n:])
+    assert a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    assert got["plain"] == [1, "x", None]
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def test_a_message_split_inside_a_raw_tensor_is_completed_by_the_next_call() -> None:
+    x = torch.randn(RAW_MIN_BYTES)
+    wire = _wire({"x": x, "y": torch.arange(RAW_MIN_BYTES)})
+    r, w = os.pipe()
+    reader = Channel(r, -1)
+    cuts = [3, 12, 40, len(wire) - 3 * RAW_MIN_BYTES, len(wire) - 5, len(wire)]
+    done = 0
+    got = None
+    for end in cuts:
+        writer = threading.Thread(target=_write_all, args=(w, wire[done:end]))
+        writer.start()
+        while writer.is_alive() or (got is None and end == len(wire)):
+            try:
+                got = reader.recv(timeout_s=0.2)
+            except ChannelTimeout:
+                assert end < len(wire) or writer.is_alive()
+        writer.join()
+        assert (got is None) == (end < len(wire))
+        done = end
+    assert got is not None
+    assert torch.equal(got["x"], x) and torch.equal(got["y"], torch.arange(RAW_MIN_BYTES))
+    os.close(w)
+    reader.close()
+
+
+@pytest.mark.parametrize(
+    "placeholder, raw, why",
+    [
+        ({"__kerneljudge_raw_tensor__": 1, "dtype": "float32", "shape": [4]}, 16, "malformed"),
+        ({"__kerneljudge_raw_tensor__": 0, "dtype": "object", "shape": [4]}, 16, "malformed"),
+        ({"__kerneljudge_raw_tensor__": 0, "dtype": "float32", "shape": [-1]}, 16, "malformed"),
+        ({"__kerneljudge_raw_tensor__": 0, "dtype": "float32", "shape": [4], "x": 1}, 16,
+         "malformed"),
+        ({"__kerneljudge_raw_tensor__": 0, "dtype": "float32", "shape": [1 << 40]}, 16,
+         "longer than announced"),
+        ({"__kerneljudge_raw_tensor__": 0, "dtype": "float32", "shape": [2]}, 16,
+         "shorter than announced"),
+    ],
+)  # fmt: skip
+def test_forged_tensor_placeholders_are_refused(placeholder, raw, why) -> None:
+    import io
+
+    buf = io.BytesIO()
+    torch.save({"t": placeholder}, buf)
+    skeleton = buf.getvalue()
+    r, w = os.pipe()
+    body = struct.pack(">Q", len(skeleton)) + skeleton + bytes(raw)
+    writer = threading.Thread(
+        target=os.write, args=(w, struct.pack(">Q", len(body)) + body), daemon=True
+    )
+    writer.start()
+    with pytest.raises(ChannelClosed, match=why):
+        Channel(r, -1).recv(timeout_s=5)
+    os.close(r)
+    os.close(w)

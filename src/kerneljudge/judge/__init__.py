@@ -4,10 +4,11 @@ Process model: this (supervisor) process never imports candidate code. Builds ru
 worker with no GPU visible; each candidate runs in a fresh candidate worker (taken from a pool
 started ahead of need) that is discarded afterwards; the reference runs and is timed in a
 separate, trusted reference worker on the same device. Inputs are drawn from a secret per-run
-seed; each trial's inputs, reference outputs and float64 oracle stay in the reference worker,
-which also compares the candidate's outputs with them (in float64 on the CPU, the same code as
-ever: :func:`kerneljudge.check.compare_outputs`). This process only relays one trial's inputs
-or outputs at a time, and checks before the trials that it can (:mod:`kerneljudge.check.memory`).
+seed; each trial's inputs, reference outputs and float64 oracle stay in the reference worker
+(its outputs and oracle on its GPU while they fit), which also compares the candidate's outputs
+with them on its device (:func:`kerneljudge.check.compare_outputs`). This process only relays
+one trial's inputs or outputs at a time, and checks before the trials that it can
+(:mod:`kerneljudge.check.memory`).
 
 Modules: :mod:`~kerneljudge.judge.config` (:class:`JudgeConfig`, the defaults and the checks
 of its fields), :mod:`~kerneljudge.judge.reference_side` (the reference's workers and its part

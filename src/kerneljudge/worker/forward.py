@@ -18,6 +18,7 @@ the standard library, torch and :mod:`kerneljudge.worker` modules, as a sandboxe
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -65,27 +66,54 @@ def to_double(values: list[Any]) -> list[Any]:
     ]
 
 
-def to_cpu(value: Any) -> Any:
-    """A detached CPU copy of an output: tensors cloned, lists and tuples kept as such, None,
-    bool, int and float as they are.
+def to_cpu(value: Any, keep_device: bool = False) -> Any:
+    """A detached CPU copy of an output: tensors copied, lists and tuples kept as such, None,
+    bool, int and float as they are. With ``keep_device``, the copies stay on the tensors'
+    own devices.
+
+    A GPU tensor of at least :data:`PINNED_COPY_BYTES` is copied into page-locked host memory
+    (torch's caching host allocator: the blocks are reused by later copies), which the device
+    writes at full speed, where a copy into fresh pageable memory pays a page fault per page.
 
     Raises:
         Fault: any other type (a dict, a custom object): forward must return tensors.
     """
     if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu").clone()
+        t = value.detach()
+        if keep_device or t.device.type == "cpu":
+            return t.clone()
+        return _host_copy(t)
     if isinstance(value, (tuple, list)):
-        return (
-            [to_cpu(v) for v in value]
-            if isinstance(value, list)
-            else tuple(to_cpu(v) for v in value)
-        )
+        copies = (to_cpu(v, keep_device) for v in value)
+        return list(copies) if isinstance(value, list) else tuple(copies)
     if value is None or isinstance(value, (bool, int, float)):
         return value
     raise Fault(f"forward returned an unsupported {type(value).__name__}; return tensors")
 
 
-def float64_oracle(model: torch.nn.Module, inputs: list[Any], device: torch.device) -> Any:
+#: GPU tensors of at least this many bytes are copied to the host through page-locked memory.
+PINNED_COPY_BYTES = 1 << 20
+
+
+def _host_copy(t: torch.Tensor) -> torch.Tensor:
+    """A host copy of the device tensor ``t`` (same shape, dtype and strides where dense)."""
+    if t.device.type == "cuda" and t.numel() * t.element_size() >= PINNED_COPY_BYTES:
+        try:
+            host = torch.empty_like(t, device="cpu", pin_memory=True)
+        except RuntimeError:  # no page-locked memory to be had: a plain copy
+            return t.to("cpu")
+        host.copy_(t, non_blocking=True)
+        torch.cuda.current_stream(t.device).synchronize()
+        return host
+    return t.to("cpu")
+
+
+def float64_oracle(
+    model: torch.nn.Module,
+    inputs: list[Any],
+    device: torch.device,
+    keep: Callable[[Any], Any] | None = None,
+) -> Any:
     """The reference evaluated in float64: a deep copy of ``model`` with its floating
     parameters and buffers in float64, called (under ``no_grad``) on ``inputs`` with every
     floating tensor upcast to float64 (:func:`to_double`).
@@ -96,8 +124,9 @@ def float64_oracle(model: torch.nn.Module, inputs: list[Any], device: torch.devi
     float64, already on the device of the try) is passed as it is, not copied.
 
     Returns:
-        The outputs as :func:`to_cpu` copies them (float64 where the reference computes in
-        it), or None when no try succeeded (float64 unsupported by the reference).
+        The outputs as ``keep`` copies them (default :func:`to_cpu`; float64 where the
+        reference computes in it), or None when no try succeeded (float64 unsupported by the
+        reference).
 
     Raises:
         Fault: the float64 call returned a type other than tensors, None or numbers.
@@ -107,7 +136,7 @@ def float64_oracle(model: torch.nn.Module, inputs: list[Any], device: torch.devi
             model64 = copy.deepcopy(model).to(dev).double()
             args = to_double(to_device(inputs, dev))
             with torch.no_grad():
-                return to_cpu(model64(*args))
+                return (keep or to_cpu)(model64(*args))
         except (RuntimeError, NotImplementedError, TypeError):
             continue
     return None

@@ -18,9 +18,25 @@ from typing import Any
 import torch
 
 from kerneljudge.worker.calls import trial_fields
+from kerneljudge.worker.forward import to_cpu
 from kerneljudge.worker.stamps import KIND_TREE, output_digest
 
-__all__ = ["KeptTrials"]
+__all__ = ["KEEP_DEVICE_SHARE", "KEEP_FREE_SHARE", "KeptTrials"]
+
+#: The share of a GPU's memory the reference's kept outputs and oracles may take there (the
+#: candidate shares the device: its inputs, outputs and workspace need the rest).
+KEEP_DEVICE_SHARE = 0.25
+#: The share of the GPU's free memory one kept copy may take.
+KEEP_FREE_SHARE = 0.25
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    """The tensors in ``value`` (a tensor, or nested lists and tuples; other values skipped)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    return []
 
 
 class KeptTrials:
@@ -29,7 +45,8 @@ class KeptTrials:
     Attributes:
         role: ``"reference"`` or ``"candidate"``; only the reference keeps trials.
         device: the worker's ``torch.device`` (comparisons run there).
-        expected: per key, the reference's ``{"outputs", "oracle"}`` of that trial.
+        expected: per key, the reference's ``{"outputs", "oracle"}`` of that trial (on the
+            GPU or the host: :meth:`keep_copy`).
         held: per key, the trial's inputs as received (on the CPU), when asked to hold them.
     """
 
@@ -37,6 +54,29 @@ class KeptTrials:
     device: Any
     expected: dict[str, dict[str, Any]]
     held: dict[str, list[Any]]
+
+    def keep_copy(self, value: Any) -> Any:
+        """A detached copy of outputs the reference keeps for comparisons (a trial's outputs
+        or float64 oracle): on this worker's GPU while every kept tensor there takes at most
+        :data:`KEEP_DEVICE_SHARE` of the device's memory and this copy at most
+        :data:`KEEP_FREE_SHARE` of what is free, so that comparisons read them where they
+        run; else on the host (:func:`kerneljudge.worker.forward.to_cpu`), as on a CPU worker.
+
+        Raises:
+            Fault: as :func:`~kerneljudge.worker.forward.to_cpu`.
+        """
+        if getattr(self.device, "type", "cpu") != "cuda":
+            return to_cpu(value)
+        size = sum(t.numel() * t.element_size() for t in _tensors(value))
+        free, total = torch.cuda.mem_get_info(self.device)
+        kept = sum(
+            t.numel() * t.element_size()
+            for entry in self.expected.values()
+            for t in _tensors(list(entry.values()))
+            if t.device.type == "cuda"
+        )
+        on_device = size <= KEEP_FREE_SHARE * free and kept + size <= KEEP_DEVICE_SHARE * total
+        return to_cpu(value, keep_device=on_device)
 
     def _reference_only(self, table: dict[str, Any], key: Any) -> Any:
         """``table[str(key)]`` in the reference worker.

@@ -32,6 +32,8 @@ from kerneljudge.worker.faults import (
 )
 from kerneljudge.worker.protocol import (
     MAX_MESSAGE_BYTES,
+    PROFILE_ENV,
+    PROFILE_FILE,
     Channel,
     ChannelClosed,
     ChannelTimeout,
@@ -93,6 +95,8 @@ class WorkerProcess:
             candidate_environment(dict(os.environ)) if role == "candidate" else dict(os.environ)
         )
         full_env.update(env or {})
+        if os.environ.get(PROFILE_ENV):
+            full_env[PROFILE_ENV] = "1"
         full_env["PYTHONPATH"] = os.pathsep.join(
             filter(None, [_SRC_DIR, full_env.get("PYTHONPATH")])
         )
@@ -249,6 +253,9 @@ class WorkerProcess:
             except (ChannelClosed, ChannelTimeout, OSError):
                 pass
         self.kill()
+        keep = os.environ.get(PROFILE_ENV)
+        if keep and (self.scratch / PROFILE_FILE).exists():
+            shutil.copy(self.scratch / PROFILE_FILE, Path(keep) / f"{self.role}-{self.id}.prof")
         shutil.rmtree(self.scratch, ignore_errors=True)
 
     def log_tail(self, limit: int = LOG_TAIL_BYTES) -> str:

@@ -1,20 +1,26 @@
 """The wire protocol between the supervisor and its workers.
 
-A message is an 8-byte big-endian length followed by a ``torch.save`` payload of plain data
-(dicts, lists, str, numbers, bools, None) and tensors. Payloads are read with
-``torch.load(weights_only=True)``, whose unpickler admits only those types, so a message forged by
-candidate code in a worker cannot execute code in the supervisor. Messages travel over a pair of
-pipes dedicated to the protocol; the worker's stdout and stderr go to a capped log file, so
-nothing a candidate prints can corrupt the stream.
+A message is an 8-byte big-endian length, the 8-byte length of its ``torch.save`` part, that
+part (plain data: dicts, lists, str, numbers, bools, None, and tensors) and then the bytes of its
+large tensors, each in the place of a placeholder in the ``torch.save`` part (its index, element
+type and shape; :data:`RAW_MIN_BYTES`). The ``torch.save`` part is read with
+``torch.load(weights_only=True)``, whose unpickler admits only those types, and the placeholders
+are checked (in order, of known element types, their sizes adding up to the length announced),
+so a message forged by candidate code in a worker cannot execute code in the supervisor.
+Messages travel over a pair of pipes dedicated to the protocol; the worker's stdout and stderr
+go to a capped log file, so nothing a candidate prints can corrupt the stream.
 """
 
 from __future__ import annotations
 
+import fcntl
 import io
+import math
 import os
 import select
 import struct
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -24,6 +30,17 @@ __all__ = ["Channel", "ChannelClosed", "ChannelTimeout", "MAX_MESSAGE_BYTES", "M
 #: Largest message accepted (bytes); larger lengths mean a corrupt or hostile stream.
 MAX_MESSAGE_BYTES = 32 << 30
 _HEADER = struct.Struct(">Q")
+#: Linux's ``fcntl`` command that sets a pipe's buffer size.
+_F_SETPIPE_SZ = 1031
+#: Element types of newer torch versions a large tensor may have on the wire, where present.
+_OPTIONAL_DTYPES = ("float8_e4m3fn", "float8_e5m2", "uint16", "uint32", "uint64")
+
+
+#: Environment variable naming a folder: when set, every worker profiles its request handlers
+#: (cProfile) and the supervisor copies each worker's profile there when it closes the worker.
+PROFILE_ENV = "KERNELJUDGE_WORKER_PROFILE"
+#: The profile's file name in a worker's scratch folder.
+PROFILE_FILE = "requests.prof"
 
 
 class ChannelClosed(Exception):
@@ -58,15 +75,17 @@ class Channel:
     def __init__(self, read_fd: int, write_fd: int) -> None:
         self.read_fd = read_fd
         self.write_fd = write_fd
-        #: A message read in part (its buffer, bytes filled) and its payload length once known.
-        self._partial: tuple[bytearray, int] | None = None
-        self._length: int | None = None
+        #: The message being read: what has arrived of it (see :class:`_Incoming`).
+        self._incoming: _Incoming | None = None
         #: Longest message this end reads (bytes); at most :data:`MAX_MESSAGE_BYTES`.
         self.max_bytes = MAX_MESSAGE_BYTES
+        for fd in (read_fd, write_fd):
+            _widen_pipe(fd)
 
     def send(self, message: dict[str, Any]) -> None:
-        """Write one message (the payload is written from the serialisation buffer itself, so
-        sending costs one copy of the message's tensors).
+        """Write one message. Large tensors (see :func:`_raw_tensors`) are written from their
+        own memory after the rest of the message (one copy, into the pipe); the rest is a
+        ``torch.save`` payload.
 
         Raises:
             ChannelClosed: the reader is gone.
@@ -74,25 +93,31 @@ class Channel:
         fd = self.write_fd  # once: another thread may close the channel meanwhile
         if fd < 0:
             raise ChannelClosed("the channel was closed")
+        raws: list[torch.Tensor] = []
+        skeleton = _take_raw(message, raws, _shared_storages(message))
         buf = io.BytesIO()
-        torch.save(message, buf)
+        torch.save(skeleton, buf)
+        raw_bytes = sum(t.numel() * t.element_size() for t in raws)
         with buf.getbuffer() as payload:
             try:
-                _write_all(fd, _HEADER.pack(len(payload)))
+                length = _HEADER.size + len(payload) + raw_bytes
+                _write_all(fd, _HEADER.pack(length) + _HEADER.pack(len(payload)))
                 _write_all(fd, payload)
+                for t in raws:
+                    _write_all(fd, memoryview(t.reshape(-1).view(torch.uint8).numpy()))  # type: ignore[arg-type]
             except OSError as exc:
                 raise ChannelClosed(str(exc)) from None
 
-    def _fill(self, buf: bytearray, filled: int, deadline: float | None) -> int:
-        """Read into ``buf`` from offset ``filled`` until it is full; returns the new offset.
+    def _fill(self, view: memoryview, filled: int, deadline: float | None) -> int:
+        """Read into ``view`` from offset ``filled`` until it is full; returns the new offset.
 
         Raises:
-            ChannelTimeout: the deadline passed first (the caller keeps ``buf`` and the offset
-                it last got, so what was read survives).
+            ChannelTimeout: the deadline passed first (what was read is kept in the message's
+                state, so the next :meth:`recv` goes on from there).
             ChannelClosed: the writer is gone.
         """
-        view = memoryview(buf)
-        while filled < len(buf):
+        incoming = self._incoming
+        while filled < len(view):
             fd = self.read_fd  # once: another thread may close the channel meanwhile
             if fd < 0:
                 raise ChannelClosed("the channel was closed")
@@ -108,15 +133,17 @@ class Channel:
             if not got:
                 raise ChannelClosed("end of stream")
             filled += got
-            self._partial = (buf, filled)
+            if incoming is not None:
+                incoming.filled = filled
         return filled
 
     def recv(self, timeout_s: float | None = None) -> dict[str, Any]:
         """Read one message, waiting at most ``timeout_s`` seconds (None: forever).
 
         A timeout keeps the part of a message read so far; the next call goes on from there.
-        The payload is read into one buffer of its exact size and the message's tensors are
-        made from it, so a message costs at most twice its size while it is decoded.
+        The ``torch.save`` part is read into one buffer of its exact size and its tensors are
+        made from it; each large tensor is read straight into its own memory, so a message
+        costs at most its size plus its ``torch.save`` part while it is decoded.
 
         Raises:
             ChannelTimeout: nothing complete arrived in time.
@@ -124,32 +151,42 @@ class Channel:
             ChannelClosed: the writer is gone, or the stream is corrupt.
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        buf, filled = self._partial or (bytearray(_HEADER.size), 0)
-        if self._length is None:
-            self._fill(buf, filled, deadline)
-            (length,) = _HEADER.unpack(bytes(buf))
-            limit = min(self.max_bytes, MAX_MESSAGE_BYTES)
-            if length > limit:
-                raise MessageTooLarge(length, limit)
-            self._length = length
-            buf, filled = bytearray(length), 0
-            self._partial = (buf, filled)
-        self._fill(buf, filled, deadline)
-        self._partial, self._length = None, None
-        try:
-            # torch.load reads any seekable binary file object; its FileLike names IO[bytes] only.
-            message = torch.load(
-                _Reader(buf),  # type: ignore[arg-type]
-                weights_only=True,
-                map_location="cpu",
-            )
-        except Exception as exc:  # any unpickling failure means a corrupt or forged stream
-            raise ChannelClosed(f"unreadable message: {type(exc).__name__}: {exc}") from None
-        finally:
-            del buf
-        if not isinstance(message, dict):
-            raise ChannelClosed("message is not a dict")
-        return message
+        if self._incoming is None:
+            self._incoming = _Incoming(memoryview(bytearray(_HEADER.size)))
+        incoming = self._incoming
+        while True:
+            incoming.filled = self._fill(incoming.target, incoming.filled, deadline)
+            if incoming.stage == "header":
+                length = _HEADER.unpack_from(incoming.target, 0)[0]
+                limit = min(self.max_bytes, MAX_MESSAGE_BYTES)
+                if length > limit:
+                    self._incoming = None
+                    raise MessageTooLarge(length, limit)
+                if length < _HEADER.size:
+                    self._incoming = None
+                    raise ChannelClosed("corrupt message header")
+                incoming.length = length
+                incoming.next("skeleton length", memoryview(bytearray(_HEADER.size)))
+            elif incoming.stage == "skeleton length":
+                skeleton = _HEADER.unpack_from(incoming.target, 0)[0]
+                if skeleton > incoming.length - _HEADER.size:
+                    self._incoming = None
+                    raise ChannelClosed("corrupt message header")
+                incoming.raw_bytes = incoming.length - _HEADER.size - skeleton
+                incoming.next("skeleton", memoryview(bytearray(skeleton)))
+            elif incoming.stage == "skeleton":
+                try:
+                    incoming.message = _load_skeleton(incoming.target)
+                    incoming.raws = _placeholders(incoming.message, incoming.raw_bytes)
+                except ChannelClosed:
+                    self._incoming = None
+                    raise
+                incoming.next_raw()
+            else:
+                incoming.next_raw()
+            if incoming.stage == "done":
+                self._incoming = None
+                return _put_raw(incoming.message, incoming.raws)
 
     def close(self) -> None:
         """Close both ends; a second call does nothing (the numbers may belong to new files)."""
@@ -163,6 +200,195 @@ class Channel:
                 pass
 
 
+class _Incoming:
+    """What has arrived of a message being read: its stage (``header``, ``skeleton length``,
+    ``skeleton``, ``raw`` or ``done``), the buffer being filled and how far, the decoded
+    ``torch.save`` part and the large tensors read so far."""
+
+    def __init__(self, target: memoryview) -> None:
+        self.stage = "header"
+        self.target = target
+        self.filled = 0
+        self.length = 0
+        self.raw_bytes = 0
+        self.message: Any = None
+        self.raws: list[torch.Tensor] = []
+        self._next_raw = 0
+
+    def next(self, stage: str, target: memoryview) -> None:
+        self.stage, self.target, self.filled = stage, target, 0
+
+    def next_raw(self) -> None:
+        """Go on with the next large tensor (or ``done`` after the last one)."""
+        while self._next_raw < len(self.raws):
+            t = self.raws[self._next_raw]
+            self._next_raw += 1
+            if t.numel():
+                self.next("raw", memoryview(t.reshape(-1).view(torch.uint8).numpy()))  # type: ignore[arg-type]
+                return
+        self.stage = "done"
+
+
+#: Tensors of at least this many bytes travel outside the ``torch.save`` payload.
+RAW_MIN_BYTES = 64 << 10
+#: The key that marks a large tensor's place in the ``torch.save`` part of a message.
+_RAW_KEY = "__kerneljudge_raw_tensor__"
+#: Element types a large tensor may have on the wire.
+_RAW_DTYPES = {
+    str(d).removeprefix("torch."): d
+    for d in (
+        torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.complex64,
+        torch.complex128, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8,
+        torch.bool, *(getattr(torch, n) for n in _OPTIONAL_DTYPES if hasattr(torch, n)),
+    )
+}  # fmt: skip
+
+
+def _shared_storages(message: Any) -> set[int]:
+    """Addresses of the CPU storages that more than one tensor of ``message`` views."""
+    seen: set[int] = set()
+    shared: set[int] = set()
+    for t in _tensors(message):
+        if t.device.type == "cpu" and t.layout == torch.strided:
+            ptr = t.untyped_storage().data_ptr()
+            (shared if ptr in seen else seen).add(ptr)
+    return shared
+
+
+def _tensors(obj: Any) -> Iterator[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _tensors(v)
+    elif isinstance(obj, list | tuple):
+        for v in obj:
+            yield from _tensors(v)
+
+
+def _raw_ok(t: torch.Tensor, shared: set[int]) -> bool:
+    """Whether ``t`` travels as raw bytes: a plain, dense, contiguous CPU tensor of at least
+    :data:`RAW_MIN_BYTES` that is its storage's only view (views sharing a storage go in the
+    ``torch.save`` part, which keeps them shared)."""
+    return bool(
+        type(t) is torch.Tensor
+        and t.device.type == "cpu"
+        and t.layout == torch.strided
+        and not t.requires_grad
+        and str(t.dtype).removeprefix("torch.") in _RAW_DTYPES
+        and t.numel() * t.element_size() >= RAW_MIN_BYTES
+        and t.is_contiguous()
+        and not (t.is_conj() or t.is_neg())
+        and t.storage_offset() == 0
+        and t.untyped_storage().nbytes() == t.numel() * t.element_size()
+        and t.untyped_storage().data_ptr() not in shared
+    )
+
+
+def _take_raw(obj: Any, raws: list[torch.Tensor], shared: set[int]) -> Any:
+    """``obj`` with each large tensor replaced by its placeholder (appended to ``raws``)."""
+    if isinstance(obj, torch.Tensor):
+        if not _raw_ok(obj, shared):
+            return obj
+        raws.append(obj)
+        dtype = str(obj.dtype).removeprefix("torch.")
+        return {_RAW_KEY: len(raws) - 1, "dtype": dtype, "shape": list(obj.shape)}
+    if isinstance(obj, dict):
+        return {k: _take_raw(v, raws, shared) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_take_raw(v, raws, shared) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_take_raw(v, raws, shared) for v in obj)
+    return obj
+
+
+def _load_skeleton(view: memoryview) -> Any:
+    try:
+        # torch.load reads any seekable binary file object; its FileLike names IO[bytes] only.
+        message = torch.load(
+            _Reader(view),  # type: ignore[arg-type]
+            weights_only=True,
+            map_location="cpu",
+        )
+    except Exception as exc:  # any unpickling failure means a corrupt or forged stream
+        raise ChannelClosed(f"unreadable message: {type(exc).__name__}: {exc}") from None
+    if not isinstance(message, dict):
+        raise ChannelClosed("message is not a dict")
+    return message
+
+
+def _placeholders(message: Any, raw_bytes: int) -> list[torch.Tensor]:
+    """Empty tensors for the placeholders of ``message``, in their order; their sizes must add
+    up to the ``raw_bytes`` announced.
+
+    Raises:
+        ChannelClosed: a placeholder is malformed, out of order or repeated, or the sizes do
+            not add up (a corrupt or forged stream).
+    """
+    specs: list[dict[str, Any]] = []
+
+    def walk(obj: Any, depth: int) -> None:
+        if depth > 64:
+            raise ChannelClosed("corrupt message: nested too deep")
+        if isinstance(obj, dict):
+            if _RAW_KEY in obj:
+                specs.append(obj)
+                return
+            for v in obj.values():
+                walk(v, depth + 1)
+        elif isinstance(obj, list | tuple):
+            for v in obj:
+                walk(v, depth + 1)
+
+    walk(message, 0)
+    tensors: list[torch.Tensor] = []
+    total = 0
+    for i, spec in enumerate(specs):
+        name = spec.get("dtype")
+        dtype = _RAW_DTYPES.get(name) if isinstance(name, str) else None
+        shape = spec.get("shape")
+        if (
+            set(spec) != {_RAW_KEY, "dtype", "shape"}
+            or spec[_RAW_KEY] != i
+            or type(spec[_RAW_KEY]) is not int
+            or dtype is None
+            or not isinstance(shape, list)
+            or len(shape) > 64
+            or not all(type(d) is int and d >= 0 for d in shape)
+        ):
+            raise ChannelClosed("corrupt message: a malformed tensor placeholder")
+        numel = math.prod(shape)
+        total += numel * dtype.itemsize
+        if total > raw_bytes:
+            raise ChannelClosed("corrupt message: its tensors are longer than announced")
+        tensors.append(torch.empty(shape, dtype=dtype))
+    if total != raw_bytes:
+        raise ChannelClosed("corrupt message: its tensors are shorter than announced")
+    return tensors
+
+
+def _put_raw(obj: Any, raws: list[torch.Tensor]) -> Any:
+    """``obj`` with each placeholder replaced by its tensor."""
+    if isinstance(obj, dict):
+        if _RAW_KEY in obj:
+            return raws[obj[_RAW_KEY]]
+        return {k: _put_raw(v, raws) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_put_raw(v, raws) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_put_raw(v, raws) for v in obj)
+    return obj
+
+
+def _widen_pipe(fd: int) -> None:
+    """Ask for a 1 MiB pipe buffer (Linux ``F_SETPIPE_SZ``: fewer, larger reads and writes for a
+    large message); a pipe that is not one, or a host limit, leaves it as it is."""
+    try:
+        fcntl.fcntl(fd, _F_SETPIPE_SZ, 1 << 20)
+    except (OSError, ValueError):
+        pass
+
+
 def _write_all(fd: int, data: bytes | memoryview) -> None:
     view = memoryview(data)
     while view:
@@ -173,7 +399,7 @@ class _Reader(io.RawIOBase):
     """A read-only, seekable file over a buffer, without copying it (``io.BytesIO`` copies a
     ``bytearray``), for ``torch.load``."""
 
-    def __init__(self, buf: bytearray) -> None:
+    def __init__(self, buf: bytearray | memoryview) -> None:
         super().__init__()
         self._view = memoryview(buf)
         self._pos = 0

@@ -15,10 +15,12 @@ in :mod:`kerneljudge.worker.forward`; confinement, tracebacks and the rest in
 from __future__ import annotations
 
 import argparse
+import cProfile
 import importlib.util
 import os
 import socket
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -48,7 +50,7 @@ from kerneljudge.worker.forward import (
     to_device,
 )
 from kerneljudge.worker.kept_trials import KeptTrials
-from kerneljudge.worker.protocol import Channel, ChannelClosed
+from kerneljudge.worker.protocol import PROFILE_ENV, PROFILE_FILE, Channel, ChannelClosed
 from kerneljudge.worker.sandbox import (
     Sandbox,
     limit_output,
@@ -253,10 +255,11 @@ class Worker(KeptTrials):
         call_s = time.perf_counter() - started
         effects = input_effects(args, self.inputs, out)
         self.poison_bytes = max(self.poison_bytes, nbytes(measure.flatten_tensors(out)))
-        outputs = to_cpu(out)
+        kept = msg.get("expect") is not None and self.role == "reference"
+        outputs = self.keep_copy(out) if kept else to_cpu(out)
         del out, args
-        oracle = self._oracle() if msg.get("oracle") else None
-        if msg.get("expect") is not None and self.role == "reference":
+        oracle = self._oracle(kept) if msg.get("oracle") else None
+        if kept:
             key = str(msg["expect"])
             self.expected[key] = {"outputs": outputs, "oracle": oracle}
             if msg.get("hold_inputs"):
@@ -273,11 +276,13 @@ class Worker(KeptTrials):
             reply["oracle"] = oracle
         return reply
 
-    def _oracle(self) -> Any:
+    def _oracle(self, kept: bool = False) -> Any:
         """The reference evaluated in float64 on the current inputs
-        (:func:`kerneljudge.worker.forward.float64_oracle`: on the device, else on the CPU)."""
+        (:func:`kerneljudge.worker.forward.float64_oracle`: on the device, else on the CPU);
+        ``kept``: copied as :meth:`keep_copy` keeps a trial's tensors, else to the CPU."""
         assert self.model is not None
-        return float64_oracle(self.model, self.inputs, self.device)
+        keep = self.keep_copy if kept else None
+        return float64_oracle(self.model, self.inputs, self.device, keep)
 
     def op_compile(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Compile the reference with ``torch.compile`` and warm it up on the current inputs."""
@@ -413,6 +418,9 @@ def serve(chan: Channel, worker: Worker) -> int:
         if name.startswith("op_")
     }
     chan.send({"op": "ready", "pid": os.getpid()})
+    # A profile of the request handlers (benchmarks/verdict_profile.py --workers): written to
+    # this worker's scratch folder after every request; the supervisor keeps it at close.
+    profiler = cProfile.Profile() if os.environ.get(PROFILE_ENV) else None
     while True:
         try:
             msg = chan.recv()
@@ -428,7 +436,14 @@ def serve(chan: Channel, worker: Worker) -> int:
             chan.send({"ok": False, "fault": False, "error": f"unknown op {op!r}", "nonce": nonce})
             continue
         try:
-            reply = handler(msg)
+            if profiler is not None:
+                profiler.enable()
+            try:
+                reply = handler(msg)
+            finally:
+                if profiler is not None:
+                    profiler.disable()
+                    profiler.dump_stats(os.path.join(tempfile.gettempdir(), PROFILE_FILE))
             reply["ok"] = True
         except Fault as exc:
             reply = {
