@@ -194,3 +194,41 @@ def test_chunk_size_and_lazy_scan_do_not_change_the_result(
                 assert got.mean_abs_err == pytest.approx(plain.mean_abs_err, rel=1e-12), where
     wrong = compare_outputs(*_cases()[1][1:3], oracle=_cases()[1][3], atol=1e-4, rtol=1e-4)
     assert [m.index for m in wrong.mismatches] == [(1500,), (2999,), (3000,), (4100,), (4200,)]
+
+
+def test_float64_oracle_reaches_submodules_used_through_a_closure_and_restores_the_model() -> None:
+    """A reference that calls a submodule through a ``lambda`` over it (as KernelBench's
+    MiniGPTBlock does) gets a float64 oracle; the model keeps its own parameter and buffer
+    objects, values and dtypes, tied parameters included."""
+    from torch import nn
+
+    from kerneljudge.worker.forward import float64_oracle
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln = nn.LayerNorm(16)
+            self.mlp = nn.ModuleDict({"fc": nn.Linear(16, 32), "proj": nn.Linear(32, 16)})
+            m = self.mlp
+            self.mlpf = lambda x: m["proj"](torch.tanh(m["fc"](x)))
+            self.tied = self.mlp["fc"]  # the same Linear registered twice
+            self.register_buffer("shift", torch.full((16,), 0.25, dtype=torch.float16))
+            self.register_buffer("steps", torch.arange(16))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.mlpf(self.ln(x)) + self.shift.to(x.dtype) + self.steps
+
+    torch.manual_seed(0)
+    model, x = Block(), torch.randn(4, 16)
+    params = {name: (p, p.data_ptr(), p.detach().clone()) for name, p in model.named_parameters()}
+    buffers = dict(model.named_buffers())
+    oracle = float64_oracle(model, [x], torch.device("cpu"))
+    assert oracle is not None and oracle.dtype == torch.float64
+    # The float64 result is the float32 one to float32 rounding.
+    assert torch.allclose(oracle, model(x).double(), atol=1e-5)
+    for name, p in model.named_parameters():
+        same, ptr, value = params[name]
+        assert same is p and p.data_ptr() == ptr and torch.equal(p.detach(), value)
+    for name, b in model.named_buffers():
+        assert buffers[name] is b
+    assert model.shift.dtype == torch.float16 and model.steps.dtype == torch.int64

@@ -17,8 +17,8 @@ the standard library, torch and :mod:`kerneljudge.worker` modules, as a sandboxe
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -114,13 +114,15 @@ def float64_oracle(
     device: torch.device,
     keep: Callable[[Any], Any] | None = None,
 ) -> Any:
-    """The reference evaluated in float64: a deep copy of ``model`` with its floating
-    parameters and buffers in float64, called (under ``no_grad``) on ``inputs`` with every
-    floating tensor upcast to float64 (:func:`to_double`).
+    """The reference evaluated in float64: ``model`` called (under ``no_grad``) with its floating
+    parameters and buffers in float64 (:func:`in_float64`) on ``inputs`` with every floating
+    tensor upcast to float64 (:func:`to_double`).
 
-    Tried on ``device``, then on the CPU (once more when ``device`` is the CPU); a
-    ``RuntimeError``, ``NotImplementedError`` or ``TypeError`` moves on to the next try.
-    ``model`` is not changed; an input tensor that needs no conversion (integer, bool or
+    Tried on ``device``; on the CPU after that only when ``device`` is a GPU and its try failed
+    for want of the GPU (an operator not implemented there in float64, or no memory left): an
+    error of the model itself (a dtype or shape mismatch) would come again on the CPU, after
+    minutes of float64 work there. ``model`` is the same afterwards (its tensors are swapped
+    back, not converted back); an input tensor that needs no conversion (integer, bool or
     float64, already on the device of the try) is passed as it is, not copied.
 
     Returns:
@@ -131,15 +133,63 @@ def float64_oracle(
     Raises:
         Fault: the float64 call returned a type other than tensors, None or numbers.
     """
-    for dev in (device, torch.device("cpu")):
+    tries = [device] if device.type == "cpu" else [device, torch.device("cpu")]
+    for dev in tries:
         try:
-            model64 = copy.deepcopy(model).to(dev).double()
-            args = to_double(to_device(inputs, dev))
-            with torch.no_grad():
-                return (keep or to_cpu)(model64(*args))
-        except (RuntimeError, NotImplementedError, TypeError):
-            continue
+            with in_float64(model, dev):
+                args = to_double(to_device(inputs, dev))
+                with torch.no_grad():
+                    return (keep or to_cpu)(model(*args))
+        except (RuntimeError, NotImplementedError, TypeError) as exc:
+            if not _wants_the_host(exc):
+                return None
     return None
+
+
+def _wants_the_host(exc: BaseException) -> bool:
+    """Whether a float64 call that failed on a GPU may work on the CPU."""
+    return (
+        isinstance(exc, (NotImplementedError, torch.cuda.OutOfMemoryError))
+        or "not implemented" in str(exc).lower()
+    )
+
+
+@contextlib.contextmanager
+def in_float64(model: torch.nn.Module, device: torch.device) -> Iterator[None]:
+    """``model`` with each parameter's data and each buffer moved to ``device``, floating ones
+    in float64, inside the ``with`` block; the original tensors are put back at its end (the
+    same objects: nothing is converted back).
+
+    The module itself is changed, not a copy: code that refers to its submodules from
+    elsewhere (a ``lambda`` attribute over ``self.mlp``, as some reference models have) sees
+    the float64 tensors too, where a ``copy.deepcopy`` would have left it the originals. Tied
+    parameters and buffers registered twice are converted once.
+    """
+    done: dict[int, torch.Tensor] = {}
+
+    def convert(t: torch.Tensor) -> torch.Tensor:
+        if id(t) not in done:
+            dtype = torch.float64 if t.is_floating_point() else t.dtype
+            done[id(t)] = t.detach().to(device=device, dtype=dtype)
+        return done[id(t)]
+
+    params: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
+    buffers: list[tuple[dict[str, Any], str, torch.Tensor]] = []
+    try:
+        for p in model.parameters():  # each Parameter once
+            params.append((p, p.data))
+            p.data = convert(p.data)
+        for module in model.modules():
+            for name, b in list(module._buffers.items()):
+                if b is not None:
+                    buffers.append((module._buffers, name, b))
+                    module._buffers[name] = convert(b)
+        yield
+    finally:
+        for p, data in reversed(params):
+            p.data = data
+        for table, name, b in reversed(buffers):
+            table[name] = b
 
 
 class OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):

@@ -254,8 +254,10 @@ class WorkerProcess:
                 pass
         self.kill()
         keep = os.environ.get(PROFILE_ENV)
-        if keep and (self.scratch / PROFILE_FILE).exists():
-            shutil.copy(self.scratch / PROFILE_FILE, Path(keep) / f"{self.role}-{self.id}.prof")
+        profile = self.scratch / PROFILE_FILE
+        # Only a plain file: a candidate could leave a link to a file of this process's user.
+        if keep and not profile.is_symlink() and profile.is_file():
+            shutil.copy(profile, Path(keep) / f"{self.role}-{self.id}.prof")
         shutil.rmtree(self.scratch, ignore_errors=True)
 
     def log_tail(self, limit: int = LOG_TAIL_BYTES) -> str:
