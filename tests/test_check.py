@@ -232,3 +232,27 @@ def test_float64_oracle_reaches_submodules_used_through_a_closure_and_restores_t
     for name, b in model.named_buffers():
         assert buffers[name] is b
     assert model.shift.dtype == torch.float16 and model.steps.dtype == torch.int64
+
+
+def test_float64_oracle_leaves_a_stateful_reference_as_it_was() -> None:
+    """What a reference changes in place during the float64 call (a counter buffer, a float64
+    parameter) is changed in copies, not in the reference."""
+    from torch import nn
+
+    from kerneljudge.worker.forward import float64_oracle
+
+    class Stateful(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("calls", torch.zeros((), dtype=torch.int64))
+            self.scale = nn.Parameter(torch.ones(3, dtype=torch.float64))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.calls += 1
+            self.scale.data.mul_(2)
+            return x * self.scale
+
+    model = Stateful()
+    oracle = float64_oracle(model, [torch.ones(3)], torch.device("cpu"))
+    assert torch.equal(oracle, torch.full((3,), 2.0, dtype=torch.float64))
+    assert int(model.calls) == 0 and torch.equal(model.scale.detach(), torch.ones(3).double())

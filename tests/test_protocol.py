@@ -219,3 +219,102 @@ def test_forged_tensor_placeholders_are_refused(placeholder, raw, why) -> None:
         Channel(r, -1).recv(timeout_s=5)
     os.close(r)
     os.close(w)
+
+
+def _forged(skeleton_obj: object, raw: bytes = b"", compress: bool = False) -> bytes:
+    """The bytes of a message whose torch.save part is ``skeleton_obj`` (re-packed with deflated
+    entries when ``compress``) followed by ``raw``."""
+    import io
+    import zipfile
+
+    buf = io.BytesIO()
+    torch.save(skeleton_obj, buf)
+    skeleton = buf.getvalue()
+    if compress:
+        packed = io.BytesIO()
+        with zipfile.ZipFile(io.BytesIO(skeleton)) as src, zipfile.ZipFile(packed, "w") as dst:
+            for info in src.infolist():
+                dst.writestr(info.filename, src.read(info), compress_type=zipfile.ZIP_DEFLATED)
+        skeleton = packed.getvalue()
+    body = struct.pack(">Q", len(skeleton)) + skeleton + raw
+    return struct.pack(">Q", len(body)) + body
+
+
+def _read_after(wire: bytes, then: dict) -> tuple[Exception | None, dict | None]:
+    """Feed ``wire`` and then an honest message ``then`` to one reader: what the first read
+    raised, and what the second one returned when the first read the whole of ``wire`` (a
+    refused message leaves the stream where the refusal stopped: the supervisor ends such a
+    worker)."""
+    r, w = os.pipe()
+    reader = Channel(r, -1)
+    writer = threading.Thread(target=lambda: (_write_all(w, wire), Channel(-1, w).send(then)))
+    writer.start()
+    raised = None
+    try:
+        reader.recv(timeout_s=10)
+    except Exception as exc:  # noqa: BLE001 - what it raised is the result
+        raised = exc
+    got = reader.recv(timeout_s=10) if raised is None else None
+    writer.join()  # ``then`` is small: it fits in the pipe, read or not
+    os.close(w)
+    reader.close()
+    return raised, got
+
+
+@pytest.mark.parametrize(
+    "placeholder",
+    [
+        {"__kerneljudge_raw_tensor__": torch.tensor([0, 1]), "dtype": "float32", "shape": [1]},
+        {"__kerneljudge_raw_tensor__": True, "dtype": "float32", "shape": [1]},
+        {"__kerneljudge_raw_tensor__": 0, "dtype": "float32", "shape": [0, 2**70]},
+        {"__kerneljudge_raw_tensor__": 0, "dtype": "float32", "shape": [0, 2**40, 2**40]},
+        {"__kerneljudge_raw_tensor__": 0, "dtype": "float32", "shape": [True]},
+    ],
+)
+def test_a_forged_placeholder_is_refused_as_a_closed_channel(placeholder) -> None:
+    """Refused as ``ChannelClosed`` (the supervisor's one sign of a broken worker), never
+    another exception from deep inside, and not again at the next read."""
+    wire = _forged({"t": placeholder}, bytes(4))
+    r, w = os.pipe()
+    reader = Channel(r, -1)
+    _write_all(w, wire)
+    with pytest.raises(ChannelClosed):
+        reader.recv(timeout_s=10)
+    with pytest.raises(ChannelTimeout):  # a fresh read starts a new message, no second raise
+        reader.recv(timeout_s=0.1)
+    os.close(w)
+    reader.close()
+
+
+def test_a_message_that_shares_its_containers_is_read_in_linear_time() -> None:
+    """A pickle can name one list in many places: 60 levels of ``[a, a]`` are 2^60 paths."""
+    import time
+
+    shared: list = [torch.zeros(2)]
+    for _ in range(60):
+        shared = [shared, shared]
+    started = time.monotonic()
+    raised, got = _read_after(_forged({"x": shared}), {"op": "next"})
+    assert raised is None and got == {"op": "next"}
+    assert time.monotonic() - started < 60
+
+
+def test_a_compressed_torch_save_part_is_refused() -> None:
+    """A deflated entry could unpack to far more than the length the reader agreed to."""
+    raised, _ = _read_after(_forged({"t": torch.zeros(1 << 16)}, compress=True), {"op": "n"})
+    assert isinstance(raised, ChannelClosed) and "compressed" in str(raised)
+
+
+def test_shared_containers_stay_shared_and_subclasses_keep_their_type(pipe_pair) -> None:
+    from collections import OrderedDict
+
+    reader, writer = pipe_pair
+    big = torch.arange(RAW_MIN_BYTES)
+    inner = [big, 1]
+    msg = {"a": inner, "b": inner, "size": torch.Size([2, 3]), "od": OrderedDict(k=1)}
+    sender = threading.Thread(target=writer.send, args=(msg,), daemon=True)
+    sender.start()
+    got = reader.recv(timeout_s=30)
+    sender.join()
+    assert got["a"] is got["b"] and torch.equal(got["a"][0], big)
+    assert type(got["size"]) is torch.Size and type(got["od"]) is OrderedDict

@@ -118,12 +118,12 @@ def float64_oracle(
     parameters and buffers in float64 (:func:`in_float64`) on ``inputs`` with every floating
     tensor upcast to float64 (:func:`to_double`).
 
-    Tried on ``device``; on the CPU after that only when ``device`` is a GPU and its try failed
-    for want of the GPU (an operator not implemented there in float64, or no memory left): an
-    error of the model itself (a dtype or shape mismatch) would come again on the CPU, after
-    minutes of float64 work there. ``model`` is the same afterwards (its tensors are swapped
-    back, not converted back); an input tensor that needs no conversion (integer, bool or
-    float64, already on the device of the try) is passed as it is, not copied.
+    Tried on ``device``, then on the CPU when ``device`` is a GPU, unless the GPU's try failed
+    on a dtype or device mismatch inside the model (a tensor it keeps outside its parameters and
+    buffers): that would come again on the CPU, after minutes of float64 work there. ``model``
+    is the same afterwards (its own tensors are put back; the float64 call ran on copies); an
+    input tensor that needs no conversion (integer, bool or float64, already on the device of
+    the try) is passed as it is, not copied.
 
     Returns:
         The outputs as ``keep`` copies them (default :func:`to_cpu`; float64 where the
@@ -141,24 +141,33 @@ def float64_oracle(
                 with torch.no_grad():
                     return (keep or to_cpu)(model(*args))
         except (RuntimeError, NotImplementedError, TypeError) as exc:
-            if not _wants_the_host(exc):
+            if _mismatch(exc):
                 return None
     return None
 
 
-def _wants_the_host(exc: BaseException) -> bool:
-    """Whether a float64 call that failed on a GPU may work on the CPU."""
-    return (
-        isinstance(exc, (NotImplementedError, torch.cuda.OutOfMemoryError))
-        or "not implemented" in str(exc).lower()
-    )
+#: Words of torch's errors for operands of different dtypes or devices.
+_MISMATCH_WORDS = (
+    "same dtype",
+    "expected scalar type",
+    "dtype mismatch",
+    "same device",
+    "expected all tensors to be on the same device",
+)
+
+
+def _mismatch(exc: BaseException) -> bool:
+    """Whether a failed float64 call failed on a dtype or device mismatch of its operands."""
+    text = str(exc).lower()
+    return any(words in text for words in _MISMATCH_WORDS)
 
 
 @contextlib.contextmanager
 def in_float64(model: torch.nn.Module, device: torch.device) -> Iterator[None]:
     """``model`` with each parameter's data and each buffer moved to ``device``, floating ones
     in float64, inside the ``with`` block; the original tensors are put back at its end (the
-    same objects: nothing is converted back).
+    same objects: nothing is converted back). The float64 tensors are copies, also where a
+    tensor is float64 already.
 
     The module itself is changed, not a copy: code that refers to its submodules from
     elsewhere (a ``lambda`` attribute over ``self.mlp``, as some reference models have) sees
@@ -168,17 +177,20 @@ def in_float64(model: torch.nn.Module, device: torch.device) -> Iterator[None]:
     done: dict[int, torch.Tensor] = {}
 
     def convert(t: torch.Tensor) -> torch.Tensor:
+        # Keyed by the id of a tensor the lists below keep alive: no id is reused meanwhile.
         if id(t) not in done:
             dtype = torch.float64 if t.is_floating_point() else t.dtype
-            done[id(t)] = t.detach().to(device=device, dtype=dtype)
+            # Always a copy: what the float64 call changes in place stays out of the model.
+            done[id(t)] = t.detach().to(device=device, dtype=dtype, copy=True)
         return done[id(t)]
 
     params: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
     buffers: list[tuple[dict[str, Any], str, torch.Tensor]] = []
     try:
         for p in model.parameters():  # each Parameter once
-            params.append((p, p.data))
-            p.data = convert(p.data)
+            data = p.data
+            params.append((p, data))
+            p.data = convert(data)
         for module in model.modules():
             for name, b in list(module._buffers.items()):
                 if b is not None:

@@ -20,6 +20,7 @@ import os
 import select
 import struct
 import time
+import zipfile
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,6 +31,11 @@ __all__ = ["Channel", "ChannelClosed", "ChannelTimeout", "MAX_MESSAGE_BYTES", "M
 #: Largest message accepted (bytes); larger lengths mean a corrupt or hostile stream.
 MAX_MESSAGE_BYTES = 32 << 30
 _HEADER = struct.Struct(">Q")
+#: Deepest nesting of containers a message may have, most dimensions of a raw tensor, and the
+#: largest span (bytes, every dimension counted at least once) a raw tensor may have.
+_MAX_DEPTH = 64
+_MAX_DIMS = 64
+_MAX_SPAN = 1 << 62
 #: Linux's ``fcntl`` command that sets a pipe's buffer size.
 _F_SETPIPE_SZ = 1031
 #: Element types of newer torch versions a large tensor may have on the wire, where present.
@@ -178,9 +184,11 @@ class Channel:
                 try:
                     incoming.message = _load_skeleton(incoming.target)
                     incoming.raws = _placeholders(incoming.message, incoming.raw_bytes)
-                except ChannelClosed:
+                except BaseException as exc:  # the next message starts afresh
                     self._incoming = None
-                    raise
+                    if isinstance(exc, ChannelClosed):
+                        raise
+                    raise ChannelClosed(f"corrupt message: {type(exc).__name__}") from None
                 incoming.next_raw()
             else:
                 incoming.next_raw()
@@ -248,22 +256,19 @@ def _shared_storages(message: Any) -> set[int]:
     """Addresses of the CPU storages that more than one tensor of ``message`` views."""
     seen: set[int] = set()
     shared: set[int] = set()
-    for t in _tensors(message):
+    tensors = {
+        id(v): v
+        for c in _containers(message)
+        for v in (c.values() if type(c) is dict else c)
+        if isinstance(v, torch.Tensor)
+    }
+    if isinstance(message, torch.Tensor):
+        tensors[id(message)] = message
+    for t in tensors.values():
         if t.device.type == "cpu" and t.layout == torch.strided:
             ptr = t.untyped_storage().data_ptr()
             (shared if ptr in seen else seen).add(ptr)
     return shared
-
-
-def _tensors(obj: Any) -> Iterator[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            yield from _tensors(v)
-    elif isinstance(obj, list | tuple):
-        for v in obj:
-            yield from _tensors(v)
 
 
 def _raw_ok(t: torch.Tensor, shared: set[int]) -> bool:
@@ -285,24 +290,48 @@ def _raw_ok(t: torch.Tensor, shared: set[int]) -> bool:
     )
 
 
-def _take_raw(obj: Any, raws: list[torch.Tensor], shared: set[int]) -> Any:
-    """``obj`` with each large tensor replaced by its placeholder (appended to ``raws``)."""
-    if isinstance(obj, torch.Tensor):
-        if not _raw_ok(obj, shared):
-            return obj
-        raws.append(obj)
-        dtype = str(obj.dtype).removeprefix("torch.")
-        return {_RAW_KEY: len(raws) - 1, "dtype": dtype, "shape": list(obj.shape)}
-    if isinstance(obj, dict):
-        return {k: _take_raw(v, raws, shared) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_take_raw(v, raws, shared) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(_take_raw(v, raws, shared) for v in obj)
-    return obj
+def _take_raw(
+    obj: Any, raws: list[torch.Tensor], shared: set[int], memo: dict[int, Any] | None = None
+) -> Any:
+    """``obj`` with each large tensor replaced by its placeholder (appended to ``raws``); dicts,
+    lists and tuples of exactly those types are rebuilt (each once: a container met twice is
+    the same rebuilt object), any other value is kept as it is."""
+    memo = {} if memo is None else memo
+    if id(obj) in memo:
+        return memo[id(obj)]
+    out: Any = obj
+    if type(obj) is torch.Tensor:
+        if _raw_ok(obj, shared):
+            raws.append(obj)
+            dtype = str(obj.dtype).removeprefix("torch.")
+            out = {_RAW_KEY: len(raws) - 1, "dtype": dtype, "shape": list(obj.shape)}
+    elif type(obj) is dict:
+        out = {k: _take_raw(v, raws, shared, memo) for k, v in obj.items()}
+    elif type(obj) is list:
+        out = [_take_raw(v, raws, shared, memo) for v in obj]
+    elif type(obj) is tuple:
+        out = tuple(_take_raw(v, raws, shared, memo) for v in obj)
+    memo[id(obj)] = out
+    return out
 
 
 def _load_skeleton(view: memoryview) -> Any:
+    """The ``torch.save`` part of a message, loaded with ``weights_only``.
+
+    Raises:
+        ChannelClosed: it is not a zip archive of stored (uncompressed) entries no longer in all
+            than itself (a compressed entry could unpack to far more than the length
+            announced), it does not load, or it is not a dict.
+    """
+    try:
+        with zipfile.ZipFile(_Reader(view)) as archive:
+            entries = archive.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+        raise ChannelClosed(f"unreadable message: {type(exc).__name__}: {exc}") from None
+    if any(e.compress_type != zipfile.ZIP_STORED for e in entries) or sum(
+        e.file_size for e in entries
+    ) > len(view):
+        raise ChannelClosed("corrupt message: compressed or longer than announced")
     try:
         # torch.load reads any seekable binary file object; its FileLike names IO[bytes] only.
         message = torch.load(
@@ -317,6 +346,29 @@ def _load_skeleton(view: memoryview) -> Any:
     return message
 
 
+def _containers(message: Any) -> Iterator[Any]:
+    """Each dict, list and tuple reachable from ``message`` once (a loaded message can share
+    one container in many places: visiting it as a tree could take exponential time).
+
+    Raises:
+        ChannelClosed: containers nested deeper than :data:`_MAX_DEPTH`.
+    """
+    seen: set[int] = set()
+    stack: list[tuple[Any, int]] = [(message, 0)]
+    while stack:
+        obj, depth = stack.pop()
+        if type(obj) not in (dict, list, tuple) or id(obj) in seen:
+            continue
+        if depth > _MAX_DEPTH:
+            raise ChannelClosed("corrupt message: nested too deep")
+        seen.add(id(obj))
+        yield obj
+        if type(obj) is dict and _RAW_KEY in obj:
+            continue  # a placeholder: its fields are checked, not searched
+        values = obj.values() if type(obj) is dict else obj
+        stack.extend((v, depth + 1) for v in reversed(list(values)))
+
+
 def _placeholders(message: Any, raw_bytes: int) -> list[torch.Tensor]:
     """Empty tensors for the placeholders of ``message``, in their order; their sizes must add
     up to the ``raw_bytes`` announced.
@@ -325,22 +377,7 @@ def _placeholders(message: Any, raw_bytes: int) -> list[torch.Tensor]:
         ChannelClosed: a placeholder is malformed, out of order or repeated, or the sizes do
             not add up (a corrupt or forged stream).
     """
-    specs: list[dict[str, Any]] = []
-
-    def walk(obj: Any, depth: int) -> None:
-        if depth > 64:
-            raise ChannelClosed("corrupt message: nested too deep")
-        if isinstance(obj, dict):
-            if _RAW_KEY in obj:
-                specs.append(obj)
-                return
-            for v in obj.values():
-                walk(v, depth + 1)
-        elif isinstance(obj, list | tuple):
-            for v in obj:
-                walk(v, depth + 1)
-
-    walk(message, 0)
+    specs = [c for c in _containers(message) if type(c) is dict and _RAW_KEY in c]
     tensors: list[torch.Tensor] = []
     total = 0
     for i, spec in enumerate(specs):
@@ -349,16 +386,16 @@ def _placeholders(message: Any, raw_bytes: int) -> list[torch.Tensor]:
         shape = spec.get("shape")
         if (
             set(spec) != {_RAW_KEY, "dtype", "shape"}
-            or spec[_RAW_KEY] != i
             or type(spec[_RAW_KEY]) is not int
+            or spec[_RAW_KEY] != i
             or dtype is None
-            or not isinstance(shape, list)
-            or len(shape) > 64
-            or not all(type(d) is int and d >= 0 for d in shape)
+            or type(shape) is not list
+            or len(shape) > _MAX_DIMS
+            or not all(type(d) is int and 0 <= d <= _MAX_SPAN for d in shape)
+            or math.prod(max(d, 1) for d in shape) * dtype.itemsize > _MAX_SPAN
         ):
             raise ChannelClosed("corrupt message: a malformed tensor placeholder")
-        numel = math.prod(shape)
-        total += numel * dtype.itemsize
+        total += math.prod(shape) * dtype.itemsize
         if total > raw_bytes:
             raise ChannelClosed("corrupt message: its tensors are longer than announced")
         tensors.append(torch.empty(shape, dtype=dtype))
@@ -367,17 +404,23 @@ def _placeholders(message: Any, raw_bytes: int) -> list[torch.Tensor]:
     return tensors
 
 
-def _put_raw(obj: Any, raws: list[torch.Tensor]) -> Any:
-    """``obj`` with each placeholder replaced by its tensor."""
-    if isinstance(obj, dict):
+def _put_raw(obj: Any, raws: list[torch.Tensor], memo: dict[int, Any] | None = None) -> Any:
+    """``obj`` with each placeholder replaced by its tensor (each container rebuilt once)."""
+    memo = {} if memo is None else memo
+    if id(obj) in memo:
+        return memo[id(obj)]
+    out: Any = obj
+    if type(obj) is dict:
         if _RAW_KEY in obj:
-            return raws[obj[_RAW_KEY]]
-        return {k: _put_raw(v, raws) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_put_raw(v, raws) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(_put_raw(v, raws) for v in obj)
-    return obj
+            out = raws[obj[_RAW_KEY]]
+        else:
+            out = {k: _put_raw(v, raws, memo) for k, v in obj.items()}
+    elif type(obj) is list:
+        out = [_put_raw(v, raws, memo) for v in obj]
+    elif type(obj) is tuple:
+        out = tuple(_put_raw(v, raws, memo) for v in obj)
+    memo[id(obj)] = out
+    return out
 
 
 def _widen_pipe(fd: int) -> None:
