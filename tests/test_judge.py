@@ -379,3 +379,36 @@ def test_a_judge_of_a_policy_problem_starts_workers_ready_to_record_operators(
         (here / "fixtures" / "tiny_problem.py", False),
     ):
         assert fresh_worker_report(problem, "cpu").startswith(f"dynamo: {loaded} ")
+
+
+def test_the_reference_worker_draws_later_trials_inputs_from_their_seeds(
+    tiny_problem: Path,
+) -> None:
+    """The first trial's inputs are sent; later trials send only their seed, and the worker
+    holds exactly the inputs the problem draws from it (what the candidate is then given)."""
+    from kerneljudge.check.reference import ReferenceSession
+    from kerneljudge.problem import Problem
+
+    ref = ReferenceSession(Problem.load(tiny_problem), "public", "cpu", weight_seed=1, threads=1)
+    sent: list[tuple[str, set[str]]] = []
+    plain = ref.worker.request
+
+    def spy(op: str, timeout_s: float, **fields: object) -> dict:
+        sent.append((op, set(fields)))
+        return plain(op, timeout_s, **fields)
+
+    ref.worker.request = spy  # type: ignore[method-assign]
+    seeds = (11, 12, 13)
+    try:
+        held = [ref.run_trial(f"t{k}", seed, 60) for k, seed in enumerate(seeds)]
+        runs = [fields for op, fields in sent if op == "run"]
+        assert "inputs" in runs[0] and "seed" not in runs[0]
+        assert all("seed" in f and "inputs" not in f for f in runs[1:])
+        for trial, seed in zip(held, seeds):
+            got = ref.held_inputs(trial.key, 60)
+            want = ref.problem.make_inputs(seed)
+            assert len(got) == len(want)
+            assert all(torch.equal(a, b) for a, b in zip(got, want))
+            assert trial.input_bytes == sum(t.numel() * t.element_size() for t in want)
+    finally:
+        ref.close()

@@ -135,6 +135,8 @@ class ReferenceSession:
         self.compile_error: str | None = None
         self._compiled = False
         self.killed = False
+        #: Bytes of the largest trial inputs seen (None before the first trial).
+        self._input_bytes: int | None = None
         #: The trials the worker holds, in the order run: key -> the fields of its ``run``
         #: request but the inputs (drawn again from the seed when a worker is replaced).
         self._held: dict[str, tuple[int, dict[str, Any]]] = {}
@@ -177,7 +179,11 @@ class ReferenceSession:
     ) -> HeldTrial:
         """Run the reference on the inputs drawn from ``seed`` and hold the trial in the
         worker under ``key`` (inputs, outputs and, with ``oracle``, the float64 oracle); the
-        run is timed on the supervisor's clock (:attr:`HeldTrial.wall_s`).
+        run is timed on the supervisor's clock (:attr:`HeldTrial.wall_s`). The session's first
+        trial's inputs are drawn here and sent; later ones are drawn by the worker from
+        ``seed`` (the same :meth:`~kerneljudge.problem.Problem.make_inputs`), so that no
+        tensor crosses the channel for them. The seed stays between the supervisor and the
+        trusted reference worker.
 
         The limit of its requests is ``timeout_s`` plus ``per_gib_s`` seconds per GiB of the
         inputs (and of the weights, when this worker has not had them yet), so that a problem
@@ -186,16 +192,23 @@ class ReferenceSession:
         Raises:
             ReferenceFailed: as :meth:`request`.
         """
-        box = [self.problem.make_inputs(seed)]
-        nbytes = tensor_bytes(box) + (0 if self._ready else tensor_bytes(self.state_dict))
+        drawn: dict[str, Any] = {"seed": seed}
+        nbytes = self._input_bytes
+        if nbytes is None:  # the first trial: drawn here, its size sets the next ones' limits
+            box = [self.problem.make_inputs(seed)]
+            nbytes = tensor_bytes(box)
+            # The inputs go out in the request alone: nothing here holds them while it runs.
+            drawn = {"inputs": box.pop()}
+        nbytes += 0 if self._ready else tensor_bytes(self.state_dict)
         limit = timeout_s + per_gib_s * nbytes / float(1 << 30)
         self._set_up(limit)  # outside the timed run: loading the problem is not its call
         fields = {"expect": str(key), "hold_inputs": True, "oracle": oracle}
         started = time.monotonic()
-        # The inputs go out in the request alone: nothing here holds them while it runs.
-        reply = self.request("run", limit, inputs=box.pop(), **fields)
+        reply = self.request("run", limit, **drawn, **fields)
         wall_s = time.monotonic() - started
         self._held[str(key)] = (seed, fields)
+        sizes = [t.numel() * t.element_size() for t in _stand_ins(reply.get("input_layout", []))]
+        self._input_bytes = max(self._input_bytes or 0, sum(sizes))
         kept = ("aliases_input", "modified_inputs", "input_layout", "output_layout")
         call_s = reply.get("call_s")
         call_s = float(call_s) if isinstance(call_s, int | float) else 0.0

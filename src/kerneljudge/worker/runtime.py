@@ -226,7 +226,9 @@ class Worker(KeptTrials):
         keeps the inputs as received, for :meth:`op_held_inputs` and ``from_held``. With
         ``from_held`` (a key) and ``perturb`` (a seed) the inputs are the held ones of that
         key as a timed call got them (:func:`kerneljudge.worker.measure.perturb`, with
-        ``roll``), built here on this worker's device.
+        ``roll``), built here on this worker's device. In the reference worker, ``seed``
+        instead of ``inputs`` draws them here (:meth:`kerneljudge.problem.Problem.make_inputs`
+        of the problem loaded).
         """
         if self.model is None:
             raise RuntimeError("run before setup")
@@ -240,6 +242,11 @@ class Worker(KeptTrials):
                 int(msg["perturb"]),
                 bool(msg.get("roll", True)),
             )
+        elif "seed" in msg:
+            # The reference alone draws inputs: a candidate's worker never gets a seed.
+            if self.role != "reference" or self.problem is None:
+                raise RuntimeError("only a reference worker with its problem draws inputs")
+            received = self.problem.make_inputs(int(msg["seed"]))
         else:
             received = list(msg["inputs"])
         self.inputs = to_device(received, self.device)
