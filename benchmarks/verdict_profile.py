@@ -31,7 +31,7 @@ from supervisor_memory import CANDIDATE, PROBLEM
 
 from kerneljudge import Judge, JudgeConfig
 from kerneljudge.worker import WorkerProcess
-from kerneljudge.worker.protocol import PROFILE_ENV
+from kerneljudge.worker.profiling import PROFILE_ENV
 
 
 def main() -> None:

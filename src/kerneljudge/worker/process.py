@@ -30,10 +30,9 @@ from kerneljudge.worker.faults import (
     WorkerReplyTooLarge,
     WorkerTimeout,
 )
+from kerneljudge.worker.profiling import PROFILE_ENV, PROFILE_FILE
 from kerneljudge.worker.protocol import (
     MAX_MESSAGE_BYTES,
-    PROFILE_ENV,
-    PROFILE_FILE,
     Channel,
     ChannelClosed,
     ChannelTimeout,

@@ -26,7 +26,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["Channel", "ChannelClosed", "ChannelTimeout", "MAX_MESSAGE_BYTES", "MessageTooLarge"]
+__all__ = [
+    "MAX_MESSAGE_BYTES",
+    "RAW_MIN_BYTES",
+    "Channel",
+    "ChannelClosed",
+    "ChannelTimeout",
+    "MessageTooLarge",
+]
 
 #: Largest message accepted (bytes); larger lengths mean a corrupt or hostile stream.
 MAX_MESSAGE_BYTES = 32 << 30
@@ -40,13 +47,6 @@ _MAX_SPAN = 1 << 62
 _F_SETPIPE_SZ = 1031
 #: Element types of newer torch versions a large tensor may have on the wire, where present.
 _OPTIONAL_DTYPES = ("float8_e4m3fn", "float8_e5m2", "uint16", "uint32", "uint64")
-
-
-#: Environment variable naming a folder: when set, every worker profiles its request handlers
-#: (cProfile) and the supervisor copies each worker's profile there when it closes the worker.
-PROFILE_ENV = "KERNELJUDGE_WORKER_PROFILE"
-#: The profile's file name in a worker's scratch folder.
-PROFILE_FILE = "requests.prof"
 
 
 class ChannelClosed(Exception):

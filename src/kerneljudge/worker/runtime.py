@@ -15,12 +15,10 @@ in :mod:`kerneljudge.worker.forward`; confinement, tracebacks and the rest in
 from __future__ import annotations
 
 import argparse
-import cProfile
 import importlib.util
 import os
 import socket
 import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -50,7 +48,8 @@ from kerneljudge.worker.forward import (
     to_device,
 )
 from kerneljudge.worker.kept_trials import KeptTrials
-from kerneljudge.worker.protocol import PROFILE_ENV, PROFILE_FILE, Channel, ChannelClosed
+from kerneljudge.worker.profiling import RequestProfiler
+from kerneljudge.worker.protocol import Channel, ChannelClosed
 from kerneljudge.worker.sandbox import (
     Sandbox,
     limit_output,
@@ -425,9 +424,7 @@ def serve(chan: Channel, worker: Worker) -> int:
         if name.startswith("op_")
     }
     chan.send({"op": "ready", "pid": os.getpid()})
-    # A profile of the request handlers (benchmarks/verdict_profile.py --workers): written to
-    # this worker's scratch folder after every request; the supervisor keeps it at close.
-    profiler = cProfile.Profile() if os.environ.get(PROFILE_ENV) else None
+    profiler = RequestProfiler()
     while True:
         try:
             msg = chan.recv()
@@ -443,14 +440,8 @@ def serve(chan: Channel, worker: Worker) -> int:
             chan.send({"ok": False, "fault": False, "error": f"unknown op {op!r}", "nonce": nonce})
             continue
         try:
-            if profiler is not None:
-                profiler.enable()
-            try:
+            with profiler.request():
                 reply = handler(msg)
-            finally:
-                if profiler is not None:
-                    profiler.disable()
-                    profiler.dump_stats(os.path.join(tempfile.gettempdir(), PROFILE_FILE))
             reply["ok"] = True
         except Fault as exc:
             reply = {
