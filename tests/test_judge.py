@@ -412,3 +412,30 @@ def test_the_reference_worker_draws_later_trials_inputs_from_their_seeds(
             assert trial.input_bytes == sum(t.numel() * t.element_size() for t in want)
     finally:
         ref.close()
+
+
+def test_get_inputs_failing_in_the_reference_worker_is_the_problems_error(
+    tiny_problem: Path, tmp_path: Path
+) -> None:
+    """A later trial's inputs are drawn in the reference worker; when the problem's
+    ``get_inputs`` raises there, the judge reports the problem's error in one line."""
+    from kerneljudge.check.reference import ReferenceSession
+    from kerneljudge.errors import ProblemError
+    from kerneljudge.problem import Problem
+
+    path = tmp_path / "seed_13_fails.py"
+    path.write_text(
+        tiny_problem.read_text().replace(
+            "def get_inputs():\n",
+            "def get_inputs():\n"
+            "    if torch.initial_seed() == 13:\n"
+            "        raise ValueError('no inputs for seed 13')\n",
+        )
+    )
+    ref = ReferenceSession(Problem.load(path), "public", "cpu", weight_seed=1, threads=1)
+    try:
+        ref.run_trial("t0", 11, 60)
+        with pytest.raises(ProblemError, match=r"get_inputs .* raised ValueError: no inputs"):
+            ref.run_trial("t1", 13, 60)
+    finally:
+        ref.close()

@@ -21,6 +21,7 @@ from kerneljudge.errors import ProblemError, WorkerError
 from kerneljudge.problem import Problem
 from kerneljudge.verdict import Mismatch, TrialResult
 from kerneljudge.worker import CandidateFault, WorkerDied, WorkerProcess, WorkerTimeout
+from kerneljudge.worker.calls import INPUTS_FAILED
 
 __all__ = ["HeldTrial", "ReferenceFailed", "ReferenceSession", "first_line"]
 
@@ -191,6 +192,7 @@ class ReferenceSession:
 
         Raises:
             ReferenceFailed: as :meth:`request`.
+            ProblemError: the problem's ``get_inputs`` raised in the worker.
         """
         drawn: dict[str, Any] = {"seed": seed}
         nbytes = self._input_bytes
@@ -204,7 +206,16 @@ class ReferenceSession:
         self._set_up(limit)  # outside the timed run: loading the problem is not its call
         fields = {"expect": str(key), "hold_inputs": True, "oracle": oracle}
         started = time.monotonic()
-        reply = self.request("run", limit, **drawn, **fields)
+        try:
+            reply = self.request("run", limit, **drawn, **fields)
+        except WorkerError as exc:
+            if "seed" not in drawn or INPUTS_FAILED not in str(exc):
+                raise
+            detail = str(exc).split(INPUTS_FAILED, 1)[1].lstrip(": ")
+            raise ProblemError(
+                f"{self.problem.path}: get_inputs (shape set {self.shape_set!r}) raised "
+                f"{first_line(detail)}"
+            ) from None
         wall_s = time.monotonic() - started
         self._held[str(key)] = (seed, fields)
         sizes = [t.numel() * t.element_size() for t in _stand_ins(reply.get("input_layout", []))]

@@ -33,6 +33,7 @@ from kerneljudge.worker.calls import (
     candidate_lineno,
     candidate_traceback,
     check_cpu_copyable,
+    draw_inputs,
     input_effects,
     layout,
     nbytes,
@@ -245,7 +246,7 @@ class Worker(KeptTrials):
             # The reference alone draws inputs: a candidate's worker never gets a seed.
             if self.role != "reference" or self.problem is None:
                 raise RuntimeError("only a reference worker with its problem draws inputs")
-            received = self.problem.make_inputs(int(msg["seed"]))
+            received = draw_inputs(self.problem, int(msg["seed"]))
         else:
             received = list(msg["inputs"])
         self.inputs = to_device(received, self.device)
