@@ -46,8 +46,8 @@ def main() -> None:
     parser.add_argument("--problem", type=Path, default=None, help="another problem file")
     parser.add_argument("--candidate", type=Path, default=None, help="its candidate")
     args = parser.parse_args()
-    kept = Path(tempfile.mkdtemp(prefix="kj-worker-profiles-"))
-    if args.workers:
+    kept = Path(tempfile.mkdtemp(prefix="kj-worker-profiles-")) if args.workers else None
+    if kept is not None:
         os.environ[PROFILE_ENV] = str(kept)
     spent: dict[tuple[str, str], list[float]] = {}
     plain = WorkerProcess.request
@@ -85,7 +85,7 @@ def main() -> None:
     out = io.StringIO()
     pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(args.top)
     print(out.getvalue())
-    for role in ("reference", "candidate"):
+    for role in ("reference", "candidate") if kept is not None else ():
         files = sorted(str(p) for p in kept.glob(f"{role}-*.prof"))
         if files:
             out = io.StringIO()
