@@ -81,21 +81,11 @@ def identity_source(reference: str) -> str:
 
 # ------------------------------------------------------------------ one side, in its own process
 def _run_kerneljudge(problem: Path, requests: bool, again: bool) -> dict[str, Any]:
+    from _requests import count_requests
+
     from kerneljudge import Judge, JudgeConfig
-    from kerneljudge.worker import WorkerProcess
 
-    spent: dict[str, list[float]] = {}
-    if requests:
-        plain = WorkerProcess.request
-
-        def counted(self: Any, op: str, *args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return plain(self, op, *args, **kwargs)
-            finally:
-                spent.setdefault(op, []).append(time.perf_counter() - t0)
-
-        WorkerProcess.request = counted  # type: ignore[method-assign]
+    spent = count_requests() if requests else {}
     with tempfile.TemporaryDirectory() as tmp:
         cand = Path(tmp) / f"identity_{problem.stem}.py"
         cand.write_text(identity_source(problem.read_text()))
@@ -125,9 +115,19 @@ def _run_kerneljudge(problem: Path, requests: bool, again: bool) -> dict[str, An
         "speedup": eager.median if eager else None,
         "ci95": list(eager.ci95) if eager else None,
         "stage_s": verdict.stage_s,
-        "requests": {op: [round(sum(t), 3), len(t)] for op, t in spent.items()},
+        "requests": _by_request(spent),
         "again": warm,
     }
+
+
+def _by_request(spent: dict[tuple[str, str], list[float]]) -> dict[str, list[float]]:
+    """``{request: [total seconds, count]}`` over both workers' requests."""
+    out: dict[str, list[float]] = {}
+    for (_, op), times in spent.items():
+        total = out.setdefault(op, [0.0, 0])
+        total[0] = round(total[0] + sum(times), 3)
+        total[1] += len(times)
+    return out
 
 
 def _stub_only_imported() -> None:

@@ -25,12 +25,11 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
-from typing import Any
 
+from _requests import count_requests
 from supervisor_memory import CANDIDATE, PROBLEM
 
 from kerneljudge import Judge, JudgeConfig
-from kerneljudge.worker import WorkerProcess
 from kerneljudge.worker.profiling import PROFILE_ENV
 
 
@@ -49,17 +48,7 @@ def main() -> None:
     kept = Path(tempfile.mkdtemp(prefix="kj-worker-profiles-")) if args.workers else None
     if kept is not None:
         os.environ[PROFILE_ENV] = str(kept)
-    spent: dict[tuple[str, str], list[float]] = {}
-    plain = WorkerProcess.request
-
-    def counted(self: Any, op: str, *a: Any, **k: Any) -> Any:
-        t0 = time.perf_counter()
-        try:
-            return plain(self, op, *a, **k)
-        finally:
-            spent.setdefault((self.role, op), []).append(time.perf_counter() - t0)
-
-    WorkerProcess.request = counted  # type: ignore[method-assign]
+    spent = count_requests()
     with tempfile.TemporaryDirectory() as tmp:
         problem, candidate = Path(tmp) / "problem.py", Path(tmp) / "candidate.py"
         n = args.mib * (1 << 20) // 4

@@ -19,6 +19,7 @@ import torch
 
 from kerneljudge.worker.calls import trial_fields
 from kerneljudge.worker.forward import to_cpu
+from kerneljudge.worker.measure import flatten_tensors
 from kerneljudge.worker.stamps import KIND_TREE, output_digest
 
 __all__ = ["KEEP_DEVICE_SHARE", "KEEP_FREE_SHARE", "KeptTrials"]
@@ -28,15 +29,6 @@ __all__ = ["KEEP_DEVICE_SHARE", "KEEP_FREE_SHARE", "KeptTrials"]
 KEEP_DEVICE_SHARE = 0.25
 #: The share of the GPU's free memory one kept copy may take.
 KEEP_FREE_SHARE = 0.25
-
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    """The tensors in ``value`` (a tensor, or nested lists and tuples; other values skipped)."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
-    return []
 
 
 class KeptTrials:
@@ -67,12 +59,12 @@ class KeptTrials:
         """
         if getattr(self.device, "type", "cpu") != "cuda":
             return to_cpu(value)
-        size = sum(t.numel() * t.element_size() for t in _tensors(value))
+        size = sum(t.numel() * t.element_size() for t in flatten_tensors(value))
         free, total = torch.cuda.mem_get_info(self.device)
         kept = sum(
             t.numel() * t.element_size()
             for entry in self.expected.values()
-            for t in _tensors(list(entry.values()))
+            for t in flatten_tensors(list(entry.values()))
             if t.device.type == "cuda"
         )
         on_device = size <= KEEP_FREE_SHARE * free and kept + size <= KEEP_DEVICE_SHARE * total
