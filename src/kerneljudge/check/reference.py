@@ -218,13 +218,13 @@ class ReferenceSession:
             ) from None
         wall_s = time.monotonic() - started
         self._held[str(key)] = (seed, fields)
-        sizes = [t.numel() * t.element_size() for t in _stand_ins(reply.get("input_layout", []))]
-        self._input_bytes = max(self._input_bytes or 0, sum(sizes))
         kept = ("aliases_input", "modified_inputs", "input_layout", "output_layout")
         call_s = reply.get("call_s")
         call_s = float(call_s) if isinstance(call_s, int | float) else 0.0
         fields_kept = {k: reply[k] for k in kept if k in reply}
-        return HeldTrial(str(key), seed, fields_kept, wall_s, call_s)
+        held = HeldTrial(str(key), seed, fields_kept, wall_s, call_s)
+        self._input_bytes = max(self._input_bytes or 0, held.input_bytes)
+        return held
 
     def held_inputs(self, key: str, timeout_s: float, forget: bool = False) -> list[Any]:
         """The inputs of the trial held under ``key`` (on the CPU, as the reference got them);
