@@ -2,10 +2,13 @@
 the float64 oracle, the comparison of a candidate's outputs with them, and the eager and
 ``torch.compile`` baselines.
 
-A trial's inputs, reference outputs and float64 oracle stay in the reference worker, under a key
-(:class:`HeldTrial`): the supervisor fetches the inputs to hand them to the candidate and relays
-the candidate's outputs back to be compared there (:meth:`ReferenceSession.compare`), so it
-holds at most one trial's inputs or outputs at a time."""
+The weights and every trial's inputs but the first are drawn in the reference worker from their
+seeds (:mod:`kerneljudge.worker.drawn`), and the candidate's worker draws its own from the same
+seeds, checked against the reference's fingerprints; a trial's inputs, reference outputs and
+float64 oracle stay in the reference worker, under a key (:class:`HeldTrial`). The supervisor
+relays the candidate's outputs to be compared there (:meth:`ReferenceSession.compare`), and the
+reference's inputs or weights only where a candidate's draw differed, so it holds at most one
+trial's inputs or outputs at a time."""
 
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from kerneljudge.errors import ProblemError, WorkerError
 from kerneljudge.problem import Problem
 from kerneljudge.verdict import Mismatch, TrialResult
 from kerneljudge.worker import CandidateFault, WorkerDied, WorkerProcess, WorkerTimeout
-from kerneljudge.worker.calls import INPUTS_FAILED
+from kerneljudge.worker.drawn import INPUTS_FAILED, WEIGHTS_FAILED
 
 __all__ = ["HeldTrial", "ReferenceFailed", "ReferenceSession", "first_line"]
 
@@ -33,6 +36,17 @@ COMPILE_TIMEOUT_S = 600.0
 def first_line(text: str) -> str:
     """The first non-blank line of ``text``, stripped."""
     return next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+
+
+def meta_weight_bytes(problem: Problem, init_inputs: list[Any]) -> int:
+    """Bytes of the state dict of ``problem``'s ``Model(*init_inputs)`` constructed on the
+    ``meta`` device (no memory, no data); 0 when that construction raises."""
+    try:
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):
+            model = problem.module.Model(*init_inputs)
+        return tensor_bytes(list(model.state_dict().values()))
+    except Exception:  # noqa: BLE001 - problem code that needs real tensors: no estimate
+        return 0
 
 
 class ReferenceFailed(WorkerError):
@@ -111,23 +125,26 @@ class ReferenceSession:
     def __init__(
         self, problem: Problem, shape_set: str, device: str, weight_seed: int, threads: int
     ) -> None:
-        """Draw the weights here from a fresh copy of ``problem`` (same text, own globals).
+        """Draw the constructor's arguments here from a fresh copy of ``problem`` (same text,
+        own globals); the weights are drawn from ``weight_seed`` by the workers.
 
         Raises:
-            ProblemError: the problem's ``get_init_inputs`` or ``Model`` raised here.
+            ProblemError: the problem's ``get_init_inputs`` raised here.
         """
         self.problem = problem.fresh()
         self.problem.use_shape_set(shape_set)
         self.shape_set = shape_set
-        try:  # problem code, run here for the weights every worker gets
+        self.weight_seed = weight_seed
+        try:  # problem code, run here for the arguments every worker gets
             self.init_inputs = self.problem.make_init_inputs(weight_seed)
-            model = self.problem.make_model(weight_seed, self.init_inputs)
-            self.state_dict = {k: v.detach().clone() for k, v in model.state_dict().items()}
         except Exception as exc:  # noqa: BLE001 - the problem file is user input
             raise ProblemError(
-                f"{problem.path}: constructing Model (shape set {shape_set!r}) raised "
+                f"{problem.path}: get_init_inputs (shape set {shape_set!r}) raised "
                 f"{type(exc).__name__}: {first_line(str(exc))}"
             ) from None
+        #: The fingerprint of the weights the reference worker drew (None before its setup).
+        self.weights: str | None = None
+        self._weight_bytes = meta_weight_bytes(self.problem, self.init_inputs)
         self._device, self._threads = device, threads
         self.worker = WorkerProcess("reference", device, threads=threads)
         self._ready = False
@@ -164,16 +181,66 @@ class ReferenceSession:
             ) from None
         return reply
 
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the model's state dict: as the reference worker drew it once set up; before,
+        as constructed on the ``meta`` device (0 where that fails)."""
+        return self._weight_bytes
+
     def _set_up(self, timeout_s: float) -> None:
-        """Load the problem and its weights into a worker that has not had them."""
+        """Load the problem into a worker that has not had it and draw its weights there.
+
+        Raises:
+            ReferenceFailed: as :meth:`request`.
+            ProblemError: the problem's ``Model`` raised in the worker.
+        """
         if not self._ready:
             self._ready = True
             self.request(
                 "load_problem", timeout_s, path=str(self.problem.path), shape_set=self.shape_set
             )
-            self.request(
-                "setup", timeout_s, init_inputs=self.init_inputs, state_dict=self.state_dict
-            )
+            try:
+                reply = self.request(
+                    "setup", timeout_s, init_inputs=self.init_inputs, weight_seed=self.weight_seed
+                )
+            except WorkerError as exc:
+                if WEIGHTS_FAILED not in str(exc):
+                    raise
+                detail = str(exc).split(WEIGHTS_FAILED, 1)[1].lstrip(": ")
+                raise ProblemError(
+                    f"{self.problem.path}: constructing Model (shape set {self.shape_set!r}) "
+                    f"raised {first_line(detail)}"
+                ) from None
+            self.weights = str(reply["weights"])
+            self._weight_bytes = int(reply["weight_bytes"])
+
+    def weight_fields(self, timeout_s: float) -> dict[str, Any]:
+        """The fields of a candidate worker's ``setup`` that draw the weights there as the
+        reference worker did (:func:`kerneljudge.worker.drawn.seeded_weights`): the seed, the
+        reference's fingerprint, the problem file and shape set; the reference worker is set
+        up first if it was not.
+
+        Raises:
+            ReferenceFailed, ProblemError: as :meth:`_set_up`.
+        """
+        self._set_up(timeout_s)
+        return {
+            "init_inputs": self.init_inputs,
+            "weight_seed": self.weight_seed,
+            "weights": self.weights,
+            "problem": str(self.problem.path),
+            "shape_set": self.shape_set,
+        }
+
+    def state_dict(self, timeout_s: float) -> dict[str, torch.Tensor]:
+        """The reference's weights, from its worker (on the CPU), for a candidate whose own
+        draw differed.
+
+        Raises:
+            ReferenceFailed, ProblemError: as :meth:`_set_up`.
+        """
+        self._set_up(timeout_s)
+        return dict(self.request("weights", timeout_s)["state_dict"])
 
     def run_trial(
         self, key: Any, seed: int, timeout_s: float, oracle: bool = True, per_gib_s: float = 0.0
@@ -201,7 +268,7 @@ class ReferenceSession:
             nbytes = tensor_bytes(box)
             # The inputs go out in the request alone: nothing here holds them while it runs.
             drawn = {"inputs": box.pop()}
-        nbytes += 0 if self._ready else tensor_bytes(self.state_dict)
+        nbytes += 0 if self._ready else self.weight_bytes  # drawn in the worker: CPU time
         limit = timeout_s + per_gib_s * nbytes / float(1 << 30)
         self._set_up(limit)  # outside the timed run: loading the problem is not its call
         fields = {"expect": str(key), "hold_inputs": True, "oracle": oracle}
@@ -218,7 +285,13 @@ class ReferenceSession:
             ) from None
         wall_s = time.monotonic() - started
         self._held[str(key)] = (seed, fields)
-        kept = ("aliases_input", "modified_inputs", "input_layout", "output_layout")
+        kept = (
+            "aliases_input",
+            "modified_inputs",
+            "input_layout",
+            "output_layout",
+            "input_fingerprint",
+        )
         call_s = reply.get("call_s")
         call_s = float(call_s) if isinstance(call_s, int | float) else 0.0
         fields_kept = {k: reply[k] for k in kept if k in reply}
@@ -234,6 +307,14 @@ class ReferenceSession:
             ReferenceFailed: as :meth:`request`.
         """
         return list(self.request("held_inputs", timeout_s, key=key, forget=forget)["inputs"])
+
+    def forget_inputs(self, key: str, timeout_s: float) -> None:
+        """The worker drops the inputs held under ``key``, sending nothing.
+
+        Raises:
+            ReferenceFailed: as :meth:`request`.
+        """
+        self.request("held_inputs", timeout_s, key=key, forget=True, send=False)
 
     def run_timed_call(
         self, key: str, seed: int, roll: bool, timeout_s: float, oracle: bool

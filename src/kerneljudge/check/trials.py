@@ -17,7 +17,7 @@ from kerneljudge.verdict import CheckResult, TrialResult
 from kerneljudge.worker import WorkerProcess
 from kerneljudge.worker.replies import RunReply
 
-__all__ = ["TrialRejected", "Trials", "input_effect_violation", "run_trials"]
+__all__ = ["TrialRejected", "Trials", "input_effect_violation", "run_trials", "set_up_candidate"]
 
 
 class TrialRejected(Exception):
@@ -64,9 +64,11 @@ def run_trials(
 ) -> Trials:
     """Run every prepared trial in the candidate's worker, shape set by shape set.
 
-    Per shape set the worker gets the reference's ``init_inputs`` and weights (``setup``);
-    per trial, the inputs the reference worker holds (relayed one trial at a time), and its
-    reply is checked against the reference's own on the same inputs
+    Per shape set the worker gets the reference's ``init_inputs`` and weights
+    (:func:`set_up_candidate`); per trial, it draws the inputs from the trial's seed as the
+    reference worker did, or, where its draw differs, gets the ones the reference worker holds
+    (relayed one trial at a time), and its reply is checked against the reference's own on the
+    same inputs
     (:func:`input_effect_violation`), against the problem's operator policy, then its outputs
     are compared in the reference worker (:meth:`ReferenceSession.compare`, ``mode`` with
     ``atol``/``rtol``).
@@ -99,15 +101,23 @@ def run_trials(
         ref = sessions[shape_set] = session(shape_set)
         run_s, ref_s = limits[shape_set].run_s, limits[shape_set].reference_s
         first_s = max(run_s, limits[shape_set].first_run_s)  # __init__ may compile too
-        worker.request("setup", first_s, init_inputs=ref.init_inputs, state_dict=ref.state_dict)
+        drawn = set_up_candidate(worker, ref, first_s, ref_s)
+        forget = shape_set != kept_set
         for i, held in enumerate(held_trials):
             say(f"trial {len(done) + 1}/{total}")
-            got = worker.request(
-                "run",
-                first_s if i == 0 else run_s,
-                inputs=ref.held_inputs(held.key, ref_s, forget=shape_set != kept_set),
-                record_ops=record_ops,
-            )
+            limit_s, got = first_s if i == 0 else run_s, None
+            if drawn and held.reply.get("input_fingerprint"):
+                # The candidate's worker draws the inputs from the trial's seed, as the
+                # reference's did, and runs them only if their fingerprints match.
+                fields = {"seed": held.seed, "fingerprint": held.reply["input_fingerprint"]}
+                got = worker.request("run", limit_s, **fields, record_ops=record_ops)
+                if got.get("drawn") is False:
+                    drawn, got = False, None
+                elif forget:
+                    ref.forget_inputs(held.key, ref_s)
+            if got is None:  # the reference's inputs, relayed
+                inputs = ref.held_inputs(held.key, ref_s, forget=forget)
+                got = worker.request("run", limit_s, inputs=inputs, record_ops=record_ops)
             run = RunReply.decode(got, worker.role)
             effect = input_effect_violation(held.reply, run)
             if effect:
@@ -131,6 +141,27 @@ def run_trials(
         passed=all(t.passed for t in done), trials=tuple(done), mode=mode, atol=atol, rtol=rtol
     )
     return Trials(check, sessions)
+
+
+def set_up_candidate(
+    worker: WorkerProcess, ref: ReferenceSession, timeout_s: float, reference_s: float
+) -> bool:
+    """Construct ``ModelNew`` in the candidate's worker with the reference's weights (its
+    ``setup``, within ``timeout_s``): drawn there from their seed when its draw's fingerprint
+    is the reference worker's (:meth:`ReferenceSession.weight_fields`), else sent from the
+    reference worker (:meth:`ReferenceSession.state_dict`, within ``reference_s``). Returns
+    whether they were drawn there: only then has that worker the problem to draw inputs from.
+
+    Raises:
+        CandidateFault, WorkerDied, WorkerTimeout: the candidate failed.
+        ReferenceFailed, ProblemError: the reference worker failed meanwhile.
+    """
+    fields = ref.weight_fields(reference_s)
+    if worker.request("setup", timeout_s, **fields).get("drawn") is not False:
+        return True
+    state = ref.state_dict(reference_s)
+    worker.request("setup", timeout_s, init_inputs=ref.init_inputs, state_dict=state)
+    return False
 
 
 def input_effect_violation(reference: dict[str, Any], candidate: RunReply) -> str:

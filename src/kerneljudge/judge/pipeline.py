@@ -31,7 +31,7 @@ from kerneljudge.candidate.policy import requires_custom_kernel, static_issues, 
 from kerneljudge.check.limits import RunLimits, SetLimits, tensor_bytes
 from kerneljudge.check.memory import check_budget, reply_limit
 from kerneljudge.check.reference import first_line
-from kerneljudge.check.trials import Trials, run_trials
+from kerneljudge.check.trials import Trials, run_trials, set_up_candidate
 from kerneljudge.device import build_arch, describe_device, resolve_device
 from kerneljudge.errors import WorkerError
 from kerneljudge.judge.config import JudgeConfig
@@ -430,11 +430,11 @@ class Judge:
         worker = self._pool(device).take()
         try:
             inputs = ref.problem.make_inputs(derive_seed(run_seed, shape_set, "profile"))
-            moved = tensor_bytes([inputs, ref.init_inputs, ref.state_dict])  # nothing measured
+            moved = tensor_bytes([inputs, ref.init_inputs]) + ref.weight_bytes  # none measured
             timeout = RunLimits(self.config.run_timeout_s).reference_s(moved)
             if self._load(worker, cand, result, device, timeout) is not None:
                 return []
-            worker.request("setup", timeout, init_inputs=ref.init_inputs, state_dict=ref.state_dict)
+            set_up_candidate(worker, ref, timeout, timeout)
             worker.request("run", timeout, inputs=inputs)
             return list(worker.request("profile", timeout, calls=calls)["rows"])
         finally:

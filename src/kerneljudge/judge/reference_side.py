@@ -318,7 +318,7 @@ class ReferenceSide:
         limits = {}
         for shape_set, held in prepared.items():
             ref = self.session(device, shape_set)
-            weights = tensor_bytes([ref.init_inputs, ref.state_dict])
+            weights = tensor_bytes(ref.init_inputs) + ref.weight_bytes
             moved = max((h.input_bytes + h.output_bytes for h in held), default=0)
             calls = [h.call_s or h.wall_s for h in held]  # the call itself where reported
             limits[shape_set] = rule.for_set(calls, moved + weights)

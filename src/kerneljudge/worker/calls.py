@@ -28,38 +28,18 @@ from kerneljudge.worker.sandbox import (
 )
 
 __all__ = [
-    "INPUTS_FAILED",
     "Confined",
     "align_state_dict",
     "candidate_lineno",
     "candidate_traceback",
     "check_aftermath",
     "check_cpu_copyable",
-    "draw_inputs",
     "input_effects",
     "layout",
     "nbytes",
     "profile_rows",
     "trial_fields",
 ]
-
-#: How a reference worker's error begins when the problem's ``get_inputs`` failed there (a
-#: trial drawn from its seed): the supervisor reports it as the problem's error.
-INPUTS_FAILED = "the problem's get_inputs failed"
-
-
-def draw_inputs(problem: Any, seed: int) -> list[Any]:
-    """``problem.make_inputs(seed)`` (:meth:`kerneljudge.problem.Problem.make_inputs`).
-
-    Raises:
-        RuntimeError: it raised; the message is :data:`INPUTS_FAILED`, the exception's type
-            and the first line of its message.
-    """
-    try:
-        return list(problem.make_inputs(seed))
-    except Exception as exc:  # noqa: BLE001 - the problem's code: its failure, in one line
-        detail = next((ln for ln in str(exc).splitlines() if ln.strip()), "")
-        raise RuntimeError(f"{INPUTS_FAILED}: {type(exc).__name__}: {detail}") from None
 
 
 def candidate_lineno(exc: BaseException, path: str | None) -> int | None:

@@ -32,7 +32,7 @@ KEEP_FREE_SHARE = 0.25
 
 
 class KeptTrials:
-    """The handlers ``held_inputs``, ``compare`` and ``forget`` (``op_<name>``).
+    """The handlers ``held_inputs``, ``compare``, ``forget`` and ``weights`` (``op_<name>``).
 
     Attributes:
         role: ``"reference"`` or ``"candidate"``; only the reference keeps trials.
@@ -83,11 +83,19 @@ class KeptTrials:
         return table[str(key)]
 
     def op_held_inputs(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """The inputs held under ``key`` (as received: on the CPU), dropped here if ``forget``."""
+        """The inputs held under ``key`` (as received: on the CPU), dropped here if ``forget``;
+        with ``send`` false, only dropped."""
         inputs = self._reference_only(self.held, msg["key"])
         if msg.get("forget"):
             del self.held[str(msg["key"])]
-        return {"inputs": inputs}
+        return {"inputs": inputs} if msg.get("send", True) else {}
+
+    def op_weights(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """``state_dict``: the reference model's state dict, its tensors on the CPU."""
+        model = getattr(self, "model", None)
+        if self.role != "reference" or model is None:
+            raise RuntimeError("only a set-up reference worker has weights to send")
+        return {"state_dict": {k: to_cpu(v) for k, v in model.state_dict().items()}}
 
     def op_compare(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Compare ``outputs`` (a candidate's, relayed by the supervisor) with the reference's

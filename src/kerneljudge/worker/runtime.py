@@ -33,13 +33,13 @@ from kerneljudge.worker.calls import (
     candidate_lineno,
     candidate_traceback,
     check_cpu_copyable,
-    draw_inputs,
     input_effects,
     layout,
     nbytes,
     profile_rows,
     trial_fields,
 )
+from kerneljudge.worker.drawn import draw_inputs, fingerprint, seeded_weights
 from kerneljudge.worker.forward import (
     Fault,
     OpRecorder,
@@ -171,11 +171,14 @@ class Worker(KeptTrials):
         if self.model_cls is None:
             raise RuntimeError("setup before load")
         init_inputs = list(msg.get("init_inputs", []))
-        state = dict(msg.get("state_dict", {}))
+        (model, state), reply = seeded_weights(self, msg, init_inputs)  # model: the reference's
+        if reply.get("drawn") is False:
+            return reply
         try:
             with self._confined():  # the constructor is candidate code too
-                model = self.model_cls(*init_inputs)
-                note = align_state_dict(model, state)
+                if model is None:
+                    model = self.model_cls(*init_inputs)
+                    reply["note"] = align_state_dict(model, state)
                 self.model = model.to(self.device).eval()
         except Fault:
             raise
@@ -185,7 +188,7 @@ class Worker(KeptTrials):
             ) from None
         self.compiled = None
         self.sets, self.nudgeable, self.snapshots = [], [], {}
-        return {"note": note}
+        return {"note": "", **reply}
 
     # ------------------------------------------------------------------ running
     def _call(self, fn: Callable[..., Any], args: list[Any], record_ops: bool = False) -> Any:
@@ -226,9 +229,10 @@ class Worker(KeptTrials):
         keeps the inputs as received, for :meth:`op_held_inputs` and ``from_held``. With
         ``from_held`` (a key) and ``perturb`` (a seed) the inputs are the held ones of that
         key as a timed call got them (:func:`kerneljudge.worker.measure.perturb`, with
-        ``roll``), built here on this worker's device. In the reference worker, ``seed``
-        instead of ``inputs`` draws them here (:meth:`kerneljudge.problem.Problem.make_inputs`
-        of the problem loaded).
+        ``roll``), built here on this worker's device. ``seed`` instead of ``inputs`` draws them
+        here (:func:`kerneljudge.worker.drawn.draw_inputs`; the reference's held trial replies
+        their ``input_fingerprint``); a candidate's worker given that ``fingerprint`` replies
+        ``{"drawn": False}`` and runs nothing when its draw differs.
         """
         if self.model is None:
             raise RuntimeError("run before setup")
@@ -242,11 +246,11 @@ class Worker(KeptTrials):
                 int(msg["perturb"]),
                 bool(msg.get("roll", True)),
             )
-        elif "seed" in msg:
-            # The reference alone draws inputs: a candidate's worker never gets a seed.
-            if self.role != "reference" or self.problem is None:
-                raise RuntimeError("only a reference worker with its problem draws inputs")
-            received = draw_inputs(self.problem, int(msg["seed"]))
+        elif "seed" in msg:  # drawn here (kerneljudge.worker.drawn): checked in a candidate's
+            drawn = draw_inputs(self.problem, int(msg["seed"]), msg.get("fingerprint"))
+            if drawn is None:
+                return {"drawn": False}
+            received = drawn
         else:
             received = list(msg["inputs"])
         self.inputs = to_device(received, self.device)
@@ -272,6 +276,7 @@ class Worker(KeptTrials):
             if msg.get("hold_inputs"):
                 self.held[key] = received
             return {
+                "input_fingerprint": fingerprint(received),
                 "ops": self.ops,
                 "output_layout": layout(outputs),
                 "input_layout": layout(received),
@@ -445,13 +450,8 @@ def serve(chan: Channel, worker: Worker) -> int:
                 reply = handler(msg)
             reply["ok"] = True
         except Fault as exc:
-            reply = {
-                "ok": False,
-                "fault": True,
-                "error": str(exc),
-                "lineno": exc.lineno,
-                "status": exc.status,
-            }
+            reply = {"ok": False, "fault": True, "error": str(exc)}
+            reply.update(lineno=exc.lineno, status=exc.status)
         except BaseException as exc:  # noqa: BLE001 - report harness bugs, keep the traceback
             reply = {"ok": False, "fault": False, "error": traceback.format_exc(limit=8)}
             if isinstance(exc, KeyboardInterrupt):

@@ -1,0 +1,182 @@
+"""Inputs and weights a worker draws itself from their seeds, and the fingerprint that shows two
+workers drew the same.
+
+The supervisor sends seeds, not tensors: the reference worker and the candidate's worker each
+draw a trial's inputs (:meth:`kerneljudge.problem.Problem.make_inputs`) and the model's weights
+(:meth:`kerneljudge.problem.Problem.make_model`) with torch's CPU generator, so that no tensor of
+them crosses the channels. The reference worker replies with the :func:`fingerprint` of what it
+drew; the candidate's worker compares its own draw's with it before it uses it, and answers
+``{"drawn": False}`` when they differ or its draw failed (a problem that draws with a generator
+other than torch's, say), and the supervisor then sends the reference's tensors instead.
+
+The candidate's worker is not trusted to draw honestly, and need not be: its outputs are
+compared with the reference's on the reference's own draw, trial by trial and for audited
+timed calls, so a worker that draws other inputs or weights (or claims a match it did not
+have) only makes its own outputs wrong.
+
+Imports only the standard library, torch and :mod:`kerneljudge.worker` modules at load;
+:mod:`kerneljudge.problem` when a candidate's worker loads the problem.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import torch
+
+from kerneljudge.worker.calls import nbytes
+
+__all__ = [
+    "INPUTS_FAILED",
+    "SAMPLE_ELEMENTS",
+    "WEIGHTS_FAILED",
+    "draw_inputs",
+    "draw_model",
+    "fingerprint",
+    "load_problem",
+    "seeded_weights",
+]
+
+#: Elements of each tensor a fingerprint reads (evenly spaced, the last one included): a draw
+#: from another generator or seed differs almost everywhere, so a sample shows it.
+SAMPLE_ELEMENTS = 4096
+#: How a reference worker's error begins when the problem's ``get_inputs`` failed there (a
+#: trial drawn from its seed): the supervisor reports it as the problem's error.
+INPUTS_FAILED = "the problem's get_inputs failed"
+#: How a reference worker's error begins when the problem's ``Model`` failed there (its weights
+#: drawn from their seed): the supervisor reports it as the problem's error.
+WEIGHTS_FAILED = "constructing the problem's Model failed"
+
+
+def fingerprint(values: Any) -> str:
+    """A SHA-256 hex digest of ``values``: nested lists, tuples and dicts (keys in order) of
+    tensors and plain values. A tensor contributes its shape, dtype and the bytes of
+    :data:`SAMPLE_ELEMENTS` evenly spaced elements (all of a smaller one), read where it lies
+    (a GPU tensor's sample is gathered there and copied); another value its ``repr``.
+
+    Two draws with the same fingerprint have the same structure, shapes, dtypes and sampled
+    elements; it is a check for a draw that went differently, not a content hash.
+    """
+    h = hashlib.sha256()
+    _feed(h, values)
+    return h.hexdigest()
+
+
+def _feed(h: Any, x: Any) -> None:
+    if isinstance(x, torch.Tensor):
+        h.update(f"T{tuple(x.shape)}:{x.dtype}:".encode())
+        flat = x.detach().reshape(-1)
+        n = flat.numel()
+        if n:
+            step = max(1, n // SAMPLE_ELEMENTS)
+            sample = torch.cat([flat[::step][:SAMPLE_ELEMENTS], flat[-1:]]).contiguous().cpu()
+            try:
+                h.update(sample.view(torch.uint8).numpy().tobytes())
+            except (RuntimeError, TypeError):  # a dtype without a byte view (quantized...)
+                h.update(repr(sample.tolist()).encode())
+    elif isinstance(x, dict):
+        h.update(b"{")
+        for k, v in x.items():
+            h.update(repr(k).encode())
+            _feed(h, v)
+        h.update(b"}")
+    elif isinstance(x, list | tuple):
+        h.update(b"[" if isinstance(x, list) else b"(")
+        for v in x:
+            _feed(h, v)
+        h.update(b"]")
+    else:
+        h.update(f"{type(x).__name__}:{x!r};".encode())
+
+
+def draw_inputs(problem: Any, seed: int, expected: str | None = None) -> list[Any] | None:
+    """``problem.make_inputs(seed)`` (:meth:`kerneljudge.problem.Problem.make_inputs`).
+
+    With ``expected`` (a candidate's worker: the reference's :func:`fingerprint` of its draw),
+    None when there is no problem to draw from, the draw failed, or its fingerprint is not
+    ``expected``.
+
+    Raises:
+        RuntimeError: without ``expected``: no problem is loaded, or the draw raised; the
+            message is then :data:`INPUTS_FAILED`, the exception's type and the first line of
+            its message.
+    """
+    if expected is not None:
+        try:
+            drawn = list(problem.make_inputs(seed))
+        except Exception:  # noqa: BLE001 - any failure here: the reference's inputs are sent
+            return None
+        return drawn if fingerprint(drawn) == expected else None
+    if problem is None:
+        raise RuntimeError("no problem loaded to draw inputs from")
+    try:
+        return list(problem.make_inputs(seed))
+    except Exception as exc:  # noqa: BLE001 - the problem's code: its failure, in one line
+        detail = next((ln for ln in str(exc).splitlines() if ln.strip()), "")
+        raise RuntimeError(f"{INPUTS_FAILED}: {type(exc).__name__}: {detail}") from None
+
+
+def load_problem(path: str, shape_set: str) -> Any:
+    """The problem file at ``path`` at ``shape_set``
+    (:meth:`kerneljudge.problem.Problem.load`, not probed: the supervisor probed it)."""
+    from kerneljudge.problem import Problem
+
+    problem = Problem.load(path, probe=False)
+    problem.use_shape_set(shape_set)
+    return problem
+
+
+def draw_model(problem: Any, seed: int, init_inputs: list[Any]) -> tuple[torch.nn.Module, dict]:
+    """The problem's ``Model(*init_inputs)`` with its parameters drawn from ``seed``
+    (:meth:`kerneljudge.problem.Problem.make_model`, on the CPU) and the reply fields that
+    describe its weights: ``weights`` (the :func:`fingerprint` of its state dict's items) and
+    ``weight_bytes`` (their bytes).
+
+    Raises:
+        RuntimeError: the constructor raised; the message is :data:`WEIGHTS_FAILED`, the
+            exception's type and the first line of its message.
+    """
+    try:
+        model = problem.make_model(seed, init_inputs)
+    except Exception as exc:  # noqa: BLE001 - the problem's code: its failure, in one line
+        detail = next((ln for ln in str(exc).splitlines() if ln.strip()), "")
+        raise RuntimeError(f"{WEIGHTS_FAILED}: {type(exc).__name__}: {detail}") from None
+    state = model.state_dict()
+    weight_bytes = nbytes(list(state.values()))
+    return model, {"weights": fingerprint(list(state.items())), "weight_bytes": weight_bytes}
+
+
+def seeded_weights(worker: Any, msg: dict[str, Any], init_inputs: list[Any]) -> tuple[Any, Any]:
+    """The weights of a ``setup`` request: ``(model, state)`` and the reply's fields.
+
+    Without ``weight_seed`` in ``msg``: ``(None, msg["state_dict"])``, nothing to reply. With
+    it, the weights are drawn here (:func:`draw_model`): the reference worker's model is the
+    drawn ``Model`` itself, ``(model, None)``, and it replies ``weights`` and ``weight_bytes``;
+    a candidate's worker first loads the problem (``problem`` and ``shape_set`` in ``msg``,
+    :func:`load_problem`, kept as ``worker.problem`` for drawing inputs), draws, and uses the
+    drawn state ``(None, state)`` only when its fingerprint is ``msg["weights"]``, the
+    reference's; otherwise, or when loading or drawing failed, the reply is
+    ``{"drawn": False}`` and nothing is set up.
+
+    Raises:
+        RuntimeError: in the reference worker, as :func:`draw_model`; in any worker, a seed
+            without a problem to draw from.
+    """
+    if "weight_seed" not in msg:
+        return (None, dict(msg.get("state_dict", {}))), {}
+    seed = int(msg["weight_seed"])
+    if worker.role == "reference":
+        if worker.problem is None:
+            raise RuntimeError("no problem loaded to draw the weights from")
+        model, reply = draw_model(worker.problem, seed, init_inputs)
+        return (model, None), reply
+    try:
+        worker.problem = load_problem(str(msg["problem"]), str(msg.get("shape_set", "public")))
+        model, reply = draw_model(worker.problem, seed, init_inputs)
+    except Exception:  # noqa: BLE001 - any failure here: the reference's weights are sent
+        worker.problem = None
+        return (None, None), {"drawn": False}
+    if reply["weights"] != msg.get("weights"):
+        return (None, None), {"drawn": False}
+    return (None, model.state_dict()), reply

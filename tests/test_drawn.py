@@ -1,0 +1,158 @@
+"""Inputs and weights drawn in each worker from their seeds (kerneljudge.worker.drawn): the
+fingerprint, a verdict in which no input or weight crosses from the reference worker, and the
+fall-back to the reference's tensors where a draw in the candidate's worker differs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from kerneljudge import Judge, JudgeConfig, Status
+from kerneljudge.check.reference import ReferenceSession
+from kerneljudge.worker.drawn import SAMPLE_ELEMENTS, fingerprint
+
+LINEAR = '''
+import random
+import torch
+import torch.nn as nn
+
+SHAPE_SETS = {{"public": {{}}}}
+
+
+class Model(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.fc = nn.Linear(n, n){init_noise}
+
+    def forward(self, x):
+        return torch.relu(self.fc(x))
+
+
+def get_inputs():
+    return [torch.randn(8, 16){input_noise}]
+
+
+def get_init_inputs():
+    return [16]
+'''
+#: Draws with Python's own generator, which nothing seeds: every process draws differently.
+UNSEEDED_INIT = "\n        self.fc.bias.data += random.random()"
+UNSEEDED_INPUT = " + random.random()"
+
+
+def _problem(tmp_path: Path, name: str, init_noise: str = "", input_noise: str = "") -> Path:
+    path = tmp_path / f"{name}.py"
+    path.write_text(LINEAR.format(init_noise=init_noise, input_noise=input_noise))
+    cand = tmp_path / f"{name}_candidate.py"
+    cand.write_text(path.read_text().replace("class Model(", "class ModelNew("))
+    return path
+
+
+def _judge(problem: Path, tmp_path: Path) -> Judge:
+    config = JudgeConfig(
+        device="cpu",
+        cache_dir=tmp_path / "cache",
+        timing=False,
+        run_timeout_s=30.0,
+        threads=1,
+    )
+    return Judge(problem, config)
+
+
+@pytest.fixture
+def relayed(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Counts of the reference's tensors sent to a candidate: held inputs, state dicts."""
+    counts = {"inputs": 0, "weights": 0}
+    held, state = ReferenceSession.held_inputs, ReferenceSession.state_dict
+
+    def held_inputs(self: ReferenceSession, *a, **kw):  # type: ignore[no-untyped-def]
+        counts["inputs"] += 1
+        return held(self, *a, **kw)
+
+    def state_dict(self: ReferenceSession, *a, **kw):  # type: ignore[no-untyped-def]
+        counts["weights"] += 1
+        return state(self, *a, **kw)
+
+    monkeypatch.setattr(ReferenceSession, "held_inputs", held_inputs)
+    monkeypatch.setattr(ReferenceSession, "state_dict", state_dict)
+    return counts
+
+
+def test_fingerprint_sees_values_shapes_dtypes_and_structure() -> None:
+    x = torch.randn(3 * SAMPLE_ELEMENTS + 5)
+    same = x.clone()
+    assert fingerprint([x, 3, {"a": 1.5}]) == fingerprint([same, 3, {"a": 1.5}])
+    y = x.clone()
+    y[-1] += 1.0  # the last element is always read
+    assert fingerprint([x]) != fingerprint([y])
+    z = x.clone()
+    z[0] += 1.0
+    assert fingerprint([x]) != fingerprint([z])
+    assert fingerprint([x]) != fingerprint([x.double()])
+    assert fingerprint([x]) != fingerprint([x.reshape(1, -1)])
+    assert fingerprint([x, 3]) != fingerprint([x, 4])
+    assert fingerprint([x]) != fingerprint((x,))
+    assert fingerprint({"a": x}) != fingerprint({"b": x})
+    # Every dtype has a fingerprint; a draw from another seed has another one.
+    for t in (torch.ones(4, dtype=torch.bool), torch.arange(7), torch.randn(5).bfloat16()):
+        assert fingerprint([t]) == fingerprint([t.clone()])
+    torch.manual_seed(1)
+    a = torch.randn(1000)
+    torch.manual_seed(2)
+    assert fingerprint([a]) != fingerprint([torch.randn(1000)])
+    assert fingerprint([torch.empty(0)]) == fingerprint([torch.empty(0)])
+
+
+def test_seeded_draws_cross_nothing(tmp_path: Path, relayed: dict[str, int]) -> None:
+    problem = _problem(tmp_path, "seeded")
+    with _judge(problem, tmp_path) as judge:
+        verdict = judge.evaluate(tmp_path / "seeded_candidate.py")
+    assert verdict.status is Status.CORRECT, verdict.reason
+    assert verdict.check is not None and verdict.check.n_passed == len(verdict.check.trials) == 5
+    assert relayed == {"inputs": 0, "weights": 0}
+
+
+@pytest.mark.parametrize(
+    ("name", "noise", "sent"),
+    [
+        ("unseeded_inputs", {"input_noise": UNSEEDED_INPUT}, "inputs"),
+        ("unseeded_weights", {"init_noise": UNSEEDED_INIT}, "weights"),
+    ],
+)
+def test_a_draw_that_differs_gets_the_references_tensors(
+    tmp_path: Path, relayed: dict[str, int], name: str, noise: dict[str, str], sent: str
+) -> None:
+    """An honest candidate of a problem that draws with an unseeded generator is judged
+    correct: where its worker's draw differs from the reference's, the reference's tensors
+    are sent instead (its outputs are compared on the reference's own)."""
+    problem = _problem(tmp_path, name, **noise)
+    with _judge(problem, tmp_path) as judge:
+        verdict = judge.evaluate(tmp_path / f"{name}_candidate.py")
+    assert verdict.status is Status.CORRECT, verdict.reason
+    assert relayed[sent] > 0
+    if sent == "weights":  # no problem in the candidate's worker to draw inputs from
+        assert relayed["inputs"] == 5
+
+
+def test_a_candidate_that_tampers_with_its_draw_is_compared_on_the_references(
+    tmp_path: Path, relayed: dict[str, int]
+) -> None:
+    """A candidate that makes torch's generator draw zeros (its own inputs then differ) gets
+    the reference's inputs; one that returns the zero-input answer is incorrect."""
+    problem = _problem(tmp_path, "tamper")
+    honest = tmp_path / "tamper_candidate.py"
+    patch = "\ntorch.randn = lambda *shape, **kw: torch.zeros(*shape, **kw)\n"
+    patched = tmp_path / "patched.py"
+    patched.write_text(honest.read_text() + patch)
+    zero = tmp_path / "zero.py"
+    zero.write_text(
+        honest.read_text().replace(
+            "return torch.relu(self.fc(x))", "return torch.relu(self.fc(torch.zeros_like(x)))"
+        )
+    )
+    with _judge(problem, tmp_path) as judge:
+        assert judge.evaluate(patched).status is Status.CORRECT
+        assert relayed["inputs"] > 0
+        assert judge.evaluate(zero).status is Status.INCORRECT
