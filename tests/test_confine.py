@@ -449,3 +449,31 @@ def test_confinement_works_for_an_unprivileged_user() -> None:
     assert probe["kill_supervisor"] != "done", got
     if "pid_namespace" in got["layers"]:
         assert "user_namespace" in got["layers"] and len(probe["pids"]) <= 3, got
+
+
+def test_an_ended_worker_is_never_signalled_by_pid(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once a worker has ended and been reaped, its pid may be a newer process's (another
+    judge's worker): pausing, continuing or killing it sends no signal to that pid."""
+    worker = WorkerProcess("candidate", "cpu")
+    try:
+        worker.wait_ready()
+        os.killpg(worker.proc.pid, signal.SIGKILL)
+        worker.proc.wait(timeout=30)  # reaped: the pid is free for the system to reuse
+        sent: list[tuple[int, int]] = []
+        monkeypatch.setattr(os, "kill", lambda pid, sig: sent.append((pid, sig)))
+        worker.pause(True)
+        worker.pause(False)
+        worker.kill()
+        assert sent == []
+    finally:
+        monkeypatch.undo()
+        worker.close()
+
+
+def test_weights_seed_is_derived_from_the_judges_seed() -> None:
+    """The weights' seed reaches candidates' workers; the configured seed (the run seed of
+    every verdict) must not: the one is a one-way derivation of the other."""
+    from kerneljudge.judge.reference_side import derive_seed, weight_seed_of
+
+    assert weight_seed_of(7) == weight_seed_of(7) == derive_seed(7, "weights") != 7
+    assert weight_seed_of(None) != weight_seed_of(None)

@@ -13,7 +13,7 @@ from kerneljudge import Judge, JudgeConfig, Status
 from kerneljudge.check.reference import ReferenceSession
 from kerneljudge.worker.drawn import SAMPLE_ELEMENTS, fingerprint
 
-LINEAR = '''
+LINEAR = """
 import random
 import torch
 import torch.nn as nn
@@ -36,7 +36,7 @@ def get_inputs():
 
 def get_init_inputs():
     return [16]
-'''
+"""
 #: Draws with Python's own generator, which nothing seeds: every process draws differently.
 UNSEEDED_INIT = "\n        self.fc.bias.data += random.random()"
 UNSEEDED_INPUT = " + random.random()"

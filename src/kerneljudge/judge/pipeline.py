@@ -80,8 +80,7 @@ class Judge:
         self.problem = problem if isinstance(problem, Problem) else Problem.load(problem)
         self.config = config or JudgeConfig()
         self.cache = BuildCache(self.config.cache_dir)
-        weight_seed = self.config.seed if self.config.seed is not None else secrets.randbits(62)
-        self.reference = ReferenceSide(self.problem, weight_seed, self.config.threads)
+        self.reference = ReferenceSide(self.problem, self.config.seed, self.config.threads)
         self._pools: dict[str, WorkerPool] = {}
         self._devices: dict[str, DeviceInfo] = {}
         #: A lock held by everything that runs on the judging device and is shared with other

@@ -146,6 +146,13 @@ def derive_seed(seed: int, *parts: object) -> int:
     return int.from_bytes(digest[:8], "big") & ((1 << 63) - 1)
 
 
+def weight_seed_of(seed: int | None) -> int:
+    """The seed of a judge's weights: derived from its configured ``seed`` (also the run seed of
+    its verdicts, which must stay in the judge: the weights' seed reaches candidates' workers,
+    :func:`derive_seed` with ``"weights"``), else a fresh secret one."""
+    return secrets.randbits(62) if seed is None else derive_seed(seed, "weights")
+
+
 def problem_failed(exc: ReferenceFailed) -> ProblemError:
     """A reference that failed before it ever ran to the end: the problem's own error."""
     return ProblemError(f"{exc} (before the candidate ran: the problem itself fails)")
@@ -158,12 +165,13 @@ class ReferenceSide:
 
     Args:
         problem: the problem whose reference runs.
-        weight_seed: the seed of the weights both models get.
+        seed: the judge's configured seed (None: none); the weights both models get are drawn
+            from :func:`weight_seed_of` it.
         threads: torch threads in the reference workers (0: torch's default).
     """
 
-    def __init__(self, problem: Problem, weight_seed: int, threads: int) -> None:
-        self.problem, self.weight_seed, self.threads = problem, weight_seed, threads
+    def __init__(self, problem: Problem, seed: int | None, threads: int) -> None:
+        self.problem, self.weight_seed, self.threads = problem, weight_seed_of(seed), threads
         #: The latest preparation; while one runs, the reference sessions are its.
         self.pending: Preparation | None = None
         self.closed = False

@@ -201,7 +201,10 @@ class WorkerProcess:
 
     def pause(self, paused: bool) -> None:
         """Stop (``SIGSTOP``) or continue (``SIGCONT``) the worker and all its descendants, so
-        that nothing of it runs while another process is timed."""
+        that nothing of it runs while another process is timed. A worker that has ended is
+        left alone: once reaped, its pid may be another process's."""
+        if self.proc.poll() is not None:
+            return
         sig = signal.SIGSTOP if paused else signal.SIGCONT
         for pid in [self.proc.pid, *child_pids(self.proc.pid)]:
             try:
@@ -216,7 +219,8 @@ class WorkerProcess:
         Once it is reaped, its pid may belong to another process: a second call does nothing."""
         if self._reaped:
             return
-        descendants = child_pids(self.proc.pid)
+        # Once reaped (here or by a poll), the pid may be another process's: no descendants.
+        descendants = child_pids(self.proc.pid) if self.proc.poll() is None else []
         for pid in descendants:
             try:
                 os.kill(pid, signal.SIGKILL)
