@@ -21,7 +21,7 @@ import pytest
 from kerneljudge import Judge, JudgeConfig, Status, Verdict
 from kerneljudge.build import BuildCache, build
 from kerneljudge.candidate import Candidate
-from kerneljudge.worker import confine
+from kerneljudge.worker import confine, process
 from kerneljudge.worker.process import WorkerProcess
 from kerneljudge.worker.sandbox import child_pids
 
@@ -461,6 +461,9 @@ def test_an_ended_worker_is_never_signalled_by_pid(monkeypatch: pytest.MonkeyPat
         worker.proc.wait(timeout=30)  # reaped: the pid is free for the system to reuse
         sent: list[tuple[int, int]] = []
         monkeypatch.setattr(os, "kill", lambda pid, sig: sent.append((pid, sig)))
+        monkeypatch.setattr(os, "killpg", lambda pid, sig: sent.append((-pid, sig)))
+        # the pid now names a process that started at another time: another's, not the worker's
+        monkeypatch.setattr(process, "start_ticks", lambda pid: "another start")
         worker.pause(True)
         worker.pause(False)
         worker.kill()

@@ -103,6 +103,13 @@ def test_fingerprint_sees_values_shapes_dtypes_and_structure() -> None:
     torch.manual_seed(2)
     assert fingerprint([a]) != fingerprint([torch.randn(1000)])
     assert fingerprint([torch.empty(0)]) == fingerprint([torch.empty(0)])
+    # An element between the sampled ones (every third here) still shows, in the byte sum.
+    w = x.clone()
+    w[1] += 1.0
+    assert fingerprint([x]) != fingerprint([w])
+    # A tensor without a plain byte view matches nothing, not even itself.
+    sparse = torch.eye(3).to_sparse()
+    assert fingerprint([sparse]) != fingerprint([sparse])
 
 
 def test_seeded_draws_cross_nothing(tmp_path: Path, relayed: dict[str, int]) -> None:

@@ -206,6 +206,7 @@ class ReferenceSession:
             except WorkerError as exc:
                 if WEIGHTS_FAILED not in str(exc):
                     raise
+                self._ready = False  # no model there: the next request sets up again
                 detail = str(exc).split(WEIGHTS_FAILED, 1)[1].lstrip(": ")
                 raise ProblemError(
                     f"{self.problem.path}: constructing Model (shape set {self.shape_set!r}) "

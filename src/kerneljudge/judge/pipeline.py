@@ -414,7 +414,8 @@ class Judge:
 
         Raises:
             CandidateFault, WorkerDied, WorkerTimeout: the candidate failed while profiled.
-            WorkerError: the profiler itself failed.
+            WorkerError: the profiler or the reference worker failed (``ReferenceFailed``).
+            ProblemError: the problem's ``Model`` raised in the reference worker.
             DeviceError: the candidate needs a GPU and none is visible.
         """
         cand = _as_candidate(candidate)

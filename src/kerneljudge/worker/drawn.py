@@ -21,11 +21,13 @@ Imports only the standard library, torch and :mod:`kerneljudge.worker` modules a
 from __future__ import annotations
 
 import hashlib
+import secrets
 from typing import Any
 
 import torch
 
 from kerneljudge.worker.calls import nbytes
+from kerneljudge.worker.forward import Fault
 
 __all__ = [
     "INPUTS_FAILED",
@@ -34,6 +36,7 @@ __all__ = [
     "draw_inputs",
     "draw_model",
     "fingerprint",
+    "inputs_from_seed",
     "load_problem",
     "seeded_weights",
 ]
@@ -51,30 +54,37 @@ WEIGHTS_FAILED = "constructing the problem's Model failed"
 
 def fingerprint(values: Any) -> str:
     """A SHA-256 hex digest of ``values``: nested lists, tuples and dicts (keys in order) of
-    tensors and plain values. A tensor contributes its shape, dtype and the bytes of
-    :data:`SAMPLE_ELEMENTS` evenly spaced elements (all of a smaller one), read where it lies
-    (a GPU tensor's sample is gathered there and copied); another value its ``repr``.
+    tensors and plain values. A tensor contributes its shape, dtype, the sum of all its bytes
+    as 32-bit words (as bytes when its size is not a multiple of 4; int64 arithmetic, one pass
+    where it lies) and the bytes of :data:`SAMPLE_ELEMENTS` evenly spaced elements and its last
+    (a GPU tensor's are gathered there and copied); another value its ``repr``. A tensor
+    without a plain byte view (sparse, nested, quantized) makes the fingerprint unique to this
+    call, so that it matches no other: such a draw is never taken as another's.
 
-    Two draws with the same fingerprint have the same structure, shapes, dtypes and sampled
-    elements; it is a check for a draw that went differently, not a content hash.
+    Two draws with the same fingerprint have the same structure, shapes, dtypes, byte sums and
+    sampled elements: a check for a draw that went differently (another generator, memory left
+    uninitialised, one element changed), not a cryptographic hash of the contents.
     """
     h = hashlib.sha256()
-    _feed(h, values)
+    try:
+        _feed(h, values)
+    except (RuntimeError, TypeError, ValueError):
+        return "unverifiable:" + secrets.token_hex(16)
     return h.hexdigest()
 
 
 def _feed(h: Any, x: Any) -> None:
     if isinstance(x, torch.Tensor):
         h.update(f"T{tuple(x.shape)}:{x.dtype}:".encode())
-        flat = x.detach().reshape(-1)
+        flat = x.detach().contiguous().reshape(-1)
         n = flat.numel()
         if n:
+            raw = flat.view(torch.uint8)
+            words = raw.view(torch.int32) if raw.numel() % 4 == 0 else raw
+            h.update(str(int(words.sum(dtype=torch.int64))).encode())
             step = max(1, n // SAMPLE_ELEMENTS)
             sample = torch.cat([flat[::step][:SAMPLE_ELEMENTS], flat[-1:]]).contiguous().cpu()
-            try:
-                h.update(sample.view(torch.uint8).numpy().tobytes())
-            except (RuntimeError, TypeError):  # a dtype without a byte view (quantized...)
-                h.update(repr(sample.tolist()).encode())
+            h.update(sample.view(torch.uint8).numpy().tobytes())
     elif isinstance(x, dict):
         h.update(b"{")
         for k, v in x.items():
@@ -90,24 +100,13 @@ def _feed(h: Any, x: Any) -> None:
         h.update(f"{type(x).__name__}:{x!r};".encode())
 
 
-def draw_inputs(problem: Any, seed: int, expected: str | None = None) -> list[Any] | None:
+def draw_inputs(problem: Any, seed: int) -> list[Any]:
     """``problem.make_inputs(seed)`` (:meth:`kerneljudge.problem.Problem.make_inputs`).
 
-    With ``expected`` (a candidate's worker: the reference's :func:`fingerprint` of its draw),
-    None when there is no problem to draw from, the draw failed, or its fingerprint is not
-    ``expected``.
-
     Raises:
-        RuntimeError: without ``expected``: no problem is loaded, or the draw raised; the
-            message is then :data:`INPUTS_FAILED`, the exception's type and the first line of
-            its message.
+        RuntimeError: no problem is loaded, or the draw raised; the message is then
+            :data:`INPUTS_FAILED`, the exception's type and the first line of its message.
     """
-    if expected is not None:
-        try:
-            drawn = list(problem.make_inputs(seed))
-        except Exception:  # noqa: BLE001 - any failure here: the reference's inputs are sent
-            return None
-        return drawn if fingerprint(drawn) == expected else None
     if problem is None:
         raise RuntimeError("no problem loaded to draw inputs from")
     try:
@@ -115,6 +114,33 @@ def draw_inputs(problem: Any, seed: int, expected: str | None = None) -> list[An
     except Exception as exc:  # noqa: BLE001 - the problem's code: its failure, in one line
         detail = next((ln for ln in str(exc).splitlines() if ln.strip()), "")
         raise RuntimeError(f"{INPUTS_FAILED}: {type(exc).__name__}: {detail}") from None
+
+
+def inputs_from_seed(worker: Any, seed: int, expected: str | None) -> list[Any] | None:
+    """A trial's inputs drawn in ``worker`` from ``seed``.
+
+    The reference worker: :func:`draw_inputs` of its problem. A candidate's worker (``expected``
+    is the reference's :func:`fingerprint` of its draw): the same draw, run confined as the
+    candidate's own code is (its patches of torch run there), and None when there is no
+    problem to draw from, the draw failed, or its fingerprint is not ``expected``.
+
+    Raises:
+        RuntimeError: in the reference worker, as :func:`draw_inputs`; in a candidate's
+            worker, a request without ``expected``.
+        Fault: in a candidate's worker, the sandbox caught the draw doing what it refuses.
+    """
+    if worker.role == "reference":
+        return draw_inputs(worker.problem, seed)
+    if expected is None:
+        raise RuntimeError("a candidate's worker draws inputs only to match the reference's")
+    try:
+        with worker._confined():
+            drawn = draw_inputs(worker.problem, seed)
+        return drawn if fingerprint(drawn) == expected else None
+    except Fault:
+        raise
+    except Exception:  # noqa: BLE001 - any failure here: the reference's inputs are sent
+        return None
 
 
 def load_problem(path: str, shape_set: str) -> Any:
@@ -160,8 +186,8 @@ def seeded_weights(worker: Any, msg: dict[str, Any], init_inputs: list[Any]) -> 
     ``{"drawn": False}`` and nothing is set up.
 
     Raises:
-        RuntimeError: in the reference worker, as :func:`draw_model`; in any worker, a seed
-            without a problem to draw from.
+        RuntimeError: in the reference worker, as :func:`draw_model`, or no problem loaded.
+        Fault: in a candidate's worker, the sandbox caught the draw doing what it refuses.
     """
     if "weight_seed" not in msg:
         return (None, dict(msg.get("state_dict", {}))), {}
@@ -172,8 +198,11 @@ def seeded_weights(worker: Any, msg: dict[str, Any], init_inputs: list[Any]) -> 
         model, reply = draw_model(worker.problem, seed, init_inputs)
         return (model, None), reply
     try:
-        worker.problem = load_problem(str(msg["problem"]), str(msg.get("shape_set", "public")))
-        model, reply = draw_model(worker.problem, seed, init_inputs)
+        with worker._confined():  # the candidate's patches of torch run here too
+            worker.problem = load_problem(str(msg["problem"]), str(msg.get("shape_set", "public")))
+            model, reply = draw_model(worker.problem, seed, init_inputs)
+    except Fault:
+        raise
     except Exception:  # noqa: BLE001 - any failure here: the reference's weights are sent
         worker.problem = None
         return (None, None), {"drawn": False}

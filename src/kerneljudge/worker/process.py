@@ -137,6 +137,7 @@ class WorkerProcess:
                 env=full_env,
                 cwd=self.scratch,
             )
+        self._start_ticks = start_ticks(self.proc.pid)
         os.close(to_worker_r)
         os.close(from_worker_w)
         stamp_end.close()
@@ -235,6 +236,11 @@ class WorkerProcess:
                 self._reaped = True
             except (ProcessLookupError, PermissionError, subprocess.TimeoutExpired):
                 pass
+        if self.proc.returncode is not None and start_ticks(self.proc.pid) not in (
+            None,
+            self._start_ticks,
+        ):
+            self._reaped = True  # reaped before, and its pid (and group id) is another's now
         if not self._reaped:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
@@ -361,6 +367,17 @@ class WorkerProcess:
                 f"the worker failed on {op} after loading the candidate: {last}\n{error}"
             )
         raise WorkerError(f"worker failed on {op}: {error}")
+
+
+def start_ticks(pid: int) -> str | None:
+    """When process ``pid`` started (clock ticks since boot, ``/proc/PID/stat``), None when no
+    process has that pid: a pid whose start differs from the one recorded names another
+    process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
 
 
 def timing_cpu() -> int:

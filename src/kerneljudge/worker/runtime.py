@@ -39,7 +39,7 @@ from kerneljudge.worker.calls import (
     profile_rows,
     trial_fields,
 )
-from kerneljudge.worker.drawn import draw_inputs, fingerprint, seeded_weights
+from kerneljudge.worker.drawn import fingerprint, inputs_from_seed, seeded_weights
 from kerneljudge.worker.forward import (
     Fault,
     OpRecorder,
@@ -230,7 +230,7 @@ class Worker(KeptTrials):
         ``from_held`` (a key) and ``perturb`` (a seed) the inputs are the held ones of that
         key as a timed call got them (:func:`kerneljudge.worker.measure.perturb`, with
         ``roll``), built here on this worker's device. ``seed`` instead of ``inputs`` draws them
-        here (:func:`kerneljudge.worker.drawn.draw_inputs`; the reference's held trial replies
+        here (:func:`kerneljudge.worker.drawn.inputs_from_seed`; the reference's held trial replies
         their ``input_fingerprint``); a candidate's worker given that ``fingerprint`` replies
         ``{"drawn": False}`` and runs nothing when its draw differs.
         """
@@ -247,7 +247,7 @@ class Worker(KeptTrials):
                 bool(msg.get("roll", True)),
             )
         elif "seed" in msg:  # drawn here (kerneljudge.worker.drawn): checked in a candidate's
-            drawn = draw_inputs(self.problem, int(msg["seed"]), msg.get("fingerprint"))
+            drawn = inputs_from_seed(self, int(msg["seed"]), msg.get("fingerprint"))
             if drawn is None:
                 return {"drawn": False}
             received = drawn
