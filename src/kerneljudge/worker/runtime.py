@@ -225,21 +225,20 @@ class Worker(KeptTrials):
         In the reference worker, ``expect`` (a key) keeps the outputs and oracle here for
         :meth:`op_compare` and replies with their layout instead (``output_layout``,
         ``input_layout``: ``[shape, dtype name]`` per tensor, flattened) and ``call_s``, the
-        seconds of the call itself on this worker's clock; ``hold_inputs`` also
-        keeps the inputs as received, for :meth:`op_held_inputs` and ``from_held``. With
-        ``from_held`` (a key) and ``perturb`` (a seed) the inputs are the held ones of that
-        key as a timed call got them (:func:`kerneljudge.worker.measure.perturb`, with
-        ``roll``), built here on this worker's device. ``seed`` instead of ``inputs`` draws them
-        here (:func:`kerneljudge.worker.drawn.inputs_from_seed`; the reference's held trial replies
-        their ``input_fingerprint``); a candidate's worker given that ``fingerprint`` replies
-        ``{"drawn": False}`` and runs nothing when its draw differs.
+        seconds of the call itself on this worker's clock; ``hold_inputs`` also keeps the inputs
+        as received, for :meth:`op_held_inputs` and ``from_held``, and replies their
+        ``input_fingerprint``. With ``from_held`` (a key) and ``perturb`` (a seed) the inputs are
+        the held ones of that key as a timed call got them (:func:`kerneljudge.worker.measure.
+        perturb`, with ``roll``), built here on this worker's device. ``seed`` instead of
+        ``inputs`` draws them here (:func:`kerneljudge.worker.drawn.inputs_from_seed`); a
+        candidate's worker given the reference's ``fingerprint`` replies ``{"drawn": False}``
+        and runs nothing when its draw differs.
         """
         if self.model is None:
             raise RuntimeError("run before setup")
         if "from_held" in msg:
             base = self._reference_only(self.held, msg["from_held"])
-            # Rebuilt on this worker's device (perturb is exact on any device: the values the
-            # candidate's timed call got), not rolled on the host and copied.
+            # Rebuilt here, not rolled on the host and copied: perturb is exact on any device.
             received = measure.perturb(
                 to_device(base, self.device),
                 nudgeable(base),
@@ -273,16 +272,17 @@ class Worker(KeptTrials):
         if kept:
             key = str(msg["expect"])
             self.expected[key] = {"outputs": outputs, "oracle": oracle}
-            if msg.get("hold_inputs"):
-                self.held[key] = received
-            return {
-                "input_fingerprint": fingerprint(received),
+            described = {
                 "ops": self.ops,
                 "output_layout": layout(outputs),
                 "input_layout": layout(received),
                 "call_s": call_s,
                 **effects,
             }
+            if msg.get("hold_inputs"):
+                self.held[key] = received
+                described["input_fingerprint"] = fingerprint(received)
+            return described
         reply: dict[str, Any] = {"outputs": outputs, "ops": self.ops, **effects}
         if msg.get("oracle"):
             reply["oracle"] = oracle
