@@ -274,9 +274,8 @@ def test_work_ahead_waits_for_the_device_lock(tmp_path: Path) -> None:
     with Judge(Path(__file__).parent / "fixtures" / "tiny_problem.py", config) as j:
         lock = threading.Lock()
         j.device_lock = lock
-        with lock:
+        with lock:  # held from the verdict on: the work ahead it starts cannot take it
             assert j.evaluate(CANDIDATES / "good.py").status is Status.CORRECT
-        with lock:  # taken again before the work ahead could start
             ahead = j.reference.pending
             assert ahead is not None
             time.sleep(0.5)
