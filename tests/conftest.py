@@ -2,7 +2,8 @@
 
 GPU tests are marked ``gpu`` and skipped (with the reason) where no CUDA device is visible.
 Real compiler builds share one build cache per checkout (``.kerneljudge-cache/tests``), so a
-candidate is compiled once across test runs on the same machine. The environment's and the
+candidate is compiled once across test runs on the same machine, and every build shares one
+store of precompiled headers there. The environment's and the
 agent runner's tests (tests/env, tests/agent) share one CPU judge on causal_gqa without its
 custom-kernel policy (``gqa_judge``) and one short-timing ``EnvConfig`` (``gqa_env_config``).
 """
@@ -49,6 +50,20 @@ def _private_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
         os.environ.pop("KERNELJUDGE_STATE_DIR", None)
     else:
         os.environ["KERNELJUDGE_STATE_DIR"] = saved
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_precompiled_headers() -> Iterator[None]:
+    """One store of precompiled headers for every build of the run, whatever its cache
+    folder (a variant is made once per checkout, beside the first build that needs it)."""
+    saved = os.environ.get("KERNELJUDGE_PCH_DIR")
+    root = Path(os.environ.get("KERNELJUDGE_TEST_CACHE", REPO / ".kerneljudge-cache" / "tests"))
+    os.environ["KERNELJUDGE_PCH_DIR"] = str(root / "pch")
+    yield
+    if saved is None:
+        os.environ.pop("KERNELJUDGE_PCH_DIR", None)
+    else:
+        os.environ["KERNELJUDGE_PCH_DIR"] = saved
 
 
 @pytest.fixture(scope="session")

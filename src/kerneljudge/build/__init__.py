@@ -20,11 +20,11 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from kerneljudge.build import toolchain
+from kerneljudge.build import pch, toolchain
 from kerneljudge.build.log import parse_diagnostics, shape_log, trace_to_candidate
 from kerneljudge.candidate import Candidate
 from kerneljudge.candidate.backends import IMPORT_ONLY_BACKENDS
@@ -33,7 +33,7 @@ from kerneljudge.worker import confine
 from kerneljudge.worker.sandbox import candidate_environment, child_pids
 from kerneljudge.worker.torchlog import NO_CUDA_RUNTIME
 
-__all__ = ["BuildCache", "build", "default_cache_dir"]
+__all__ = ["BuildCache", "build", "default_cache_dir", "toolchain_environment"]
 
 _SRC_DIR = str(Path(__file__).resolve().parents[2])
 DEFAULT_BUILD_TIMEOUT_S = 300.0
@@ -209,11 +209,16 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
-def _exited(proc: subprocess.Popen[bytes], timeout_s: float) -> bool:
+def _exited(
+    proc: subprocess.Popen[bytes], timeout_s: float, poll: Callable[[], None] | None = None
+) -> bool:
     """Wait up to ``timeout_s`` seconds for ``proc`` to exit, without reaping it: while it is
-    a zombie its pid, and so its process group id, cannot name another process."""
+    a zombie its pid, and so its process group id, cannot name another process. ``poll`` is
+    called while it waits (every 20 ms)."""
     deadline = time.monotonic() + timeout_s
     while True:
+        if poll is not None:
+            poll()
         try:
             if os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
                 return True
@@ -260,6 +265,12 @@ def build(
     it starts (``ninja`` runs what a ``build.ninja`` says) outlives the build, and none of them
     writes outside the cache entry.
 
+    C++ compiles use the cache's shared precompiled ``torch/extension.h`` made for their options
+    (:mod:`kerneljudge.build.pch`, unless ``KERNELJUDGE_PCH=0``). When a compile found none, the
+    variant it asked for is made while the build runs, and the build returns once it is made
+    (at most :data:`kerneljudge.build.pch.PCH_TIMEOUT_S` after it started; a build that runs
+    out of time stops it).
+
     Returns:
         A :class:`BuildResult`; ``ok`` False with shaped ``log`` and ``messages`` on failure,
         ``timed_out`` True when the limit was hit.
@@ -283,7 +294,7 @@ def build(
         result_path.unlink(missing_ok=True)
         log_path = entry / "build.log"
         env = candidate_environment(dict(os.environ))
-        env.update(toolchain.build_environment(arch, entry / "ext"))
+        env.update(toolchain_environment(cache, key, arch))
         env["TMPDIR"] = str(entry)
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         env["CUDA_VISIBLE_DEVICES"] = ""
@@ -293,19 +304,17 @@ def build(
             # Confined (see kerneljudge.worker.confine): the build worker and every tool it
             # starts live in their own PID namespace, which ends with the build worker, and
             # may write only inside this cache entry.
-            proc = confine.spawn(
-                confine.command(
-                    ["kerneljudge.worker.build", str(source_path), str(result_path)], [str(entry)]
-                ),
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env=env,
-                cwd=entry,
+            argv = ["kerneljudge.worker.build", str(source_path), str(result_path)]
+            proc = confine.spawn_in(entry, argv, log_file, env)
+            precompiler = (
+                pch.Precompiler(pch.store_dir(cache.root), entry, env)
+                if toolchain.pch_enabled()
+                else None
             )
-            if not _exited(proc, timeout_s):
+            if not _exited(proc, timeout_s, precompiler.poll if precompiler else None):
                 _kill_group(proc)
+                if precompiler is not None:
+                    precompiler.finish(wait=False)
                 msg = f"the build did not finish within {timeout_s:g} s"
                 return BuildResult(
                     ok=False,
@@ -317,6 +326,8 @@ def build(
                     log=msg,
                 )
             _kill_group(proc)  # the rest of its process group ends with it (namespace or not)
+            if precompiler is not None:
+                precompiler.finish()
         duration = time.monotonic() - started
         raw = log_path.read_text(errors="replace")
         try:
@@ -360,6 +371,13 @@ def build(
             )
         cache.store(key, result, candidate.name)
         return result
+
+
+def toolchain_environment(cache: BuildCache, key: str, arch: str) -> dict[str, str]:
+    """The toolchain's variables for a cache entry's build and run workers alike
+    (:func:`kerneljudge.build.toolchain.build_environment`, with the cache's shared
+    precompiled headers)."""
+    return toolchain.build_environment(arch, cache.entry(key) / "ext", pch.store_dir(cache.root))
 
 
 def extensions_dir(cache: BuildCache, key: str) -> Path:

@@ -15,13 +15,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["build_environment", "cuda_home", "fingerprint", "target_arch"]
+__all__ = ["build_environment", "cuda_home", "fingerprint", "pch_enabled", "target_arch"]
 
 #: Bumped whenever the way kerneljudge builds a candidate changes, so old cache entries miss.
-BUILD_PROTOCOL = "4"
+BUILD_PROTOCOL = "5"
 #: The arch CUDA candidates are built for when no GPU is visible and none is configured
 #: (Hopper, compute capability 9.0: the H100/H200 the task prompts name).
 DEFAULT_ARCH = "9.0"
+#: The compiler torch's builder is given when shared precompiled headers are on (``$CXX``):
+#: a shell script that runs :mod:`kerneljudge.build.pch_cxx`.
+PCH_WRAPPER = Path(__file__).resolve().with_name("cxx") / "c++"
 
 
 def _has_nvcc(root: Path) -> bool:
@@ -137,7 +140,18 @@ def fingerprint(arch: str) -> dict[str, str]:
         "ninja": ninja_version(),
         "arch": arch,
         "parallel_nvcc": str(parallel_nvcc_enabled()),
+        "pch": str(pch_enabled()),
     }
+
+
+def pch_enabled() -> bool:
+    """Whether C++ compiles may use a shared precompiled ``torch/extension.h``
+    (:mod:`kerneljudge.build.pch`; the default on Linux; ``KERNELJUDGE_PCH=0`` turns it off)."""
+    return (
+        os.environ.get("KERNELJUDGE_PCH", "1") != "0"
+        and sys.platform == "linux"
+        and os.access(PCH_WRAPPER, os.X_OK)
+    )
 
 
 def parallel_nvcc_enabled() -> bool:
@@ -146,10 +160,14 @@ def parallel_nvcc_enabled() -> bool:
     return os.environ.get("KERNELJUDGE_PARALLEL_NVCC", "1") != "0"
 
 
-def build_environment(arch: str, extensions_dir: Path) -> dict[str, str]:
+def build_environment(
+    arch: str, extensions_dir: Path, pch_store: Path | None = None
+) -> dict[str, str]:
     """Environment variables shared by the build worker and the run worker of one candidate.
 
     Both must see the same values, or torch's extension loader would rebuild on load.
+    ``pch_store``: the shared precompiled headers' folder (:func:`kerneljudge.build.pch.store_dir`;
+    None or :func:`pch_enabled` false: C++ compiles run the plain compiler).
     """
     env = {
         "TORCH_EXTENSIONS_DIR": str(extensions_dir),
@@ -164,4 +182,8 @@ def build_environment(arch: str, extensions_dir: Path) -> dict[str, str]:
             script = Path(__file__).with_name("parallel_nvcc.py")
             env["KERNELJUDGE_NVCC"] = str(Path(home) / "bin" / "nvcc")
             env["PYTORCH_NVCC"] = f"{shlex.quote(sys.executable)} {shlex.quote(str(script))}"
+    if pch_store is not None and pch_enabled():
+        from kerneljudge.build import pch
+
+        env.update(pch.environment(pch_store))
     return env

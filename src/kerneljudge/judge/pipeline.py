@@ -1,10 +1,9 @@
 """The judge's pipeline for one candidate: build -> load -> trials -> timing -> verdict.
 
 Each stage is a method of :class:`Judge` that returns what the next needs or raises: a
-:class:`~kerneljudge.judge.outcome.Decided` when it decided the verdict early (a failed
-build, an import error, wrong outputs), or one of the candidate's failures
-(:data:`~kerneljudge.judge.outcome.CANDIDATE_FAILURES`), which :meth:`Judge._judge` turns into
-a verdict in one place.
+:class:`~kerneljudge.judge.outcome.Decided` when it decided the verdict early (a failed build,
+an import error, wrong outputs), or one of the candidate's failures (``CANDIDATE_FAILURES`` of
+:mod:`kerneljudge.judge.outcome`), which :meth:`Judge._judge` turns into a verdict in one place.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ from kerneljudge.build import (
     clear_stale_batons,
     known_build,
     toolchain,
+    toolchain_environment,
 )
 from kerneljudge.build.log import shape_log
 from kerneljudge.candidate import Candidate
@@ -461,7 +461,7 @@ class Judge:
                 "load_candidate",
                 limit_s,
                 path=str(entry / "candidate.py"),
-                env=toolchain.build_environment(self.arch_for(device), entry / "ext"),
+                env=toolchain_environment(self.cache, result.cache_key, self.arch_for(device)),
             )
         except CandidateFault as exc:
             if cand.backend not in IMPORT_ONLY_BACKENDS or exc.status == "rejected":

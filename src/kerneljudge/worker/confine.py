@@ -37,7 +37,8 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 __all__ = [
     "Features",
@@ -48,6 +49,7 @@ __all__ = [
     "layers",
     "restrict",
     "spawn",
+    "spawn_in",
 ]
 
 _PR_SET_PDEATHSIG = 1
@@ -363,6 +365,23 @@ def spawn(
     if not ok:
         raise value
     return value
+
+
+def spawn_in(
+    folder: Path, module_argv: Sequence[str], log: IO[bytes], env: dict[str, str]
+) -> subprocess.Popen[bytes]:
+    """Start ``python -m MODULE ARGS`` (``module_argv``) confined to write only beneath
+    ``folder`` (its working directory), in a session of its own, with no standard input and
+    its output and errors going to ``log``."""
+    return spawn(
+        command(module_argv, [str(folder)]),
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env=env,
+        cwd=folder,
+    )
 
 
 # ---------------------------------------------------------------------- child side
