@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -130,6 +131,10 @@ def test_the_toolchain_own_options_may_make_a_shared_header(extra: list[str]) ->
         ["-B/tmp/tools"],
         ["-iquote", "."],
         ["-x", "c"],
+        ["-fdeps-file=x"],
+        ["-fmodule-mapper=x"],
+        ["-isystem", TORCH_INCLUDE + "/"],
+        ["-isystem", TORCH_INCLUDE + "/torch/../torch"],
     ],
 )
 def test_options_that_name_other_files_make_no_shared_header(extra: list[str]) -> None:
@@ -156,7 +161,9 @@ def test_the_wrapper_gives_a_verified_header_and_leaves_other_compiles_alone(
     source.write_text("\n#include <torch/extension.h>\n")
     args = [*compile_args([*BASE, "-O3"]), "-c", str(source), "-o", "main.o"]
     assert run_wrapper(args, store, tmp_path) == ["-I", str(folder / "include"), *args]
-    assert not (tmp_path / "main.o.pch.json").exists()
+    record = json.loads((tmp_path / "main.o.pch.json").read_text())
+    assert record == {"flags": [*BASE, "-O3"], "state": "used"}
+    (tmp_path / "main.o.pch.json").unlink()
     # Another source (not opening with the header), a link and `-v` run unchanged, asking nothing.
     other = tmp_path / "kernel.cpp"
     other.write_text("#include <cmath>\n#include <torch/extension.h>\n")
@@ -248,8 +255,88 @@ def test_a_variant_the_compiler_fails_on_is_not_tried_again(fake_cxx: Path, tmp_
     ask(entry, [*BASE, "-DKJ_FAIL"])
     assert "the compiler failed" in pch.Precompiler(store, entry, dict(os.environ)).finish()
     again = pch.Precompiler(store, entry, dict(os.environ)).finish()
-    assert again == "not made: the compiler failed on it before"
+    assert again == "not made: it failed within the last hour"
     assert not [p for p in store.iterdir() if not p.name.startswith(".")]
+
+
+def test_a_link_of_a_candidate_to_the_toolchain_is_not_trusted(tmp_path: Path) -> None:
+    """A folder that leads to torch's headers through a link a candidate could change later."""
+    link = tmp_path / "entry" / "inc"
+    link.parent.mkdir()
+    os.symlink(TORCH_INCLUDE, link)
+    assert pch.refusal([*BASE, "-isystem", str(link)]) is not None
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link", "huge", "deep", "nul", "state"])
+def test_a_hostile_record_is_refused_and_the_build_goes_on(
+    fake_cxx: Path, tmp_path: Path, kind: str
+) -> None:
+    """A record is a candidate's file: a FIFO (which would block a reader), a link, endless
+    or deeply nested JSON, a NUL in a path, an unknown state: each is refused, none raises."""
+    store, entry = tmp_path / "store", tmp_path / "entry"
+    folder = entry / "ext" / "kj_x"
+    folder.mkdir(parents=True)
+    record = folder / "main.o.pch.json"
+    if kind == "fifo":
+        os.mkfifo(record)
+    elif kind == "link":
+        target = tmp_path / "elsewhere.json"
+        target.write_text(json.dumps({"flags": BASE, "state": "missing"}))
+        os.symlink(target, record)
+    elif kind == "huge":
+        record.write_text(json.dumps({"flags": BASE, "state": "missing", "x": "y" * (1 << 17)}))
+    elif kind == "deep":
+        record.write_text("[" * 100_000)
+    elif kind == "nul":
+        record.write_text(json.dumps({"flags": ["-I", "/a\u0000b"], "state": "missing"}))
+    else:
+        record.write_text(json.dumps({"flags": BASE, "state": "made"}))
+    maker = pch.Precompiler(store, entry, dict(os.environ))
+    maker.poll()
+    assert maker.finish().startswith(("refused", "not made"))
+    assert not store.exists() or not pch.variants(store)
+
+
+def test_the_store_keeps_its_most_recently_used_variants(
+    fake_cxx: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KERNELJUDGE_PCH_VARIANTS", "2")
+    store, entry = tmp_path / "store", tmp_path / "entry"
+    keys = []
+    for i in range(3):
+        flags = [*BASE, f"-DKJ_N={i}"]
+        keys.append(pch_cxx.variant_key(flags, pch.salt()))
+        ask(entry, flags)
+        assert pch.Precompiler(store, entry, dict(os.environ)).finish() == "made"
+        if i == 1:  # the first one, oldest, used again: the second is now the least recent
+            os.utime(store / keys[0], (1, 1))
+            ask(entry, [*BASE, "-DKJ_N=0"], "used")
+            assert pch.Precompiler(store, entry, dict(os.environ)).finish() == "ready"
+    assert {p.name for p in pch.variants(store)} == {keys[0], keys[2]}
+
+
+def test_a_build_that_runs_out_of_time_stops_the_maker(
+    fake_cxx: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    slow = tmp_path / "slow-cxx"
+    slow.write_text("#!/bin/sh\nsleep 30\n")
+    slow.chmod(0o755)
+    monkeypatch.setenv("CXX", str(slow))
+    store, entry = tmp_path / "store", tmp_path / "entry"
+    ask(entry, BASE)
+    maker = pch.Precompiler(store, entry, dict(os.environ))
+    maker.poll()
+    started = time.monotonic()
+    assert maker.finish(time.monotonic() + 1.0) == "not made: it ran out of time"
+    assert time.monotonic() - started < 10
+    again = pch.Precompiler(store, entry, dict(os.environ))
+    assert again.finish() == "not made: it failed within the last hour"
+    assert not list((store / ".staging").iterdir())
+    stopped = pch.Precompiler(store / "other", entry, dict(os.environ))
+    stopped.poll()
+    started = time.monotonic()
+    assert stopped.finish(None) == "not made: it ran out of time"  # the build was killed
+    assert time.monotonic() - started < 10
 
 
 def test_one_maker_per_variant(fake_cxx: Path, tmp_path: Path) -> None:
@@ -356,9 +443,9 @@ def test_real_builds_honour_options_defines_includes_and_never_use_a_damaged_hea
     first = built_value(cache, candidate("kj_pch_a", ["-O2"]), "kj_pch_a")
     assert first == (0, {"main.o.pch.json": "missing"})  # made beside this build
     # The next builds with those options use it.
-    assert built_value(cache, candidate("kj_pch_b", ["-O2"]), "kj_pch_b") == (0, {})
+    assert built_value(cache, candidate("kj_pch_b", ["-O2"]), "kj_pch_b") == (0, USED)
     included = candidate("kj_pch_c", ["-O2"], "#include <climits>\n#define KJ_VALUE CHAR_BIT")
-    assert built_value(cache, included, "kj_pch_c") == (8, {})
+    assert built_value(cache, included, "kj_pch_c") == (8, USED)
     defined = candidate("kj_pch_d", ["-O2", "-DKJ_VALUE=7"], "")
     assert built_value(cache, defined, "kj_pch_d") == (7, {"main.o.pch.json": "missing"})
 
@@ -379,7 +466,10 @@ def test_real_builds_honour_options_defines_includes_and_never_use_a_damaged_hea
         {"main.o.pch.json": "damaged"},
     )
     assert pch_cxx.state_of(str(folder)) == "ready"
-    assert built_value(cache, candidate("kj_pch_f", ["-O2"]), "kj_pch_f") == (0, {})
+    assert built_value(cache, candidate("kj_pch_f", ["-O2"]), "kj_pch_f") == (0, USED)
+
+
+USED = {"main.o.pch.json": "used"}
 
 
 def first_flags(cache: BuildCache, name: str) -> list[str]:

@@ -20,7 +20,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -209,26 +209,6 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
-def _exited(
-    proc: subprocess.Popen[bytes], timeout_s: float, poll: Callable[[], None] | None = None
-) -> bool:
-    """Wait up to ``timeout_s`` seconds for ``proc`` to exit, without reaping it: while it is
-    a zombie its pid, and so its process group id, cannot name another process. ``poll`` is
-    called while it waits (every 20 ms)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if poll is not None:
-            poll()
-        try:
-            if os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
-                return True
-        except ChildProcessError:
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(min(0.02, max(deadline - time.monotonic(), 0.0)))
-
-
 def known_build(candidate: Candidate, *, cache: BuildCache, arch: str) -> BuildResult | None:
     """The build's result when it is known without compiling: a static failure (empty source,
     syntax error) or a cached build; None when :func:`build` would have to compile."""
@@ -267,9 +247,8 @@ def build(
 
     C++ compiles use the cache's shared precompiled ``torch/extension.h`` made for their options
     (:mod:`kerneljudge.build.pch`, unless ``KERNELJUDGE_PCH=0``). When a compile found none, the
-    variant it asked for is made while the build runs, and the build returns once it is made
-    (at most :data:`kerneljudge.build.pch.PCH_TIMEOUT_S` after it started; a build that runs
-    out of time stops it).
+    variant it asked for is made while the build runs, and the build returns once it is made,
+    within the build's own time limit (a build that runs out of time stops it).
 
     Returns:
         A :class:`BuildResult`; ``ok`` False with shaped ``log`` and ``messages`` on failure,
@@ -311,10 +290,15 @@ def build(
                 if toolchain.pch_enabled()
                 else None
             )
-            if not _exited(proc, timeout_s, precompiler.poll if precompiler else None):
-                _kill_group(proc)
+            finished = False
+            try:
+                poll = precompiler.poll if precompiler else None
+                finished = confine.exited(proc, timeout_s, poll)
+            finally:  # also when the wait failed: nothing of the build outlives it
+                _kill_group(proc)  # the rest of its process group ends with it
                 if precompiler is not None:
-                    precompiler.finish(wait=False)
+                    precompiler.finish(started + timeout_s if finished else None)
+            if not finished:
                 msg = f"the build did not finish within {timeout_s:g} s"
                 return BuildResult(
                     ok=False,
@@ -325,9 +309,6 @@ def build(
                     messages=(CompilerMessage("", None, None, "error", msg),),
                     log=msg,
                 )
-            _kill_group(proc)  # the rest of its process group ends with it (namespace or not)
-            if precompiler is not None:
-                precompiler.finish()
         duration = time.monotonic() - started
         raw = log_path.read_text(errors="replace")
         try:

@@ -28,10 +28,12 @@ import functools
 import hashlib
 import json
 import logging
+import math
 import os
 import platform
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import sysconfig
@@ -49,6 +51,8 @@ _log = logging.getLogger(__name__)
 #: Longest a variant's header may take to make (seconds from the start); about 60 s on one
 #: core of the 2-core development VM (docs/benchmarks/2026-12-02-cpu-precompiled-header.md).
 PCH_TIMEOUT_S = 600.0
+#: How long a variant that failed to be made is not tried again (seconds).
+FAILED_TTL_S = 3600.0
 #: Largest request file read (bytes).
 _REQUEST_LIMIT = 64 << 10
 _POLL_S = 0.25
@@ -62,7 +66,13 @@ _FILE_OPTIONS = (
     "-fsave-optimization-record",
     "-fcallgraph-info",
     "-fstack-usage",
-    "-fdiagnostics-format",
+    "-fdiagnostics",
+    "-fdeps",
+    "-fmodule",
+    "-fdebug-prefix",
+    "-ffile-prefix",
+    "-fmacro-prefix",
+    "-finstrument-functions-exclude-file",
 )
 
 
@@ -122,23 +132,34 @@ def environment(store: Path) -> dict[str, str]:
 
 
 @functools.cache
-def _trusted_roots() -> tuple[str, ...]:
-    roots = [str(header_path().parents[1])]  # torch's include folder
+def _trusted_roots() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The toolchain's include folders as they are spelled (torch's, Python's, CUDA's) and as
+    they resolve."""
+    spelled = [str(header_path().parents[1])]  # torch's include folder
     for name in ("include", "platinclude"):
         path = sysconfig.get_paths().get(name)
         if path:
-            roots.append(os.path.realpath(path))
+            spelled.append(os.path.normpath(path))
     home = toolchain.cuda_home()
     if home:
-        roots.append(os.path.realpath(os.path.join(home, "include")))
-        roots.append(os.path.realpath(os.path.join(home, "targets")))
-    return tuple(roots)
+        spelled += [os.path.normpath(os.path.join(home, d)) for d in ("include", "targets")]
+    return tuple(spelled), tuple(os.path.realpath(p) for p in spelled)
+
+
+def _under(path: str, roots: tuple[str, ...]) -> bool:
+    return any(path == root or path.startswith(root + os.sep) for root in roots)
 
 
 def _trusted_dir(path: str) -> bool:
-    real = os.path.realpath(path)
-    return os.path.isabs(path) and any(
-        real == root or real.startswith(root + os.sep) for root in _trusted_roots()
+    """An absolute folder, spelled without ``..``, ``.`` or doubled separators, beneath one of
+    the toolchain's include folders both as spelled and as it resolves (so no link of a
+    candidate's leads there: only the toolchain's own links, which no candidate can write)."""
+    spelled, resolved = _trusted_roots()
+    return (
+        os.path.isabs(path)
+        and os.path.normpath(path) == path
+        and _under(path, spelled)
+        and _under(os.path.realpath(path), resolved)
     )
 
 
@@ -188,18 +209,71 @@ def refusal(flags: list[str]) -> str | None:
     return None
 
 
+def _read_request(path: Path) -> list[str]:
+    """The options a request file names. A request lies in a candidate's own entry: only a
+    regular file is read (not a link, not a FIFO), at most :data:`_REQUEST_LIMIT` bytes.
+
+    Raises:
+        ValueError: it is not a request of that shape.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise ValueError(str(exc)) from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
+        try:
+            asked = json.loads(f.read(_REQUEST_LIMIT))
+        except (ValueError, RecursionError):
+            raise ValueError("not JSON") from None
+    flags = asked.get("flags") if isinstance(asked, dict) else None
+    if not (isinstance(flags, list) and all(isinstance(f, str) for f in flags)):
+        raise ValueError("no list of options")
+    if asked.get("state") not in ("used", "missing", "damaged"):
+        raise ValueError("no known state")
+    return flags
+
+
+def max_variants() -> int:
+    """How many variants the store keeps (``$KERNELJUDGE_PCH_VARIANTS``, default 6: about
+    4.7 GB at 790 MB each); making one more removes the least recently used."""
+    try:
+        return max(1, int(os.environ.get("KERNELJUDGE_PCH_VARIANTS", "6")))
+    except ValueError:
+        return 6
+
+
+def variants(store: Path) -> list[Path]:
+    """The store's variant folders, least recently used (or made) first."""
+    try:
+        found = [p for p in store.iterdir() if not p.name.startswith(".") and p.is_dir()]
+    except OSError:
+        return []
+    return sorted(found, key=lambda p: p.stat().st_mtime)
+
+
+def _remove(folder: Path) -> None:
+    """Take a variant folder out of the store at once (a rename), then delete it."""
+    trash = folder.with_name(f".trash-{folder.name}.{os.getpid()}")
+    os.rename(folder, trash)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
 class Precompiler:
     """Makes, at most once per build, the header variant a compile of that build asked for.
 
-    :meth:`poll` (called while the build runs) finds the first request a compile left in the
-    build's extension folders and, when its options are safe and the store lacks that variant
-    (or holds it damaged), starts making it; :meth:`finish` waits for it and installs it.
-    Only one process makes a variant at a time (a lock file per key): a build that finds it
-    being made starts nothing.
+    :meth:`poll` (called while the build runs) reads the first record a compile left in the
+    build's extension folders. ``used``: the variant's folder is marked as just used (its
+    time, for eviction). ``missing`` or ``damaged``: when its options are safe, the store
+    lacks that variant (or holds it damaged) and the variant did not fail in the last
+    :data:`FAILED_TTL_S` seconds, it starts making it; :meth:`finish` waits for it and
+    installs it. Only one process makes a variant at a time (a lock file per key): a build that
+    finds it being made starts nothing. The store keeps :func:`max_variants` variants.
 
     Args:
         store: the store folder (:func:`store_dir`).
-        entry: the build's cache entry (its ``ext/`` holds the requests).
+        entry: the build's cache entry (its ``ext/`` holds the records).
         env: the build worker's environment (the maker runs with it).
     """
 
@@ -216,29 +290,30 @@ class Precompiler:
         self._started = 0.0
 
     def poll(self) -> None:
-        """Look for a request (at most every 0.25 s) and start making what it asks for."""
+        """Look for a record (at most every 0.25 s) and act on it. Never raises: whatever a
+        record holds is a candidate's, and the build goes on."""
         now = time.monotonic()
         if self._asked or now < self._next_poll:
             return
         self._next_poll = now + _POLL_S
-        for request in sorted(self.entry.glob("ext/*/*.pch.json")):
+        try:
+            records = sorted(self.entry.glob("ext/*/*.pch.json"))
+        except OSError:
+            return
+        for record in records:
             self._asked = True
             try:
-                self._start(request)
-            except OSError as exc:
-                self.outcome = f"not made: {exc}"
+                self._start(record)
+            except Exception as exc:  # noqa: BLE001 - a candidate's file, judged here
+                self.outcome = f"not made: {type(exc).__name__}: {exc}"
                 self._release()
             return
 
-    def _start(self, request: Path) -> None:
+    def _start(self, record: Path) -> None:
         try:
-            with open(request, "rb") as f:
-                asked = json.loads(f.read(_REQUEST_LIMIT))
-            flags = asked["flags"]
-            if not (isinstance(flags, list) and all(isinstance(f, str) for f in flags)):
-                raise TypeError
-        except (OSError, ValueError, KeyError, TypeError):
-            self.outcome = "refused: an unreadable request"
+            flags = _read_request(record)
+        except ValueError as exc:
+            self.outcome = f"refused: an unreadable request ({exc})"
             return
         reason = refusal(flags)
         if reason is not None:
@@ -247,10 +322,12 @@ class Precompiler:
         key = pch_cxx.variant_key(flags, salt())
         folder = self.store / key
         if pch_cxx.state_of(str(folder)) == "ready":
+            os.utime(folder)  # used now (a record of "used" comes here too)
             self.outcome = "ready"
             return
-        if (self.store / ".failed" / key).exists():
-            self.outcome = "not made: the compiler failed on it before"
+        failed = self.store / ".failed" / key
+        if failed.exists() and time.time() - failed.stat().st_mtime < FAILED_TTL_S:
+            self.outcome = "not made: it failed within the last hour"
             return
         (self.store / ".locks").mkdir(parents=True, exist_ok=True)
         self._lock = open(self.store / ".locks" / f"{key}.lock", "w")  # noqa: SIM115
@@ -264,61 +341,60 @@ class Precompiler:
             self.outcome = "ready"
             self._release()
             return
-        staging = self.store / ".staging" / f"{key}.{os.getpid()}"
-        shutil.rmtree(staging, ignore_errors=True)
+        staging_root = self.store / ".staging"
+        for left in staging_root.glob(f"{key}.*"):  # of a maker that died, under this lock
+            shutil.rmtree(left, ignore_errors=True)
+        staging = staging_root / f"{key}.{os.getpid()}"
         (staging / pch_cxx.GCH).parent.mkdir(parents=True)
+        self._staging, self._folder, self._flags = staging, folder, flags
         env = dict(self.env, TMPDIR=str(staging), KERNELJUDGE_PCH_HEADER=str(header_path()))
         env["KERNELJUDGE_CXX"] = real_compiler()
         with open(staging / "make.log", "wb") as log:
             argv = ["kerneljudge.build.pch_cxx", "--precompile", str(staging / pch_cxx.GCH)]
             self._proc = confine.spawn_in(staging, argv + flags, log, env)
-        self._staging, self._folder, self._flags = staging, folder, flags
         self._started = time.monotonic()
         self.outcome = "being made"
 
-    def finish(self, wait: bool = True) -> str:
-        """Wait for the header being made (up to :data:`PCH_TIMEOUT_S` from its start) and
-        install it; ``wait`` False: stop making it (the build ran out of time). Returns what
-        happened: ``"made"``, ``"ready"`` (it was there), ``"none asked for"``, ``"refused:
-        ..."``, ``"being made by another build"``, ``"not made: ..."``."""
-        if wait:
+    def finish(self, deadline: float | None = math.inf) -> str:
+        """Wait for the header being made until ``deadline`` (a :func:`time.monotonic` time;
+        at most :data:`PCH_TIMEOUT_S` after it started) and install it; ``deadline`` None:
+        stop making it (the build ran out of time). Returns what happened: ``"made"``,
+        ``"ready"`` (it was there), ``"none asked for"``, ``"refused: ..."``, ``"being made
+        by another build"``, ``"not made: ..."``."""
+        if deadline is not None:
             self._next_poll = 0.0
-            self.poll()  # a request left just before the build ended
+            self.poll()  # a record left just before the build ended
         proc = self._proc
         if proc is None:
+            self._release()
             return self.outcome
+        limit = 0.0
+        if deadline is not None:
+            limit = min(deadline, self._started + PCH_TIMEOUT_S) - time.monotonic()
+        if not confine.exited(proc, max(0.0, limit)):  # not reaped: its group is its own
+            self.outcome = "not made: it ran out of time"
+        elif proc.poll() != 0:
+            status = confine.exit_status(proc.returncode)
+            self.outcome = f"not made: the compiler failed (exit status {status})"
         try:
-            limit = self._started + PCH_TIMEOUT_S - time.monotonic() if wait else 0.0
-            proc.wait(max(0.0, limit))
-        except subprocess.TimeoutExpired:
-            pass
-        if proc.poll() is None:
-            self.outcome = (
-                f"not made: it took more than {PCH_TIMEOUT_S:g} s"
-                if wait
-                else "not made: the build ran out of time"
-            )
-        elif proc.returncode != 0:
-            self.outcome = f"not made: the compiler failed (exit status {proc.returncode})"
-            if confine.exit_status(proc.returncode) == 1:  # the compiler's own error
-                failed = self.store / ".failed"  # options the header does not compile with
-                failed.mkdir(exist_ok=True)
-                assert self._folder is not None
-                (failed / self._folder.name).write_bytes(b"")
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # not reaped yet: the group is still its own
+            os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
         proc.wait()
-        if self.outcome == "being made":
-            try:
+        try:
+            if self.outcome == "being made":
                 self._install()
                 self.outcome = "made"
-            except OSError as exc:
-                self.outcome = f"not made: {exc}"
-        if self._staging is not None:
-            shutil.rmtree(self._staging, ignore_errors=True)
-        self._release()
+            elif deadline is not None:  # failed or too slow: not tried again for a while
+                (self.store / ".failed").mkdir(exist_ok=True)
+                assert self._folder is not None
+                (self.store / ".failed" / self._folder.name).write_bytes(b"")
+        except OSError as exc:
+            self.outcome = f"not made: {exc}"
+        finally:
+            if self._staging is not None:
+                shutil.rmtree(self._staging, ignore_errors=True)
+            self._release()
         _log.info("precompiled header for %s: %s", self.entry.name, self.outcome)
         return self.outcome
 
@@ -337,9 +413,9 @@ class Precompiler:
         (self._staging / "make.log").unlink(missing_ok=True)
         gch.chmod(0o444)
         if self._folder.exists():  # damaged: never used, replaced
-            trash = self._folder.with_name(f".trash-{self._folder.name}.{os.getpid()}")
-            os.rename(self._folder, trash)
-            shutil.rmtree(trash, ignore_errors=True)
+            _remove(self._folder)
+        for old in variants(self.store)[: max(0, len(variants(self.store)) - max_variants() + 1)]:
+            _remove(old)  # least recently used first
         os.rename(self._staging, self._folder)
         self._staging = None
 

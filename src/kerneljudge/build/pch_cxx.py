@@ -22,10 +22,12 @@ source whose first line is ``#include <torch/extension.h>``:
 * the variant's header is present and its bytes match the manifest: the compile gets
   ``-I STORE/KEY/include`` ahead of its own folders, and the store's path is taken out of the
   dependency file afterwards (ninja would otherwise rebuild when the store changes);
-* otherwise: the compile runs unchanged, and ``OUTPUT.pch.json`` (``{"flags": [...],
-  "state": "missing" | "damaged"}``) asks the supervisor to make it
+* otherwise: the compile runs unchanged, and its record asks the supervisor to make it
   (:mod:`kerneljudge.build.pch`), which decides for itself whether the options are safe to
   make a shared header with.
+
+The record, ``OUTPUT.pch.json``, is ``{"flags": [...], "state": "used" | "missing" |
+"damaged"}`` (``used``: the supervisor marks the variant as just used).
 
 Any other command (links, ``-v``) runs the real compiler unchanged. The real compiler is
 ``$KERNELJUDGE_CXX``, else ``c++``. ``python -m kerneljudge.build.pch_cxx --precompile OUT
@@ -168,17 +170,24 @@ def main(argv: list[str]) -> int:
     folder = os.path.join(store, variant_key(flags, os.environ.get("KERNELJUDGE_PCH_SALT", "")))
     state = state_of(folder)
     if state != "ready":
-        try:
-            with open(output + ".pch.json", "w") as f:
-                json.dump({"flags": flags, "state": state}, f)
-        except OSError:
-            pass
+        _record(output, flags, state)
         os.execvp(real, [real, *argv])
     include = os.path.join(folder, "include")
     code = subprocess.run([real, "-I", include, *argv], check=False).returncode
     if depfile is not None:
         _drop_from_depfile(depfile, folder)
+    _record(output, flags, "used")
     return code
+
+
+def _record(output: str, flags: list[str], state: str) -> None:
+    """``OUTPUT.pch.json``: the compile's variant and what it found (``used``, ``missing``,
+    ``damaged``), for the supervisor."""
+    try:
+        with open(output + ".pch.json", "w") as f:
+            json.dump({"flags": flags, "state": state}, f)
+    except OSError:
+        pass
 
 
 if __name__ == "__main__":

@@ -146,12 +146,15 @@ def fingerprint(arch: str) -> dict[str, str]:
 
 def pch_enabled() -> bool:
     """Whether C++ compiles may use a shared precompiled ``torch/extension.h``
-    (:mod:`kerneljudge.build.pch`; the default on Linux; ``KERNELJUDGE_PCH=0`` turns it off)."""
-    return (
-        os.environ.get("KERNELJUDGE_PCH", "1") != "0"
-        and sys.platform == "linux"
-        and os.access(PCH_WRAPPER, os.X_OK)
-    )
+    (:mod:`kerneljudge.build.pch`): the default on Linux where Landlock confines the build
+    workers (without it a build worker could write the shared store); ``KERNELJUDGE_PCH=0``
+    turns it off."""
+    if os.environ.get("KERNELJUDGE_PCH", "1") == "0" or sys.platform != "linux":
+        return False
+    from kerneljudge.worker import confine
+
+    f = confine.features()
+    return f.enabled and f.landlock_abi >= 1 and os.access(PCH_WRAPPER, os.X_OK)
 
 
 def parallel_nvcc_enabled() -> bool:
@@ -182,7 +185,9 @@ def build_environment(
             script = Path(__file__).with_name("parallel_nvcc.py")
             env["KERNELJUDGE_NVCC"] = str(Path(home) / "bin" / "nvcc")
             env["PYTORCH_NVCC"] = f"{shlex.quote(sys.executable)} {shlex.quote(str(script))}"
-    if pch_store is not None and pch_enabled():
+    # A store path with a character that make-style dependency files escape stays out (its
+    # paths could not be taken out of them, see kerneljudge.build.pch_cxx).
+    if pch_store is not None and pch_enabled() and not set(str(pch_store)) & set(" \t\n#$:\\"):
         from kerneljudge.build import pch
 
         env.update(pch.environment(pch_store))

@@ -35,6 +35,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,7 @@ __all__ = [
     "Features",
     "command",
     "exit_status",
+    "exited",
     "features",
     "landlock_abi",
     "layers",
@@ -382,6 +384,26 @@ def spawn_in(
         env=env,
         cwd=folder,
     )
+
+
+def exited(
+    proc: subprocess.Popen[bytes], timeout_s: float, poll: Callable[[], None] | None = None
+) -> bool:
+    """Wait up to ``timeout_s`` seconds for ``proc`` to exit, without reaping it: while it is
+    a zombie its pid, and so its process group id, cannot name another process. ``poll`` is
+    called while it waits (every 20 ms)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if poll is not None:
+            poll()
+        try:
+            if os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
+                return True
+        except ChildProcessError:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(min(0.02, max(deadline - time.monotonic(), 0.0)))
 
 
 # ---------------------------------------------------------------------- child side
