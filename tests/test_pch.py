@@ -311,7 +311,7 @@ def test_the_store_keeps_its_most_recently_used_variants(
         if i == 1:  # the first one, oldest, used again: the second is now the least recent
             os.utime(store / keys[0], (1, 1))
             ask(entry, [*BASE, "-DKJ_N=0"], "used")
-            assert pch.Precompiler(store, entry, dict(os.environ)).finish() == "ready"
+            assert pch.Precompiler(store, entry, dict(os.environ)).finish() == "used"
     assert {p.name for p in pch.variants(store)} == {keys[0], keys[2]}
 
 

@@ -209,9 +209,10 @@ def refusal(flags: list[str]) -> str | None:
     return None
 
 
-def _read_request(path: Path) -> list[str]:
-    """The options a request file names. A request lies in a candidate's own entry: only a
-    regular file is read (not a link, not a FIFO), at most :data:`_REQUEST_LIMIT` bytes.
+def _read_request(path: Path) -> tuple[list[str], str]:
+    """The options and the state a compile's record names. A record lies in a candidate's own
+    entry: only a regular file is read (not a link, not a FIFO), at most
+    :data:`_REQUEST_LIMIT` bytes.
 
     Raises:
         ValueError: it is not a request of that shape.
@@ -230,9 +231,10 @@ def _read_request(path: Path) -> list[str]:
     flags = asked.get("flags") if isinstance(asked, dict) else None
     if not (isinstance(flags, list) and all(isinstance(f, str) for f in flags)):
         raise ValueError("no list of options")
-    if asked.get("state") not in ("used", "missing", "damaged"):
+    state = asked.get("state")
+    if state not in ("used", "missing", "damaged"):
         raise ValueError("no known state")
-    return flags
+    return flags, state
 
 
 def max_variants() -> int:
@@ -311,9 +313,15 @@ class Precompiler:
 
     def _start(self, record: Path) -> None:
         try:
-            flags = _read_request(record)
+            flags, state = _read_request(record)
         except ValueError as exc:
             self.outcome = f"refused: an unreadable request ({exc})"
+            return
+        if state == "used":  # checked by the compile that used it: only its time is kept
+            used = self.store / pch_cxx.variant_key(flags, salt())
+            if used.is_dir() and not used.is_symlink():
+                os.utime(used)
+            self.outcome = "used"
             return
         reason = refusal(flags)
         if reason is not None:
@@ -322,7 +330,6 @@ class Precompiler:
         key = pch_cxx.variant_key(flags, salt())
         folder = self.store / key
         if pch_cxx.state_of(str(folder)) == "ready":
-            os.utime(folder)  # used now (a record of "used" comes here too)
             self.outcome = "ready"
             return
         failed = self.store / ".failed" / key
