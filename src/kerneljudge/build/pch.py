@@ -255,6 +255,18 @@ def variants(store: Path) -> list[Path]:
     return sorted(found, key=lambda p: p.stat().st_mtime)
 
 
+def _last_line(staging: Path | None) -> str:
+    """The last line of a make's log (its compiler's last message)."""
+    try:
+        assert staging is not None
+        with open(staging / "make.log", "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 2000))
+            lines = [ln for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+        return lines[-1].strip()[:300] if lines else "no message"
+    except (OSError, AssertionError):
+        return "no log"
+
+
 def _remove(folder: Path) -> None:
     """Take a variant folder out of the store at once (a rename), then delete it."""
     trash = folder.with_name(f".trash-{folder.name}.{os.getpid()}")
@@ -382,7 +394,9 @@ class Precompiler:
             self.outcome = "not made: it ran out of time"
         elif proc.poll() != 0:
             status = confine.exit_status(proc.returncode)
-            self.outcome = f"not made: the compiler failed (exit status {status})"
+            self.outcome = f"not made: the compiler failed (exit status {status}): " + _last_line(
+                self._staging
+            )
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -402,7 +416,8 @@ class Precompiler:
             if self._staging is not None:
                 shutil.rmtree(self._staging, ignore_errors=True)
             self._release()
-        _log.info("precompiled header for %s: %s", self.entry.name, self.outcome)
+        log = _log.warning if self.outcome.startswith("not made") else _log.info
+        log("precompiled header asked for by %s: %s", self.entry.name, self.outcome)
         return self.outcome
 
     def _install(self) -> None:
