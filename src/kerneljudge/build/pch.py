@@ -95,14 +95,17 @@ def header_path() -> Path:
     return Path(torch.__file__).resolve().parent / "include" / pch_cxx.HEADER
 
 
-@functools.cache
 def salt() -> str:
     """SHA-256 of what a header's bytes depend on besides the options: the build protocol,
-    torch (version, git revision, header path), the real compiler (path and ``--version``),
-    Python and the machine."""
+    torch (version, git revision, header path), the real compiler (:func:`real_compiler`: its
+    path and ``--version``), Python and the machine."""
+    return _salt_of(real_compiler())
+
+
+@functools.cache
+def _salt_of(real: str) -> str:
     import torch
 
-    real = real_compiler()
     try:
         out = subprocess.run([real, "--version"], capture_output=True, text=True, timeout=30)
         version = out.stdout.splitlines()[0] if out.stdout else "unavailable"
@@ -135,7 +138,11 @@ def environment(store: Path) -> dict[str, str]:
 def _trusted_roots() -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The toolchain's include folders as they are spelled (torch's, Python's, CUDA's) and as
     they resolve."""
-    spelled = [str(header_path().parents[1])]  # torch's include folder
+    import torch
+
+    # torch's include folder, as torch's builder names it and as it resolves
+    spelled = [str(header_path().parents[1])]
+    spelled.append(os.path.normpath(os.path.join(os.path.dirname(torch.__file__), "include")))
     for name in ("include", "platinclude"):
         path = sysconfig.get_paths().get(name)
         if path:
