@@ -358,7 +358,7 @@ def toolchain_environment(cache: BuildCache, key: str, arch: str) -> dict[str, s
     """The toolchain's variables for a cache entry's build and run workers alike
     (:func:`kerneljudge.build.toolchain.build_environment`, with the cache's shared
     precompiled headers)."""
-    return toolchain.build_environment(arch, cache.entry(key) / "ext", pch.store_dir(cache.root))
+    return toolchain.build_environment(arch, extensions_dir(cache, key), pch.store_dir(cache.root))
 
 
 def extensions_dir(cache: BuildCache, key: str) -> Path:

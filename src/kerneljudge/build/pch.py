@@ -264,14 +264,15 @@ def variants(store: Path) -> list[Path]:
 
 def _last_line(staging: Path | None) -> str:
     """The last line of a make's log (its compiler's last message)."""
+    if staging is None:
+        return "no log"
     try:
-        assert staging is not None
         with open(staging / "make.log", "rb") as f:
             f.seek(max(0, f.seek(0, os.SEEK_END) - 2000))
             lines = [ln for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
-        return lines[-1].strip()[:300] if lines else "no message"
-    except (OSError, AssertionError):
+    except OSError:
         return "no log"
+    return lines[-1].strip()[:300] if lines else "no message"
 
 
 def _remove(folder: Path) -> None:
@@ -443,7 +444,8 @@ class Precompiler:
         gch.chmod(0o444)
         if self._folder.exists():  # damaged: never used, replaced
             _remove(self._folder)
-        for old in variants(self.store)[: max(0, len(variants(self.store)) - max_variants() + 1)]:
+        kept = variants(self.store)
+        for old in kept[: max(0, len(kept) - max_variants() + 1)]:
             _remove(old)  # least recently used first
         os.rename(self._staging, self._folder)
         self._staging = None
