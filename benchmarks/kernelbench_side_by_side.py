@@ -4,10 +4,11 @@ For each problem file of a KernelBench checkout (``KernelBench/levelN/NAME.py``)
 candidate (the reference's source with ``Model`` renamed ``ModelNew``: its true speedup is 1)
 is judged twice, one right after the other on the same GPU, each in a fresh process:
 
-* kerneljudge: ``Judge(problem, JudgeConfig(device="cuda", baselines=("eager",)))``
-  ``.evaluate(candidate)``: the default configuration (5 correctness trials per shape set, 1 s
-  timing budget) with the eager baseline alone, the work KernelBench's harness does (it times
-  no ``torch.compile``); the seconds count from the judge's construction (its workers start)
+* kerneljudge: ``Judge(problem, JudgeConfig(device="cuda", baselines=("eager",),
+  graph_timing=False)).evaluate(candidate)``: the default configuration (5 correctness trials
+  per shape set, 1 s timing budget) with the eager baseline alone and launched calls alone, the
+  work KernelBench's harness does (it times no ``torch.compile`` and no graph replays); the
+  seconds count from the judge's construction (its workers start)
   to the verdict; with ``--again``, a second candidate's verdict in the same judge is timed
   too (its workers and the reference's prepared trials reused);
 * KernelBench: ``eval_kernel_against_ref(reference, candidate, num_correct_trials=5,
@@ -90,7 +91,7 @@ def _run_kerneljudge(problem: Path, requests: bool, again: bool) -> dict[str, An
         cand = Path(tmp) / f"identity_{problem.stem}.py"
         cand.write_text(identity_source(problem.read_text()))
         t0 = time.perf_counter()
-        config = JudgeConfig(device="cuda", baselines=("eager",))
+        config = JudgeConfig(device="cuda", baselines=("eager",), graph_timing=False)
         with Judge(problem, config) as judge:
             verdict = judge.evaluate(cand)
             seconds = time.perf_counter() - t0

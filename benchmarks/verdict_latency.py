@@ -14,18 +14,31 @@ For each problem (its fused CUDA example on a GPU, its C++ example on a CPU):
 ``--max-time 2,1.5`` compares timing budgets (``TimingConfig.max_time_s``) side by side: the
 repeated verdicts take each budget in turn, one row per budget.
 
+``--separate N`` measures instead what a user sees from the command line: N verdicts of each
+problem's candidate, each from a fresh ``kerneljudge eval --json`` process (the first one builds
+into the run's cache), ``--pause`` seconds apart. Per problem it prints each verdict's launched
+speedup over eager with its 95% interval and its graph-replay speedup, and checks the two
+targets on the N: every replay speedup within 2% of the N replays' median; every launched
+verdict's interval holding the N launched speedups' median, or else the verdict saying it moves
+with the host (``timing.graph.note``) with its host range (``timing.graph.host_range``) holding
+that median.
+
 Run:  PYTHONPATH=src python3 benchmarks/verdict_latency.py [--problems a,b] [--json OUT]
       [--baselines eager,compile] [--repeats 5] [--pause 3] [--parallel-cold]
       [--max-time 2,1.5]
+      PYTHONPATH=src python3 benchmarks/verdict_latency.py --separate 10 --pause 5 --json OUT
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -153,6 +166,110 @@ def _speedup_of(v: Verdict, baseline: str) -> float | None:
     return s.median if s else None
 
 
+def _eval_process(problem: str, cache: Path, baselines: tuple[str, ...]) -> tuple[float, dict]:
+    """One verdict from a fresh ``kerneljudge eval --json --local`` process: (seconds, JSON)."""
+    cmd = [sys.executable, "-m", "kerneljudge", "eval", str(_candidate(problem)), "-p", problem]
+    cmd += ["--json", "--local", "--cache-dir", str(cache), "--baselines", ",".join(baselines)]
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    elapsed = time.perf_counter() - t0
+    try:
+        return elapsed, json.loads(done.stdout)
+    except json.JSONDecodeError:
+        raise SystemExit(f"{problem}: eval gave no verdict: {done.stderr[-2000:]}") from None
+
+
+def _within(x: float, interval: list[float] | tuple[float, float] | None) -> bool:
+    return interval is not None and interval[0] <= x <= interval[1]
+
+
+def separate(
+    problem: str, n: int, pause_s: float, cache_root: Path, baselines: tuple[str, ...]
+) -> dict[str, object]:
+    """``n`` verdicts from fresh processes, ``pause_s`` apart, and the two targets' checks."""
+    rows = []
+    for i in range(n):
+        if i:
+            time.sleep(pause_s)
+        elapsed, v = _eval_process(problem, cache_root / problem, baselines)
+        timing = v.get("timing") or {}
+        graph = timing.get("graph") or {}
+        launched = next((s for s in timing.get("speedups", []) if s["baseline"] == "eager"), None)
+        replay = next((s for s in graph.get("speedups", []) if s["baseline"] == "eager"), None)
+        rows.append(
+            {
+                "seconds": elapsed,
+                "status": v.get("status"),
+                "launched": launched["median"] if launched else None,
+                "launched_ci95": launched["ci95"] if launched else None,
+                "replay": replay["median"] if replay else None,
+                "replay_ci95": replay["ci95"] if replay else None,
+                "host_range": (graph.get("host_range") or {}).get("eager"),
+                "host_share": graph.get("host_share"),
+                "note": graph.get("note", ""),
+                "not_captured": graph.get("not_captured"),
+                "started_at": v.get("started_at"),
+            }
+        )
+        r = rows[-1]
+        print(
+            f"  {problem} {i + 1}/{n}: {r['status']} launched {r['launched']} "
+            f"{r['launched_ci95']} replay {r['replay']} host range {r['host_range']} "
+            f"({elapsed:.1f} s)",
+            flush=True,
+        )
+    launched_all = [r["launched"] for r in rows if r["launched"] is not None]
+    replays = [r["replay"] for r in rows if r["replay"] is not None]
+    med_l = statistics.median(launched_all) if launched_all else math.nan
+    med_r = statistics.median(replays) if replays else math.nan
+    holds = [
+        _within(med_l, r["launched_ci95"]) or (bool(r["note"]) and _within(med_l, r["host_range"]))
+        for r in rows
+    ]
+    return {
+        "problem": problem,
+        "candidate": _candidate(problem).name,
+        "verdicts": rows,
+        "launched_median": med_l,
+        "launched_max_deviation": max((abs(x / med_l - 1) for x in launched_all), default=None),
+        "intervals_holding_median": sum(_within(med_l, r["launched_ci95"]) for r in rows),
+        "holding_or_said_host_bound": sum(holds),
+        "replay_median": med_r,
+        "replay_max_deviation": max((abs(x / med_r - 1) for x in replays), default=None),
+        "replays": len(replays),
+    }
+
+
+def main_separate(args: argparse.Namespace) -> None:
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor()
+    cache_root = Path(tempfile.mkdtemp(prefix="kj-latency-"))
+    baselines = ("eager",)
+    out: dict[str, object] = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "device": device,
+        "torch": torch.__version__,
+        "separate": args.separate,
+        "pause_s": args.pause,
+        "problems": [],
+    }
+    for problem in args.problems.split(","):
+        row = separate(problem, args.separate, args.pause, cache_root, baselines)
+        out["problems"].append(row)  # type: ignore[attr-defined]
+        dev_r = row["replay_max_deviation"]
+        print(
+            f"{problem}: launched median {row['launched_median']:.4g}, max deviation "
+            f"{(row['launched_max_deviation'] or 0) * 100:.1f}%, intervals holding it "
+            f"{row['intervals_holding_median']}/{args.separate}, holding or host-bound said "
+            f"{row['holding_or_said_host_bound']}/{args.separate}; replay median "
+            f"{row['replay_median']:.4g} over {row['replays']}, max deviation "
+            f"{'-' if dev_r is None else format(dev_r * 100, '.2f')}%",
+            flush=True,
+        )
+        if args.json:
+            args.json.write_text(json.dumps(out, indent=2))
+    shutil.rmtree(cache_root, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--problems", default="causal_gqa,mla_kv_projection,triangle_attention")
@@ -168,7 +285,13 @@ def main() -> None:
         default="",
         help="timing budgets (s) to compare, comma-separated (default: TimingConfig's)",
     )
+    parser.add_argument(
+        "--separate", type=int, default=0, help="N verdicts from fresh eval processes instead"
+    )
     args = parser.parse_args()
+    if args.separate:
+        main_separate(args)
+        return
     max_times = [float(x) for x in args.max_time.split(",") if x] or [TimingConfig().max_time_s]
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor()
     cache_root = Path(tempfile.mkdtemp(prefix="kj-latency-"))

@@ -48,6 +48,7 @@ def test_correct_candidate_is_timed_against_eager(judge: Judge) -> None:
     s = v.timing.speedup("eager")
     assert s is not None and s.ci95[0] <= s.median <= s.ci95[1]
     assert v.timing.clock == "monotonic"
+    assert v.timing.graph is None  # graph replays are a CUDA device's (graph_timing is on)
     assert v.device is not None and v.device.kind == "cpu"
 
 

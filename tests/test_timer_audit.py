@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from kerneljudge.timing.stage import KeptCall, _audit_timed_calls, _observed
+from kerneljudge.timing.sampling import KeptCall
+from kerneljudge.timing.sampling import observed as _observed
+from kerneljudge.timing.stage import _audit_timed_calls
 from kerneljudge.timing.timer_rule import Batch, median_bounds, timer_check
 from kerneljudge.verdict import Status
 from kerneljudge.worker import measure

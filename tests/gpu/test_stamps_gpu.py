@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from kerneljudge.timing.stage import _observed
+from kerneljudge.timing.sampling import observed as _observed
 from kerneljudge.worker import measure
 from kerneljudge.worker.stamps import KIND_TREE, Observer, output_digest, socket_pair
 

@@ -141,6 +141,14 @@ def eval_command(
     baselines: Annotated[
         str, typer.Option(envvar=_env("baselines"), help="Comma list of eager, compile.")
     ] = ",".join(DEFAULT_BASELINES),
+    graph_timing: Annotated[
+        bool,
+        typer.Option(
+            "--graph/--no-graph",
+            envvar=_env("graph"),
+            help="On a GPU, also time CUDA-graph replays (device time) and show host-boundness.",
+        ),
+    ] = True,
     shape_sets: Annotated[
         str, typer.Option(envvar=_env("shape_sets"), help="Comma list; 'all' for every set.")
     ] = "public",
@@ -208,6 +216,7 @@ def eval_command(
             rtol=rtol,
             timing=timing,
             baselines=_csv(baselines),
+            graph_timing=graph_timing,
             shape_sets=_csv(shape_sets),
             build_timeout_s=build_timeout,
             run_timeout_s=run_timeout,

@@ -129,6 +129,7 @@ class JudgeSession:
                 shape_sets=("public",),
                 timing=True,
                 baselines=self.config.baselines,
+                graph_timing=self.config.graph_timing,
                 timing_config=timing,
             ),
         ):
@@ -166,6 +167,7 @@ class JudgeSession:
                 shape_sets=tuple(sets),
                 timing=True,
                 baselines=self.config.baselines,
+                graph_timing=self.config.graph_timing,
                 timing_config=timing,
                 seed=None,
             ),

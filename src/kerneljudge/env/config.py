@@ -31,6 +31,7 @@ _SHARED = (
     "tolerance",
     "trials",
     "baselines",
+    "graph_timing",
     "build_timeout_s",
     "run_timeout_s",
     "threads",
@@ -56,6 +57,9 @@ class EnvConfig:
         submit_shape_sets: the shape sets ``submit_kernel`` checks (None: all of the problem's).
         baselines: what ``run_benchmark`` and ``submit_kernel`` time against: ``eager``,
             ``compile`` (torch.compile).
+        graph_timing: on a GPU, ``run_benchmark`` and ``submit_kernel`` also time CUDA-graph
+            replays (device time) and show both speedups (see :class:`~kerneljudge.judge.
+            JudgeConfig`).
         benchmark_time_s: timing budget of one ``run_benchmark`` (seconds).
         submit_time_s: timing budget of ``submit_kernel`` (seconds).
         profile: ``run_benchmark`` also profiles the candidate (torch.profiler).
@@ -81,6 +85,7 @@ class EnvConfig:
     submit_trials: int = 10
     submit_shape_sets: tuple[str, ...] | None = None
     baselines: tuple[str, ...] = DEFAULT_BASELINES
+    graph_timing: bool = True
     benchmark_time_s: float = 2.0
     submit_time_s: float = 4.0
     profile: bool = True

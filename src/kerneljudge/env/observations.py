@@ -23,7 +23,7 @@ from typing import Any
 
 from kerneljudge.candidate.policy import CUSTOM_KERNEL_REQUIRED
 from kerneljudge.verdict import BuildResult, CheckResult, Status, Verdict
-from kerneljudge.verdict.render import noise_line
+from kerneljudge.verdict.render import graph_lines, noise_line
 
 __all__ = [
     "Observation",
@@ -275,6 +275,7 @@ def _timing_lines(verdict: Verdict) -> list[str]:
         )
     for baseline, why in timing.baseline_errors.items():
         out.append(f"Speedup over {_BASELINE_NAMES.get(baseline, baseline)}: {why}")
+    out += [line[0].upper() + line[1:] for line in graph_lines(timing)]
     noise = noise_line(timing)
     if noise:
         out.append(noise[0].upper() + noise[1:])

@@ -248,6 +248,7 @@ class RemoteSession:
             build_timeout_s=self.config.build_timeout_s,
             run_timeout_s=self.config.run_timeout_s,
             baselines=tuple(self.config.baselines),
+            graph_timing=self.config.graph_timing,
             **kw,
         )
 

@@ -8,7 +8,10 @@ ended without one: nothing submitted and nothing to submit) and returns a float.
 
 where ``speedup`` is the median speedup over the ``eager`` baseline: 0.5 at parity, 1.0 at
 ``cap`` times faster (16 by default) or more, ``floor`` (0.05) for a very slow but correct one,
-and 0.5 when the verdict carries no timing. Pass any callable with the same signature instead
+and 0.5 when the verdict carries no timing. ``timing="graph"`` takes the speedup of CUDA-graph
+replays (device time, independent of the host's speed: ``Verdict.timing.graph``) where the
+verdict has it, and the launched calls' speedup where it does not (a CPU verdict, a forward that
+cannot be captured). Pass any callable with the same signature instead
 (``KernelEnv(..., reward=my_reward)``).
 """
 
@@ -37,14 +40,19 @@ class SpeedupReward:
         floor: the reward of a correct candidate however slow (>= 0).
         use_lower_bound: use the lower end of the speedup's 95% interval instead of its median
             (rewards only speedups the measurement is sure of).
+        timing: ``launch`` (the launched calls' speedup) or ``graph`` (the graph replays',
+            where measured, else the launched calls').
     """
 
     baseline: str = "eager"
     cap: float = 16.0
     floor: float = 0.05
     use_lower_bound: bool = False
+    timing: str = "launch"
 
     def __post_init__(self) -> None:
+        if self.timing not in ("launch", "graph"):
+            raise ValueError(f"timing must be launch or graph, not {self.timing!r}")
         if self.cap <= 1.0:
             raise ValueError(f"cap must be above 1, not {self.cap}")
         if not 0.0 <= self.floor <= 1.0:
@@ -55,7 +63,9 @@ class SpeedupReward:
             return 0.0
         timing = verdict.timing
         speedup = None
-        if timing is not None:
+        if timing is not None and self.timing == "graph" and timing.graph is not None:
+            speedup = timing.graph.speedup(self.baseline)
+        if timing is not None and speedup is None:
             speedup = timing.speedup(self.baseline) or next(iter(timing.speedups), None)
         if speedup is None:
             return 0.5

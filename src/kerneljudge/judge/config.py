@@ -94,6 +94,11 @@ def _baselines(name: str, value: Any) -> None:
         raise ConfigError(name, f"unknown {name} {unknown} (use eager, compile)")
 
 
+def _boolean(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(name, f"{name} must be true or false, not {value!r}")
+
+
 def _shape_sets(name: str, value: Any) -> None:
     if isinstance(value, str) or not value or not all(isinstance(s, str) and s for s in value):
         raise ConfigError(name, f"{name} must be a non-empty list of names, not {value!r}")
@@ -108,6 +113,7 @@ _CHECKS: dict[str, Callable[[str, Any], None]] = {
     "rtol": _non_negative_or_none,
     "shape_sets": _shape_sets,
     "baselines": _baselines,
+    "graph_timing": _boolean,
     "build_timeout_s": _positive,
     "run_timeout_s": _positive_or_none,
     "memory_budget_mib": _at_least(0),
@@ -120,8 +126,8 @@ def check_fields(config: object, names: Iterable[str] | None = None) -> None:
 
     Ranges: ``device`` auto|cpu|cuda|cuda:N; ``trials`` >= 1; ``tolerance`` oracle|allclose;
     ``atol``/``rtol`` None or >= 0; ``shape_sets`` non-empty; ``baselines`` a subset of
-    eager, compile; ``build_timeout_s`` > 0 seconds; ``run_timeout_s`` None or > 0 seconds;
-    ``memory_budget_mib``, ``threads`` integers >= 0.
+    eager, compile; ``graph_timing`` a bool; ``build_timeout_s`` > 0 seconds;
+    ``run_timeout_s`` None or > 0 seconds; ``memory_budget_mib``, ``threads`` integers >= 0.
 
     Raises:
         ConfigError: the first field out of its range (the message names it).
@@ -144,6 +150,10 @@ class JudgeConfig:
         shape_sets: which of the problem's shape sets to check; timing uses the last one.
         timing: time a correct candidate.
         baselines: reference baselines to time: ``eager`` and/or ``compile`` (torch.compile).
+        graph_timing: on a CUDA device, after the launched calls, time every contestant again
+            by CUDA-graph replay (device time, independent of the host's speed) and say how
+            host-bound each launched call is (:mod:`kerneljudge.timing.graph_pass`; the
+            verdict's ``timing.graph``). Ignored on a CPU.
         timing_config: the timing protocol's knobs.
         build_timeout_s: limit of one build (seconds).
         run_timeout_s: limit of one request to a candidate worker: import, one trial (seconds;
@@ -176,6 +186,7 @@ class JudgeConfig:
     shape_sets: tuple[str, ...] = DEFAULT_SHAPE_SETS
     timing: bool = True
     baselines: tuple[str, ...] = DEFAULT_BASELINES
+    graph_timing: bool = True
     timing_config: TimingConfig = field(default_factory=TimingConfig)
     build_timeout_s: float = DEFAULT_BUILD_TIMEOUT_S
     run_timeout_s: float | None = DEFAULT_RUN_TIMEOUT_S

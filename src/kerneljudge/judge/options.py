@@ -35,6 +35,7 @@ class JudgeOptions:
     tolerance: str = DEFAULT_TOLERANCE
     timing: bool = True
     baselines: tuple[str, ...] = ("eager",)
+    graph_timing: bool = True
     shape_sets: tuple[str, ...] = DEFAULT_SHAPE_SETS
     max_time_s: float | None = None
     build_timeout_s: float = DEFAULT_BUILD_TIMEOUT_S
@@ -96,6 +97,7 @@ class JudgeOptions:
                 tolerance=self.tolerance,
                 timing=self.timing,
                 baselines=self.baselines,
+                graph_timing=self.graph_timing,
                 shape_sets=self.shape_sets,
                 timing_config=timing,
                 build_timeout_s=self.build_timeout_s,

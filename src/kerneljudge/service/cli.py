@@ -223,6 +223,7 @@ def remote_eval(
         tolerance=config.tolerance,
         timing=config.timing,
         baselines=tuple(config.baselines),
+        graph_timing=config.graph_timing,
         shape_sets=tuple(sets),
         max_time_s=config.timing_config.max_time_s if config.timing_config else None,
         build_timeout_s=config.build_timeout_s,

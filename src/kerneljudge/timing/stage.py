@@ -8,9 +8,9 @@ itself runs inside the workers (:mod:`kerneljudge.worker.measure`).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -18,27 +18,31 @@ import torch
 
 from kerneljudge.check.limits import REFERENCE_FLOOR_S, SetLimits
 from kerneljudge.check.reference import COMPILE_TIMEOUT_S, HeldTrial, ReferenceSession
-from kerneljudge.timing import BatchLimit, TimingConfig, measure_judged, median_ci, summarise
+from kerneljudge.timing import (
+    BatchLimit,
+    Judged,
+    TimingConfig,
+    measure_judged,
+    median_ci,
+    summarise,
+)
+from kerneljudge.timing.graph_pass import time_replays
 from kerneljudge.timing.hostload import LoadMonitor, timing_cores
 from kerneljudge.timing.roofline import FLOOR_MARGIN
+from kerneljudge.timing.sampling import KeptCall, Sampling
 from kerneljudge.timing.timer_rule import Batch, TimerCheck, timer_check
 from kerneljudge.verdict import DeviceInfo, Roofline, Status, TimingResult
 from kerneljudge.worker import WorkerProcess
-from kerneljudge.worker.replies import TimeReply
-from kerneljudge.worker.stamps import (
-    KIND_SHA256,
-    KIND_TREE,
-    BatchObservation,
-    Observer,
-    Reservoir,
-)
+from kerneljudge.worker.stamps import KIND_SHA256, KIND_TREE
 
 __all__ = [
     "AUDITED_CALLS",
+    "AUDITED_REPLAYS",
     "Batch",
     "TimingSettings",
     "TimerCheck",
     "below_floor",
+    "measure_checked",
     "roofline_of",
     "time_candidate",
 ]
@@ -46,6 +50,8 @@ __all__ = [
 #: Timed calls of the candidate kept for the audit (a uniform sample over all its timed calls,
 #: drawn here after each call's outputs were committed), each checked against the reference.
 AUDITED_CALLS = 8
+#: The same for the candidate's graph replays (:mod:`kerneljudge.timing.graph_pass`).
+AUDITED_REPLAYS = 4
 #: The digest kinds a worker may commit to (:func:`kerneljudge.worker.stamps.output_digest`).
 DIGEST_KINDS = frozenset({KIND_SHA256, KIND_TREE})
 
@@ -64,55 +70,8 @@ class TimingSettings(Protocol):
     def threads(self) -> int: ...
     @property
     def tolerance(self) -> str: ...
-
-
-@dataclass(frozen=True)
-class KeptCall:
-    """A candidate call kept for the audit: its call index in its batch, the batch's input
-    set count, its inputs' seed and its committed ``(kind, digest)`` per output."""
-
-    index: int
-    n_sets: int
-    seed: int
-    digests: tuple[tuple[int, bytes], ...]
-
-
-def _observed(obs: BatchObservation) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Windows of the timed calls and the worker's time between consecutive calls, warm-up
-    ones included (the same loop), in ms."""
-    total = obs.warmup + obs.n
-    calls = obs.calls
-    timed = range(obs.warmup, total)
-    windows = tuple((calls[i].end_ns - calls[i].start_ns) / 1e6 for i in timed)  # type: ignore[operator]
-    gaps = tuple(
-        (
-            (calls[i].commit_ns - calls[i].end_ns)  # type: ignore[operator]
-            + calls[i + 1].start_ns
-            - max(calls[i].commit_ns, calls[i].next_seed_ns)  # type: ignore[type-var]
-        )
-        / 1e6
-        for i in range(total - 1)
-        if calls[i].next_seed_ns is not None
-    )
-    return windows, gaps
-
-
-def request_edges(obs: BatchObservation) -> tuple[tuple[float, ...], tuple[float, float]]:
-    """The warm-up calls' windows, and the wall time (ms) from the request to the first call's
-    start mark and from the last call's end mark to the reply; ``((), (0, 0))`` where a
-    stamp is missing."""
-    calls = [obs.calls.get(i) for i in range(obs.warmup + obs.n)]
-    if (
-        not calls
-        or obs.request_ns is None
-        or obs.reply_ns is None
-        or any(c is None or c.start_ns is None or c.end_ns is None for c in calls)
-    ):
-        return (), (0.0, 0.0)
-    lead = tuple((c.end_ns - c.start_ns) / 1e6 for c in calls[: obs.warmup])  # type: ignore[operator,union-attr]
-    before = (calls[0].start_ns - obs.request_ns) / 1e6  # type: ignore[operator,union-attr]
-    after = (obs.reply_ns - calls[-1].end_ns) / 1e6  # type: ignore[operator,union-attr]
-    return lead, (max(0.0, before), max(0.0, after))
+    @property
+    def graph_timing(self) -> bool: ...
 
 
 def time_candidate(
@@ -164,98 +123,8 @@ def time_candidate(
     run_s = limits.run_s if limits else (cfg.run_timeout_s or REFERENCE_FLOOR_S)
     ref_s = limits.reference_s if limits else run_s
     flush = 2 * (info.l2_bytes or 128 << 20) if info.kind == "cuda" else 0
-    tampered: list[str] = []
-    seen: dict[str, list[Batch]] = {}
     roll = ref.problem.roll_timed_inputs
     keys = [held.key for held in trials]
-    reservoir = Reservoir(AUDITED_CALLS)
-    unstamped: list[str] = []
-    pace: dict[str, float] = {}  # wall ms per call of each contestant's last request
-
-    def sampler(request, process, name: str, floor_s: float):  # type: ignore[no-untyped-def]
-        cand = name == "candidate"
-
-        def sample(n: int, warmup: int) -> list[float]:
-            # A request holds at most a quarter of the request limit at the wall time per call
-            # seen so far (the loop's own work per call, outside the timed window, can be far
-            # above a fast call's time); more calls go in further requests.
-            per_call = pace.get(name)
-            most = max(1, int(floor_s * 250.0 / per_call)) if per_call else n
-            times: list[float] = []
-            done = 0
-            while done < n:
-                chunk = min(most, n - done)
-                got = _one_request(chunk, warmup if done == 0 else 0)
-                if len(got) != chunk:
-                    return got if got else [float("nan")]
-                times += got
-                done += chunk
-            return times
-
-        def _one_request(n: int, warmup: int) -> list[float]:
-            if not cand:
-                worker.pause(True)  # nothing of the candidate runs while the reference is timed
-            t0 = time.perf_counter()
-            try:
-                reply, obs = Observer(process().stamps, cores).run(
-                    request,
-                    floor_s,
-                    n=n,
-                    warmup=warmup,
-                    keep=(lambda i: reservoir.offer()) if cand else (lambda i: -1),
-                    cpu_root=process().proc.pid if cand and info.kind != "cuda" else None,
-                    flush_bytes=flush,
-                    target=name,
-                    roll=roll,
-                )
-            finally:
-                if not cand:
-                    worker.pause(False)
-            wall_ms = (time.perf_counter() - t0) * 1e3
-            pace[name] = wall_ms / max(1, n + warmup)
-            timed = TimeReply.decode(reply, process().role)
-            times, n_sets = list(timed.times_ms), timed.n_sets
-            if len(times) != n or not all(0 < x < float("inf") for x in times):
-                tampered.append(f"{name} reported {len(times)} invalid times for {n} calls")
-            elif sum(times) > wall_ms + 1.0:
-                tampered.append(
-                    f"{name} reported {sum(times):.3f} ms of calls in {wall_ms:.3f} ms of wall time"
-                )
-            elif not obs.complete():
-                tampered.append(f"{name}'s timed calls were not marked on the stamp socket")
-            else:
-                windows, gaps = _observed(obs) if obs.stamped else ((), ())
-                if not obs.stamped:
-                    unstamped.append(name)
-                # CPU workers only: a GPU worker polls for the supervisor's answers and waits
-                # for the device between calls, on the CPU.
-                on_cpu = info.kind != "cuda" and obs.stamped
-                trusted = timed.between_cpu_ms
-                lead, edges = request_edges(obs)
-                counted = on_cpu and cand and obs.cpu_ns is not None and bool(lead or not warmup)
-                seen.setdefault(name, []).append(
-                    Batch(
-                        n,
-                        warmup,
-                        wall_ms,
-                        tuple(times),
-                        windows,
-                        gaps,
-                        obs.cpu_ns / 1e6 if counted else None,  # type: ignore[operator]
-                        len(cores),
-                        trusted if on_cpu and not cand else (),
-                        lead,
-                        edges,
-                    )
-                )
-                for i, rec in obs.calls.items():
-                    if cand and rec.slot >= 0 and type(n_sets) is int:
-                        digests = tuple(rec.digests or ())
-                        reservoir.kept[rec.slot] = KeptCall(i, n_sets, rec.seed, digests)
-            return times if times else [float("nan")]
-
-        return sample
-
     # Compiled (or replaced, when the compile fails) before pinning: the worker pinned is the
     # one that is timed.
     compiled = "compile" in cfg.baselines and ref.ensure_compiled(
@@ -265,29 +134,12 @@ def time_candidate(
     cores, threads = timing_cores(info.kind, cfg.threads)
     for request, limit_s in ((ref.request, ref_s), (worker.request, run_s)):
         request("pin", limit_s, cpus=list(cores), threads=threads)
-    contestants = {}
-    if "eager" in cfg.baselines:
-        eager = _batch_limited(ref.request)
-        contestants["eager"] = sampler(eager, lambda: ref.worker, "eager", ref_s)
-    timed = _batch_limited(worker.request)
-    contestants["candidate"] = sampler(timed, lambda: worker, "candidate", run_s)
-    if compiled:
-        comp = _batch_limited(ref.request)
-        contestants["compile"] = sampler(comp, lambda: ref.worker, "compile", ref_s)
-    monitor = LoadMonitor([ref.worker.worker_pid(), worker.worker_pid()], cores)
-    note = ""
-    for attempt in range(2):
-        judged = measure_judged(contestants, cfg.timing_config, monitor, cores, threads)
-        samples = judged.samples
-        found = timer_check(seen) if not tampered else TimerCheck("ok")
-        if found.status != "inconclusive":
-            break
-        if attempt == 0:
-            seen.clear()  # measured again: judged on the new batches alone
-        else:
-            note = f"inconclusive, measured again and accepted: {found.reason}"
-    if unstamped:
-        note = "this kernel does not stamp datagrams: the calls' windows were not checked"
+    names = [n for n in ("eager",) if n in cfg.baselines] + ["candidate"]
+    names += ["compile"] if compiled else []
+    launched = Sampling(info, worker, cores, AUDITED_CALLS, flush, roll)
+    limits_s = (run_s, ref_s)
+    judged, note = measure_checked(launched, names, cfg, ref, worker, limits_s, cores, threads)
+    samples = judged.samples
     last = trials[-1]
     roofline = roofline_of(
         ref, samples["candidate"], info, last.input_stand_ins(), last.output_stand_ins()
@@ -311,12 +163,10 @@ def time_candidate(
         cores=cores,
         timer_note=note,
     )
-    if not tampered and found.status == "rejected":
-        tampered.append(found.reason)
-    if tampered:
-        return timing, Status.REJECTED, "the timer was tampered with: " + tampered[0]
+    if launched.tampered:
+        return timing, Status.REJECTED, "the timer was tampered with: " + launched.tampered[0]
     status, why = _audit_timed_calls(
-        cfg, worker, ref, keys, atol, rtol, roll, reservoir.kept, limits_s=(run_s, ref_s)
+        cfg, worker, ref, keys, atol, rtol, roll, launched.reservoir.kept, limits_s=limits_s
     )
     if status is not Status.CORRECT:
         return timing, status, why
@@ -328,7 +178,72 @@ def time_candidate(
             f"median time {cand.median_ms:.4g} ms (95% interval up to {cand.ci95_ms[1]:.4g} "
             f"ms) is below the physical floor {roofline.floor_ms:.4g} ms of this device",
         )
-    return timing, Status.CORRECT, ""
+    if info.kind != "cuda" or not cfg.graph_timing:
+        return timing, Status.CORRECT, ""
+    replays = Sampling(info, worker, cores, AUDITED_REPLAYS, flush, roll, graph=True)
+    graph, status, why = time_replays(
+        replays, names, timing, cfg, ref, worker, limits_s, keys, (atol, rtol), threads
+    )
+    return dataclasses.replace(timing, graph=graph), status, why
+
+
+def measure_checked(
+    sampling: Sampling,
+    names: list[str],
+    cfg: TimingSettings,
+    ref: ReferenceSession,
+    worker: WorkerProcess,
+    limits_s: tuple[float, float],
+    cores: tuple[int, ...],
+    threads: int,
+    timing_config: TimingConfig | None = None,
+) -> tuple[Judged, str]:
+    """Measure ``names`` alternately through ``sampling``'s samplers
+    (:func:`kerneljudge.timing.measure_judged`, the host's load read meanwhile), then audit the
+    reported times against the stamps (:func:`kerneljudge.timing.timer_rule.timer_check`): an
+    inconclusive answer measures everything again once, a second one is accepted with a note.
+    A rejection is added to ``sampling.tampered``.
+
+    Args:
+        sampling: the pass's samplers (launched calls or graph replays).
+        names: the contestants, in the first round's order (``eager``, ``candidate``,
+            ``compile``: the reference's baselines are timed in ``ref``'s worker).
+        cfg: the judge's configuration.
+        ref, worker: the reference session and the candidate's worker.
+        limits_s: the floors of the candidate's and the reference's batch limits (seconds).
+        cores, threads: the timing cores and the timed workers' thread count.
+        timing_config: the protocol's knobs (None: ``cfg.timing_config``).
+
+    Returns the measurement and the timer note (empty when the audit decided).
+    """
+    run_s, ref_s = limits_s
+    contestants = {}
+    for name in names:
+        if name == "candidate":
+            contestants[name] = sampling.sampler(
+                _batch_limited(worker.request), lambda: worker, name, run_s
+            )
+        else:
+            contestants[name] = sampling.sampler(
+                _batch_limited(ref.request), lambda: ref.worker, name, ref_s
+            )
+    monitor = LoadMonitor([ref.worker.worker_pid(), worker.worker_pid()], cores)
+    note = ""
+    for attempt in range(2):
+        knobs = timing_config or cfg.timing_config
+        judged = measure_judged(contestants, knobs, monitor, cores, threads)
+        found = timer_check(sampling.seen) if not sampling.tampered else TimerCheck("ok")
+        if found.status != "inconclusive":
+            break
+        if attempt == 0:
+            sampling.seen.clear()  # measured again: judged on the new batches alone
+        else:
+            note = f"inconclusive, measured again and accepted: {found.reason}"
+    if sampling.unstamped:
+        note = "this kernel does not stamp datagrams: the calls' windows were not checked"
+    if not sampling.tampered and found.status == "rejected":
+        sampling.tampered.append(found.reason)
+    return judged, note
 
 
 def _batch_limited(request: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:

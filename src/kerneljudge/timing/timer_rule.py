@@ -102,7 +102,7 @@ class Batch:
     #: The warm-up calls' kernel-stamped windows.
     lead_windows_ms: tuple[float, ...] = ()
     #: Wall time from the request to the first start mark, and from the last end mark to the
-    #: reply (:func:`kerneljudge.timing.stage.request_edges`).
+    #: reply (:func:`kerneljudge.timing.sampling.request_edges`).
     edges_ms: tuple[float, float] = (0.0, 0.0)
 
 

@@ -8,13 +8,12 @@ a newer major version.
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import types
-import typing
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
+
+from kerneljudge.verdict._json import from_jsonable, to_jsonable
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -22,6 +21,7 @@ __all__ = [
     "CheckResult",
     "CompilerMessage",
     "DeviceInfo",
+    "GraphTiming",
     "HostLoad",
     "Measurement",
     "Mismatch",
@@ -35,7 +35,7 @@ __all__ = [
     "decode",
 ]
 
-SCHEMA_VERSION = "1.4"
+SCHEMA_VERSION = "1.5"
 
 
 class Status(str, Enum):
@@ -272,6 +272,49 @@ class Roofline:
 
 
 @dataclass(frozen=True)
+class GraphTiming:
+    """The timing of CUDA-graph replays of each contestant's forward, beside its launched calls
+    (:mod:`kerneljudge.timing.graph_pass`). A replay's time is the device's: the host only
+    launches the graph. Added in schema 1.5.
+
+    Attributes:
+        measurements: one per contestant captured (``candidate``, ``eager``, ``compile``), ms
+            per replay.
+        speedups: one per baseline captured, when the candidate was captured.
+        rounds, stop_reason: as :class:`TimingResult`'s, for the replays.
+        not_captured: contestant -> why it could not be replayed (one line).
+        host_share: contestant -> ``1 - replay median / launched median``, within [0, 1]: the
+            share of a launched call's time in which the device waited for the host.
+        host_range: baseline -> where the launched-call speedup may move if the host's side
+            of each side's calls (``launched - replay`` time) took up to ``host_drift`` times
+            longer or shorter, each side on its own
+            (:func:`kerneljudge.timing.graph_pass.host_range`), the lower end first.
+        host_drift: the factor ``host_range`` assumes
+            (:data:`kerneljudge.timing.graph_pass.HOST_DRIFT`, and where it comes from).
+        note: one sentence when a launched-call speedup moves with the host by more than 2%
+            either way over ``host_range``; else empty.
+        capture_s: contestant -> seconds its capture and replay check took.
+    """
+
+    measurements: tuple[Measurement, ...] = ()
+    speedups: tuple[Speedup, ...] = ()
+    rounds: int = 0
+    stop_reason: str = ""
+    not_captured: dict[str, str] = field(default_factory=dict)
+    host_share: dict[str, float] = field(default_factory=dict)
+    host_range: dict[str, tuple[float, float]] = field(default_factory=dict)
+    host_drift: float = 0.0
+    note: str = ""
+    capture_s: dict[str, float] = field(default_factory=dict)
+
+    def measurement(self, name: str) -> Measurement | None:
+        return next((m for m in self.measurements if m.name == name), None)
+
+    def speedup(self, baseline: str) -> Speedup | None:
+        return next((s for s in self.speedups if s.baseline == baseline), None)
+
+
+@dataclass(frozen=True)
 class TimingResult:
     """The timing stage: reference baselines and candidate, measured alternately.
 
@@ -297,6 +340,8 @@ class TimingResult:
             schema 1.3.
         timer_note: why the timer audit (``kerneljudge.timing.timer_rule``) was undecided twice and
             the times were accepted anyway; empty when it decided. Added in schema 1.3.
+        graph: the same contestants timed by CUDA-graph replay, and how host-bound each
+            launched call is (None: not asked for, or not a CUDA device). Added in schema 1.5.
     """
 
     clock: str
@@ -312,6 +357,7 @@ class TimingResult:
     threads: int = 0
     cores: tuple[int, ...] = ()
     timer_note: str = ""
+    graph: GraphTiming | None = None
 
     def measurement(self, name: str) -> Measurement | None:
         return next((m for m in self.measurements if m.name == name), None)
@@ -404,7 +450,7 @@ class Verdict:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (tuples become lists, the status its string)."""
-        return _to_jsonable(self)
+        return to_jsonable(self)
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
@@ -419,7 +465,7 @@ class Verdict:
         version = str(data.get("schema_version", "1.0"))
         if int(version.split(".")[0]) > int(SCHEMA_VERSION.split(".")[0]):
             raise ValueError(f"verdict schema {version} is newer than supported {SCHEMA_VERSION}")
-        return _from_jsonable(cls, data)
+        return from_jsonable(cls, data)
 
     @classmethod
     def from_json(cls, text: str) -> Verdict:
@@ -428,45 +474,4 @@ class Verdict:
 
 def decode(tp: type, data: Any) -> Any:
     """Rebuild a dataclass of this module (e.g. :class:`BuildResult`) from its JSON form."""
-    return _from_jsonable(tp, data)
-
-
-def _to_jsonable(value: Any) -> Any:
-    if isinstance(value, Enum):
-        return value.value
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, (list, tuple)):
-        return [_to_jsonable(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _to_jsonable(v) for k, v in value.items()}
-    if isinstance(value, float) and value != value:  # NaN is not JSON
-        return None
-    return value
-
-
-def _from_jsonable(tp: Any, value: Any) -> Any:
-    if value is None:
-        return None
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return _from_jsonable(args[0], value) if len(args) == 1 else value
-    if isinstance(tp, type) and issubclass(tp, Enum):
-        return tp(value)
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        hints = typing.get_type_hints(tp)
-        kwargs = {
-            f.name: _from_jsonable(hints[f.name], value[f.name])
-            for f in dataclasses.fields(tp)
-            if f.name in value
-        }
-        return tp(**kwargs)
-    if origin is tuple:
-        items = typing.get_args(tp)
-        if len(items) == 2 and items[1] is Ellipsis:
-            return tuple(_from_jsonable(items[0], v) for v in value)
-        return tuple(_from_jsonable(a, v) for a, v in zip(items, value))
-    if origin is dict:
-        return dict(value)
-    return value
+    return from_jsonable(tp, data)

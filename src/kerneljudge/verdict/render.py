@@ -53,6 +53,27 @@ def noise_line(tm: TimingResult) -> str:
     )
 
 
+def graph_lines(tm: TimingResult) -> list[str]:
+    """Plain lines on the CUDA-graph replays (:class:`~kerneljudge.verdict.GraphTiming`): each
+    speedup by replay with its interval, each contestant's share of launched time spent waiting
+    for the host, the host-drift note, and why a contestant was not captured."""
+    g = tm.graph
+    if g is None:
+        return []
+    out = [
+        f"graph replay: speedup over {sp.baseline} {sp.median:.3f}x "
+        f"(95% CI {sp.ci95[0]:.3f}-{sp.ci95[1]:.3f}; device time, independent of the host)"
+        for sp in g.speedups
+    ]
+    if g.host_share:
+        shares = ", ".join(f"{n} {share:.0%}" for n, share in g.host_share.items())
+        out.append(f"time waiting for the host in launched calls: {shares}")
+    if g.note:
+        out.append(g.note)
+    out += [f"graph replay of {n}: not timed ({why})" for n, why in g.not_captured.items()]
+    return out
+
+
 def _pinning(tm: TimingResult) -> str:
     if not tm.cores:
         return ""
@@ -161,7 +182,7 @@ def render_verdict(v: Verdict, console: Console | None = None) -> None:
         for baseline, why in tm.baseline_errors.items():
             s.add_row(baseline, "-", why)
         parts.append(s)
-        for line in (_pinning(tm), noise_line(tm)):
+        for line in (_pinning(tm), noise_line(tm), *graph_lines(tm)):
             if line:
                 parts.append(Text(line))
         r = tm.roofline

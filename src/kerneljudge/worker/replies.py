@@ -22,7 +22,7 @@ from typing import Any
 from kerneljudge.errors import WorkerError
 from kerneljudge.worker.faults import CandidateFault
 
-__all__ = ["MalformedReply", "RunReply", "TimeReply"]
+__all__ = ["CaptureReply", "MalformedReply", "RunReply", "TimeReply"]
 
 
 class MalformedReply(CandidateFault):
@@ -113,3 +113,33 @@ class TimeReply:
         if not isinstance(between, list) or not all(_is_number(x) for x in between):
             raise _malformed(role, "time", "between_cpu_ms is not a list of numbers")
         return cls(tuple(float(x) for x in times), n_sets, tuple(float(x) for x in between))
+
+
+@dataclass(frozen=True)
+class CaptureReply:
+    """A ``capture`` request's reply (:meth:`kerneljudge.worker.graphs.CapturedCalls.
+    op_capture`).
+
+    Attributes:
+        captured: the forward was captured and its replay checked.
+        reason: why not, one line (at most 500 characters; empty when captured).
+        capture_s: the worker's seconds for it.
+    """
+
+    captured: bool
+    reason: str
+    capture_s: float
+
+    @classmethod
+    def decode(cls, reply: Mapping[str, Any], role: str) -> CaptureReply:
+        """The reply's fields, checked: ``captured`` a bool, ``reason`` a str, ``capture_s`` a
+        number.
+
+        Raises:
+            MalformedReply: a candidate worker's reply of another shape.
+            WorkerError: the same from any other worker.
+        """
+        captured, reason, took = reply.get("captured"), reply.get("reason"), reply.get("capture_s")
+        if type(captured) is not bool or not isinstance(reason, str) or not _is_number(took):
+            raise _malformed(role, "capture", "captured, reason or capture_s is of another type")
+        return cls(captured, " ".join(reason.split())[:500], float(took))  # type: ignore[arg-type]

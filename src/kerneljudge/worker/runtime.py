@@ -5,11 +5,10 @@ Started by :class:`kerneljudge.worker.process.WorkerProcess` as
 It answers one request at a time (see the handlers below) and exits on ``exit`` or when the
 supervisor's pipe closes. A candidate worker serves exactly one candidate and is then discarded.
 
-The handlers are :class:`Worker`'s ``op_<name>`` methods, the reference worker's kept trials
-among them (:mod:`kerneljudge.worker.kept_trials`). What they make of a call lives beside them:
-the float64 oracle, the operator recorder and the input classifier, shared with the problem lint,
-in :mod:`kerneljudge.worker.forward`; confinement, tracebacks and the rest in
-:mod:`kerneljudge.worker.calls`.
+The handlers are :class:`Worker`'s ``op_<name>`` methods, with its mixins' (the reference's
+kept trials, :mod:`~kerneljudge.worker.kept_trials`; graph captures, :mod:`~kerneljudge.worker.
+graphs`). The float64 oracle, operator recorder and input classifier are in :mod:`~kerneljudge.
+worker.forward`; confinement, tracebacks and the rest in :mod:`kerneljudge.worker.calls`.
 """
 
 from __future__ import annotations
@@ -48,6 +47,7 @@ from kerneljudge.worker.forward import (
     to_cpu,
     to_device,
 )
+from kerneljudge.worker.graphs import CapturedCalls
 from kerneljudge.worker.kept_trials import KeptTrials
 from kerneljudge.worker.profiling import RequestProfiler
 from kerneljudge.worker.protocol import Channel, ChannelClosed
@@ -71,7 +71,7 @@ __all__ = [
     "trial_fields",
 ]
 
-# Captured before any candidate code runs, so a candidate that patches these names in torch
+# Captured before any candidate code runs: a candidate that patches these names in torch
 # cannot change how the worker synchronises or how many threads it runs once pinned.
 _synchronize = torch.cuda.synchronize
 _set_num_threads = torch.set_num_threads
@@ -82,7 +82,7 @@ _time_calls = measure.time_calls
 MAX_TIMING_SETS = 4
 
 
-class Worker(KeptTrials):
+class Worker(KeptTrials, CapturedCalls):
     """State of one worker process and its request handlers (``op_<name>``)."""
 
     def __init__(
@@ -97,9 +97,10 @@ class Worker(KeptTrials):
         self.problem: Any = None
         self.source_path: str | None = None
         self.inputs: list[Any] = []
-        self.sets: list[list[Any]] = []
+        self.sets: list[list[Any]] = []  # the kept input sets of the timed loop
         self.nudgeable: list[list[bool]] = []
-        self.snapshots: dict[int, Any] = {}
+        self.snapshots: dict[int, Any] = {}  # the timed calls' kept outputs, by audit slot
+        self.graphs = {}  # captured forwards by target (kerneljudge.worker.graphs)
         #: The reference's side of the trials, by the supervisor's key: outputs and float64
         #: oracle (``{"outputs", "oracle"}``) and, when asked, the inputs as received.
         self.expected: dict[str, dict[str, Any]] = {}
@@ -115,7 +116,6 @@ class Worker(KeptTrials):
             self.sandbox.allow_writes_to(os.path.expanduser("~/.triton"))
             self.sandbox.install()
 
-    # ------------------------------------------------------------------ confinement
     def _confined(self) -> Confined:
         return Confined(self)
 
@@ -187,7 +187,7 @@ class Worker(KeptTrials):
                 "constructing the model failed: " + candidate_traceback(exc, self.source_path)
             ) from None
         self.compiled = None
-        self.sets, self.nudgeable, self.snapshots = [], [], {}
+        self.sets, self.nudgeable, self.snapshots, self.graphs = [], [], {}, {}
         return {"note": "", **reply}
 
     # ------------------------------------------------------------------ running
@@ -318,14 +318,16 @@ class Worker(KeptTrials):
 
         With ``link = {"batch", "seed"}`` (and a stamp socket) every call is marked and
         committed on the socket, its seed and audit slot come from the supervisor, and the
-        outputs of the calls it keeps are stored by slot for :meth:`op_timed_outputs`.
+        outputs of the calls it keeps are stored by slot for :meth:`op_timed_outputs`. With
+        ``graph`` true, each call replays the target's graph (:meth:`op_capture` first).
         Returns ``times_ms`` (one per call), ``wall_s`` (the timed calls' iterations, host
         clock), ``n_sets`` and, with a link, ``between_cpu_ms``: this process's CPU time from
         each call's end mark to the next one's start mark (warm-up calls included). A Python
         thread started by a call and alive at its end mark is a rejecting Fault.
         """
         fn = self.compiled if msg.get("target") == "compile" else self.model
-        if fn is None or not self.sets:
+        graph = self.graphs.get(str(msg.get("target"))) if msg.get("graph") else None
+        if fn is None or not self.sets or (msg.get("graph") and graph is None):
             raise RuntimeError(f"nothing to time for target {msg.get('target')!r}")
         flush_bytes = int(msg.get("flush_bytes", 0))
         if self.device.type == "cuda" and flush_bytes:
@@ -337,7 +339,6 @@ class Worker(KeptTrials):
         if isinstance(spec, dict) and self.stamp_sock is not None:
             spin = measure.SPIN_NS if self.device.type == "cuda" else 0
             link = measure.Link(self.stamp_sock, int(spec["batch"]), spin)
-
         try:
             with self._confined():
                 times, kept, wall = _time_calls(
@@ -354,6 +355,7 @@ class Worker(KeptTrials):
                     link=link,
                     seed=int(spec["seed"]) if link is not None and isinstance(spec, dict) else None,
                     threads_before=before if self.sandbox is not None else None,
+                    graph=graph,
                 )
         except Fault:
             raise
@@ -375,11 +377,9 @@ class Worker(KeptTrials):
 
     def op_pin(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Move every thread of this process onto the CPU cores ``cpus`` (a list) for timing,
-        and set torch's intra-op threads to ``threads`` (default: one per core of the set).
-        More threads than cores turns every
-        parallel CPU op into a wait for each thread's turn (seconds for a few small ops on one
-        core). Threads started later inherit the set from the thread that starts them. The
-        worker keeps both from then on, whatever ``threads`` it was started with."""
+        and set torch's intra-op threads to ``threads`` (default: one per core of the set; more
+        threads than cores make every parallel CPU op wait for each thread's turn). Later
+        threads inherit the set; the worker keeps both, whatever it was started with."""
         cpus = {int(c) for c in msg["cpus"]}
         for task in os.listdir("/proc/self/task"):
             try:

@@ -1,0 +1,147 @@
+"""The graph pass's arithmetic, its verdict fields and their plumbing, on the CPU (the replays
+themselves are tested in tests/gpu/test_graph_timing_gpu.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kerneljudge import JudgeConfig
+from kerneljudge.env.rewards import SpeedupReward
+from kerneljudge.errors import ConfigError
+from kerneljudge.judge.options import JudgeOptions
+from kerneljudge.timing.graph_pass import HOST_DRIFT, _note, host_range, host_share
+from kerneljudge.verdict import (
+    GraphTiming,
+    Measurement,
+    Speedup,
+    Status,
+    TimingResult,
+    Verdict,
+)
+from kerneljudge.verdict.render import graph_lines
+from kerneljudge.worker.graphs import NotCapturable, capture, signature
+from kerneljudge.worker.replies import CaptureReply, MalformedReply
+
+
+def _m(name: str, median: float) -> Measurement:
+    return Measurement(name, 20, median, median, median, median, median, (median, median))
+
+
+def _timing(eager_ms: float, cand_ms: float, graph: GraphTiming | None = None) -> TimingResult:
+    sp = eager_ms / cand_ms
+    return TimingResult(
+        clock="cuda_event",
+        measurements=(_m("eager", eager_ms), _m("candidate", cand_ms)),
+        speedups=(Speedup("eager", sp, (sp * 0.99, sp * 1.01)),),
+        rounds=10,
+        stop_reason="precision",
+        graph=graph,
+    )
+
+
+def test_host_share_is_the_launched_time_the_device_waited() -> None:
+    assert host_share(4.0, 1.0) == pytest.approx(0.75)
+    assert host_share(1.0, 1.0) == 0.0
+    assert host_share(1.0, 1.2) == 0.0  # a replay slower than the launch: clipped
+    assert host_share(0.0, 1.0) == 0.0
+
+
+def test_host_range_by_hand() -> None:
+    # eager: 4 ms launched, 1 ms of device: 3 ms of host; candidate: 0.5 ms, all device.
+    lo, hi = host_range((4.0, 1.0), (0.5, 0.5), drift=2.0)
+    assert (lo, hi) == pytest.approx(((1 + 1.5) / 0.5, (1 + 6) / 0.5))
+    # both all device: the speedup does not move.
+    assert host_range((2.0, 2.0), (1.0, 1.0)) == pytest.approx((2.0, 2.0))
+    # both host-bound: each side's host part is scaled on its own, against the other's.
+    lo, hi = host_range((3.0, 1.0), (1.0, 0.5), drift=2.0)
+    assert (lo, hi) == pytest.approx(((1 + 1) / (0.5 + 1.0), (1 + 4) / (0.5 + 0.25)))
+    # a replay slower than the launch counts as no host time.
+    assert host_range((2.0, 2.5), (1.0, 1.0), drift=2.0) == pytest.approx((2.0, 2.0))
+    assert HOST_DRIFT == pytest.approx(math.sqrt(1.75))
+
+
+def test_note_only_when_the_speedup_moves_past_two_percent() -> None:
+    launched = _timing(4.0, 0.5)
+    moving = _note({"eager": 0.75, "candidate": 0.0}, {"eager": (5.0, 14.0)}, launched)
+    assert "moves with the host" in moving and "75%" in moving and "eager" in moving
+    assert _note({"eager": 0.0}, {"eager": (7.95, 8.05)}, launched) == ""
+
+
+def test_graph_timing_round_trips_through_json() -> None:
+    graph = GraphTiming(
+        measurements=(_m("eager", 1.0), _m("candidate", 0.5)),
+        speedups=(Speedup("eager", 2.0, (1.9, 2.1)),),
+        rounds=9,
+        stop_reason="precision",
+        not_captured={"compile": "the forward raised while it was captured: x"},
+        host_share={"eager": 0.75, "candidate": 0.0},
+        host_range={"eager": (5.0, 14.0)},
+        host_drift=HOST_DRIFT,
+        note="n",
+        capture_s={"eager": 0.1, "candidate": 0.2},
+    )
+    v = Verdict(Status.CORRECT, "", "p", "sha", "cuda", timing=_timing(4.0, 0.5, graph))
+    back = Verdict.from_json(v.to_json())
+    assert back == v
+    assert back.timing.graph.host_range["eager"] == (5.0, 14.0)  # a tuple again, not a list
+
+
+def test_graph_lines_say_both_speedups_shares_and_reasons() -> None:
+    graph = GraphTiming(
+        speedups=(Speedup("eager", 2.0, (1.9, 2.1)),),
+        host_share={"eager": 0.75, "candidate": 0.1},
+        note="the speedup over eager moves",
+        not_captured={"compile": "raised"},
+    )
+    text = "\n".join(graph_lines(_timing(4.0, 0.5, graph)))
+    assert "graph replay: speedup over eager 2.000x" in text
+    assert "eager 75%" in text and "candidate 10%" in text
+    assert "the speedup over eager moves" in text and "compile: not timed (raised)" in text
+    assert graph_lines(_timing(4.0, 0.5)) == []
+
+
+def test_reward_takes_the_replays_speedup_when_asked_and_measured() -> None:
+    graph = GraphTiming(speedups=(Speedup("eager", 2.0, (1.9, 2.1)),))
+    with_graph = Verdict(Status.CORRECT, "", "p", "s", "cuda", timing=_timing(16.0, 1.0, graph))
+    without = Verdict(Status.CORRECT, "", "p", "s", "cuda", timing=_timing(16.0, 1.0))
+    launch, replay = SpeedupReward(), SpeedupReward(timing="graph")
+    assert launch(with_graph) == pytest.approx(1.0)  # 16x launched
+    assert replay(with_graph) == pytest.approx(0.5 + 0.5 * math.log(2) / math.log(16))
+    assert replay(without) == pytest.approx(1.0)  # no replays: the launched calls' speedup
+    with pytest.raises(ValueError, match="timing"):
+        SpeedupReward(timing="device")
+
+
+def test_graph_timing_option_is_checked_and_carried() -> None:
+    assert JudgeConfig().graph_timing is True
+    with pytest.raises(ConfigError, match="graph_timing"):
+        JudgeConfig(graph_timing="yes")  # type: ignore[arg-type]
+    opts = JudgeOptions.from_dict({"graph_timing": False})
+    assert opts.judge_config().graph_timing is False
+    assert JudgeOptions.from_dict(opts.to_dict()) == opts
+
+
+def test_capture_needs_a_cuda_device_and_says_so() -> None:
+    with pytest.raises(NotCapturable, match="CUDA"):
+        capture(lambda x: x + 1, [torch.ones(3)], torch.device("cpu"))
+
+
+def test_signature_binds_shapes_layouts_and_values() -> None:
+    a, b = torch.ones(2, 3), torch.ones(3, 2).t()
+    assert signature([a, 1]) == signature([torch.zeros(2, 3), 1])
+    assert signature([a, 1]) != signature([a, 2])
+    assert signature([a]) != signature([b])  # same shape, other strides
+
+
+def test_capture_reply_is_decoded_strictly() -> None:
+    ok = CaptureReply.decode({"captured": True, "reason": "", "capture_s": 0.5}, "candidate")
+    assert ok.captured and ok.capture_s == 0.5
+    long = CaptureReply.decode(
+        {"captured": False, "reason": "x\n" * 600, "capture_s": 0}, "candidate"
+    )
+    assert len(long.reason) <= 500 and "\n" not in long.reason
+    with pytest.raises(MalformedReply):
+        CaptureReply.decode({"captured": 1, "reason": "", "capture_s": 0.5}, "candidate")
