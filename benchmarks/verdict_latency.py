@@ -209,13 +209,16 @@ def separate(
                 "note": graph.get("note", ""),
                 "not_captured": graph.get("not_captured"),
                 "started_at": v.get("started_at"),
+                "stage_s": v.get("stage_s"),
+                "capture_s": graph.get("capture_s"),
+                "graph_s": graph.get("seconds"),
             }
         )
         r = rows[-1]
         print(
             f"  {problem} {i + 1}/{n}: {r['status']} launched {r['launched']} "
             f"{r['launched_ci95']} replay {r['replay']} host range {r['host_range']} "
-            f"({elapsed:.1f} s)",
+            f"({elapsed:.1f} s; stages {r['stage_s']})",
             flush=True,
         )
     launched_all = [r["launched"] for r in rows if r["launched"] is not None]

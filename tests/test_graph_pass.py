@@ -82,6 +82,7 @@ def test_graph_timing_round_trips_through_json() -> None:
         host_drift=HOST_DRIFT,
         note="n",
         capture_s={"eager": 0.1, "candidate": 0.2},
+        seconds=1.5,
     )
     v = Verdict(Status.CORRECT, "", "p", "sha", "cuda", timing=_timing(4.0, 0.5, graph))
     back = Verdict.from_json(v.to_json())
@@ -145,3 +146,46 @@ def test_capture_reply_is_decoded_strictly() -> None:
     assert len(long.reason) <= 500 and "\n" not in long.reason
     with pytest.raises(MalformedReply):
         CaptureReply.decode({"captured": 1, "reason": "", "capture_s": 0.5}, "candidate")
+
+
+def test_static_outputs_are_filled_so_an_unwritten_element_is_wrong() -> None:
+    from kerneljudge.worker.measure import load_static, unwritten
+
+    scalar = torch.tensor(1.5)
+    strided = torch.zeros(4, 6)[:, ::2]
+    ints = torch.zeros(3, dtype=torch.int32)
+    uints = torch.zeros(3, dtype=torch.uint8)
+    flags = torch.zeros(2, dtype=torch.bool)
+    static_in = torch.zeros(3)
+    load_static([static_in, 7], [scalar, strided, ints, uints, flags], [torch.ones(3), 7])
+    assert torch.isnan(scalar) and torch.isnan(strided).all()
+    assert (ints == -1).all() and (uints == 255).all() and flags.all()
+    assert torch.equal(static_in, torch.ones(3))  # the inputs are copied after the fill
+    assert unwritten(torch.zeros(1, dtype=torch.int64)) == -1
+
+
+def test_reward_does_not_pay_for_refusing_capture() -> None:
+    # launched: eager 16 ms, candidate 1 ms (16x); replays: eager 2 ms; candidate not captured.
+    graph = GraphTiming(
+        measurements=(_m("eager", 2.0),),
+        not_captured={"candidate": "the forward does something a capture forbids"},
+    )
+    v = Verdict(Status.CORRECT, "", "p", "s", "cuda", timing=_timing(16.0, 1.0, graph))
+    assert SpeedupReward(timing="graph")(v) == pytest.approx(0.5 + 0.5 * math.log(2) / math.log(16))
+    assert SpeedupReward()(v) == pytest.approx(1.0)  # the launched speedup, as asked
+    # No baseline replayed either: the launched speedup.
+    bare = GraphTiming(not_captured={"candidate": "x", "eager": "y"})
+    v2 = Verdict(Status.CORRECT, "", "p", "s", "cuda", timing=_timing(16.0, 1.0, bare))
+    assert SpeedupReward(timing="graph")(v2) == pytest.approx(1.0)
+
+
+def test_speedups_of_baselines_timed_alone_are_none() -> None:
+    from kerneljudge.timing import speedups
+
+    assert speedups({"eager": [1.0, 1.1, 0.9]}) == []
+
+
+def test_capture_reply_time_must_be_finite() -> None:
+    for bad in (float("inf"), float("nan"), -1.0):
+        with pytest.raises(MalformedReply):
+            CaptureReply.decode({"captured": True, "reason": "", "capture_s": bad}, "candidate")

@@ -137,6 +137,14 @@ def episode_command(
     baselines: Annotated[str, _opt("baselines", "Comma list of eager, compile.")] = ",".join(
         DEFAULT_BASELINES
     ),
+    graph_timing: Annotated[
+        bool,
+        typer.Option(
+            "--graph/--no-graph",
+            envvar=_env("graph"),
+            help="On a GPU, also time CUDA-graph replays and show both speedups.",
+        ),
+    ] = True,
     benchmark_time: Annotated[float, _opt("benchmark_time", "run_benchmark timing, s.")] = 2.0,
     submit_time: Annotated[float, _opt("submit_time", "submit_kernel timing, s.")] = 4.0,
     profile: Annotated[
@@ -192,6 +200,7 @@ def episode_command(
             trials=trials,
             submit_trials=submit_trials,
             baselines=tuple(b.strip() for b in baselines.split(",") if b.strip()),
+            graph_timing=graph_timing,
             benchmark_time_s=benchmark_time,
             submit_time_s=submit_time,
             profile=profile,

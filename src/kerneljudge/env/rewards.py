@@ -10,8 +10,12 @@ where ``speedup`` is the median speedup over the ``eager`` baseline: 0.5 at pari
 ``cap`` times faster (16 by default) or more, ``floor`` (0.05) for a very slow but correct one,
 and 0.5 when the verdict carries no timing. ``timing="graph"`` takes the speedup of CUDA-graph
 replays (device time, independent of the host's speed: ``Verdict.timing.graph``) where the
-verdict has it, and the launched calls' speedup where it does not (a CPU verdict, a forward that
-cannot be captured). Pass any callable with the same signature instead
+verdict has it. Where the candidate could not be captured but the baseline was, it takes the
+baseline's replay median over the candidate's launched median: the candidate's launched time
+holds its host overhead too, so a candidate gains nothing by refusing capture (its launched
+speedup over a host-bound baseline can be several times its replay speedup). Where the graph
+pass did not run (a CPU verdict, ``graph_timing`` off) or no baseline was captured, the launched
+calls' speedup. Pass any callable with the same signature instead
 (``KernelEnv(..., reward=my_reward)``).
 """
 
@@ -21,7 +25,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kerneljudge.verdict import Status, Verdict
+from kerneljudge.verdict import Speedup, Status, TimingResult, Verdict
 
 __all__ = ["RewardFn", "SpeedupReward", "default_reward"]
 
@@ -64,7 +68,7 @@ class SpeedupReward:
         timing = verdict.timing
         speedup = None
         if timing is not None and self.timing == "graph" and timing.graph is not None:
-            speedup = timing.graph.speedup(self.baseline)
+            speedup = timing.graph.speedup(self.baseline) or _uncaptured(timing, self.baseline)
         if timing is not None and speedup is None:
             speedup = timing.speedup(self.baseline) or next(iter(timing.speedups), None)
         if speedup is None:
@@ -74,6 +78,22 @@ class SpeedupReward:
             return self.floor
         raw = 0.5 + 0.5 * math.log(value) / math.log(self.cap)
         return float(min(1.0, max(self.floor, raw)))
+
+
+def _uncaptured(timing: TimingResult, baseline: str) -> Speedup | None:
+    """The baseline's replay median over the candidate's launched median (its interval: the
+    baseline's replay interval over the candidate's launched one), when the candidate was not
+    captured and the baseline's replays were timed; else None."""
+    graph = timing.graph
+    base = graph.measurement(baseline) if graph is not None else None
+    cand = timing.measurement("candidate")
+    if graph is None or "candidate" not in graph.not_captured or base is None or cand is None:
+        return None
+    if not (cand.median_ms > 0 and cand.ci95_ms[0] > 0 and cand.ci95_ms[1] > 0):
+        return None
+    point = base.median_ms / cand.median_ms
+    lo, hi = base.ci95_ms[0] / cand.ci95_ms[1], base.ci95_ms[1] / cand.ci95_ms[0]
+    return Speedup(baseline, point, (lo, hi))
 
 
 #: The default reward: :class:`SpeedupReward` with its defaults.

@@ -333,7 +333,9 @@ def speedups(
       (``pass_points``: baseline -> points), so that a number that moved between passes is
       inside its interval.
     """
-    out = []
+    out: list[Speedup] = []
+    if candidate not in samples:  # the baselines timed alone (a graph pass, kerneljudge.timing.
+        return out  # graph_pass, when the candidate could not be captured)
     for name, values in samples.items():
         if name == candidate:
             continue
@@ -428,7 +430,7 @@ def measure_judged(
         points = {
             n: [float(np.median(p.samples[n]) / np.median(p.samples[candidate])) for p in passes]
             for n in r.samples
-            if n != candidate
+            if n != candidate and candidate in r.samples
         }
         sp = speedups(r.samples, candidate, r.batches, noisy=widen, pass_points=points)
         return Judged(r.samples, r.batches, r.rounds, r.stop, len(passes), host, tuple(sp))

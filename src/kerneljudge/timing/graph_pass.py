@@ -13,17 +13,20 @@ and the stamps (:func:`~kerneljudge.timing.stage.measure_checked`).
 
 What cannot be captured (a synchronising call, a host read of a device value, a replay that
 differs from the call: :mod:`kerneljudge.worker.graphs`) is named in the result's
-``not_captured`` and changes nothing else: the launched pass's verdict stands.
+``not_captured``; the launched pass's speedups stand, and a candidate's fault or hang during its
+capture ends the verdict as in any request.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from kerneljudge.errors import KernelJudgeError
 from kerneljudge.timing import TimingConfig, summarise
 from kerneljudge.timing.sampling import Sampling
 from kerneljudge.verdict import GraphTiming, Status, TimingResult
@@ -52,15 +55,18 @@ CAPTURE_CALLS = 5
 #: 90th percentiles at rest (docs/benchmarks/2026-11-30-h200-validation.md, run 27), a factor
 #: of 1.75, so sqrt(1.75) about the middle.
 HOST_DRIFT = math.sqrt(1.75)
-#: A speedup that moves by more than this share either way over its host range gets a note.
+#: A speedup that moves by more than this share either way over its host range gets a note
+#: (with ``HOST_DRIFT``, whenever a side spends more than about 6% of its launched time waiting
+#: for the host).
 NOTE_AT = 0.02
 
 
 def replay_config(config: TimingConfig) -> TimingConfig:
-    """The replays' protocol: the launched calls' with half the time budget and a quarter
-    second of minimum span, and no second pass on a noisy host (a replay's time is the
-    device's: it moved by at most 1.8% between ten verdicts on the H200 machine where the
-    launched calls' moved by 24%, docs/benchmarks/2026-12-02-h200-graph-replay.md)."""
+    """The replays' protocol: the launched calls' with half the time budget, a minimum span of
+    at most a quarter second, and no second pass on a noisy host. A replay's time is the
+    device's: with the full budget, replay speedups moved by at most 1.8% between ten verdicts
+    on the H200 machine where the launched ones moved by 24%
+    (docs/benchmarks/2026-12-02-h200-graph-replay.md); the halved budget is not measured."""
     return dataclasses.replace(
         config,
         max_time_s=config.max_time_s / 2,
@@ -104,11 +110,18 @@ def host_range(
 def _capture(
     name: str, ref: ReferenceSession, worker: WorkerProcess, limits_s: tuple[float, float]
 ) -> CaptureReply:
+    """Capture ``name`` in its worker. A failure of the reference's worker (it runs no
+    candidate code) makes that baseline not captured; the candidate's faults propagate as
+    every request's do."""
     run_s, ref_s = limits_s
     if name == "candidate":
         reply = worker.request("capture", CAPTURE_CALLS * run_s, target=name)
         return CaptureReply.decode(reply, "candidate")
-    reply = ref.request("capture", CAPTURE_CALLS * ref_s, target=name)
+    try:
+        reply = ref.request("capture", CAPTURE_CALLS * ref_s, target=name)
+    except KernelJudgeError as exc:
+        first = (str(exc).splitlines() or [""])[0][:300]
+        return CaptureReply(False, f"the reference's worker failed to capture it: {first}", 0.0)
     return CaptureReply.decode(reply, "reference")
 
 
@@ -154,39 +167,62 @@ def time_replays(
         tolerances: ``(atol, rtol)`` of the audit.
         threads: the timed workers' intra-op thread count.
 
+    When the candidate cannot be captured, the captured baselines are timed alone (their
+    replay medians still bound what the candidate's launched calls are worth, see
+    :class:`kerneljudge.env.rewards.SpeedupReward`); nothing of the candidate is replayed or
+    audited then. Every graph is dropped from both workers at the end.
+
     Returns the graph timing, and the verdict's status and reason: ``correct`` unless the
-    replays' reported times broke a rule (``rejected``) or an audited replay's outputs differ
-    from the reference (``incorrect``).
+    replays' reported times broke a timer rule (``rejected``) or an audited replay's outputs
+    were not those committed to (``rejected``) or differ from the reference (``incorrect``).
+
+    Raises:
+        what the candidate worker's requests raise (its faults, a timeout): as in the launched
+        pass, the judge turns them into the verdict.
     """
     from kerneljudge.timing.stage import _audit_timed_calls, measure_checked
 
+    started = time.monotonic()
     not_captured: dict[str, str] = {}
     capture_s: dict[str, float] = {}
-    for name in names:
-        got = _capture(name, ref, worker, limits_s)
-        capture_s[name] = got.capture_s
-        if not got.captured:
-            not_captured[name] = got.reason or "not captured"
-    captured = [n for n in names if n not in not_captured]
-    if "candidate" not in captured or len(captured) < 2:
-        return GraphTiming(not_captured=not_captured, capture_s=capture_s), Status.CORRECT, ""
-    knobs = replay_config(cfg.timing_config)
-    judged, _ = measure_checked(
-        sampling, captured, cfg, ref, worker, limits_s, launched.cores, threads, knobs
-    )
-    if sampling.tampered:
-        return (
-            GraphTiming(not_captured=not_captured, capture_s=capture_s),
-            Status.REJECTED,
-            "the timer was tampered with in graph replays: " + sampling.tampered[0],
+    try:
+        for name in names:
+            got = _capture(name, ref, worker, limits_s)
+            capture_s[name] = got.capture_s
+            if not got.captured:
+                not_captured[name] = got.reason or "not captured"
+        timed = [n for n in names if n not in not_captured]
+        if not [n for n in timed if n != "candidate"]:  # no baseline to replay
+            graph = GraphTiming(
+                not_captured=not_captured,
+                capture_s=capture_s,
+                seconds=time.monotonic() - started,
+            )
+            return graph, Status.CORRECT, ""
+        knobs = replay_config(cfg.timing_config)
+        judged, note = measure_checked(
+            sampling, timed, cfg, ref, worker, limits_s, launched.cores, threads, knobs
         )
-    atol, rtol = tolerances
-    roll = ref.problem.roll_timed_inputs
-    status, why = _audit_timed_calls(
-        cfg, worker, ref, keys, atol, rtol, roll, sampling.reservoir.kept, limits_s=limits_s
-    )
-    if status is not Status.CORRECT:
-        why = f"in graph replay, {why}"
+        status, why = Status.CORRECT, ""
+        if sampling.tampered:
+            status = Status.REJECTED
+            why = "the timer was tampered with in graph replays: " + sampling.tampered[0]
+        elif "candidate" in timed:
+            atol, rtol = tolerances
+            roll = ref.problem.roll_timed_inputs
+            kept = sampling.reservoir.kept
+            status, why = _audit_timed_calls(
+                cfg, worker, ref, keys, atol, rtol, roll, kept, limits_s=limits_s
+            )
+            if status is not Status.CORRECT:
+                why = f"in graph replay, {why}"
+    finally:
+        _drop_graphs(ref, worker, limits_s)
+    if status is Status.REJECTED and sampling.tampered:
+        graph = GraphTiming(
+            not_captured=not_captured, capture_s=capture_s, seconds=time.monotonic() - started
+        )
+        return graph, status, why
     medians = {n: float(np.median(v)) for n, v in judged.samples.items()}
     shares: dict[str, float] = {}
     for name, replay_ms in medians.items():
@@ -212,5 +248,19 @@ def time_replays(
         host_drift=HOST_DRIFT,
         note=_note(shares, ranges, launched),
         capture_s=capture_s,
+        seconds=time.monotonic() - started,
+        timer_note=note,
     )
     return graph, status, why
+
+
+def _drop_graphs(
+    ref: ReferenceSession, worker: WorkerProcess, limits_s: tuple[float, float]
+) -> None:
+    """Free the graphs' memory in both workers; a worker that cannot answer is left as it is
+    (the candidate's is discarded after its verdict, the reference's replaced when it fails)."""
+    for request, limit_s in ((ref.request, limits_s[1]), (worker.request, limits_s[0])):
+        try:
+            request("drop_graphs", limit_s)
+        except Exception:  # noqa: BLE001 - freeing memory never decides a verdict
+            pass

@@ -50,8 +50,9 @@ __all__ = [
 #: Timed calls of the candidate kept for the audit (a uniform sample over all its timed calls,
 #: drawn here after each call's outputs were committed), each checked against the reference.
 AUDITED_CALLS = 8
-#: The same for the candidate's graph replays (:mod:`kerneljudge.timing.graph_pass`).
-AUDITED_REPLAYS = 4
+#: The same for the candidate's graph replays (:mod:`kerneljudge.timing.graph_pass`): as many,
+#: since a captured kernel can branch on a device-side counter and skip work on some replays.
+AUDITED_REPLAYS = AUDITED_CALLS
 #: The digest kinds a worker may commit to (:func:`kerneljudge.worker.stamps.output_digest`).
 DIGEST_KINDS = frozenset({KIND_SHA256, KIND_TREE})
 
@@ -96,7 +97,10 @@ def time_candidate(
     calls must match their committed digests and the reference run again on the same inputs
     (rebuilt in the reference worker from the trial's inputs it holds and the call's seed),
     fetched and compared one call at a time; the upper 95% bound of its
-    median must not be below the device's physical floor (:func:`below_floor`).
+    median must not be below the device's physical floor (:func:`below_floor`). On a CUDA
+    device with ``graph_timing``, the contestants are then timed again by CUDA-graph replay,
+    audited the same way (:func:`kerneljudge.timing.graph_pass.time_replays`), into the
+    result's ``graph``.
 
     Both workers are pinned to the same timing cores with the same thread count
     (:func:`kerneljudge.timing.hostload.timing_cores`), the host's load is read while they are timed

@@ -280,7 +280,8 @@ class GraphTiming:
     Attributes:
         measurements: one per contestant captured (``candidate``, ``eager``, ``compile``), ms
             per replay.
-        speedups: one per baseline captured, when the candidate was captured.
+        speedups: one per baseline captured, when the candidate was captured (when it was
+            not, the captured baselines are timed alone: measurements without speedups).
         rounds, stop_reason: as :class:`TimingResult`'s, for the replays.
         not_captured: contestant -> why it could not be replayed (one line).
         host_share: contestant -> ``1 - replay median / launched median``, within [0, 1]: the
@@ -294,6 +295,9 @@ class GraphTiming:
         note: one sentence when a launched-call speedup moves with the host by more than 2%
             either way over ``host_range``; else empty.
         capture_s: contestant -> seconds its capture and replay check took.
+        seconds: wall seconds of the whole graph pass (captures, replays, their audit), part
+            of the verdict's ``timing`` stage.
+        timer_note: as :class:`TimingResult`'s, for the replays.
     """
 
     measurements: tuple[Measurement, ...] = ()
@@ -306,6 +310,8 @@ class GraphTiming:
     host_drift: float = 0.0
     note: str = ""
     capture_s: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
+    timer_note: str = ""
 
     def measurement(self, name: str) -> Measurement | None:
         return next((m for m in self.measurements if m.name == name), None)

@@ -1,11 +1,12 @@
 """CUDA-graph capture of a forward call, for the timing stage's graph replay.
 
-A call is captured once per (target, input signature) on static copies of the first kept input
-set: two untimed calls on a side stream first (lazy initialisations such as cuBLAS handles
-must not happen during capture), then one call under :class:`torch.cuda.CUDAGraph` capture. A
-timed replay then loads its call's inputs (perturbed as a launched call's are) into the static
-inputs, fills the static outputs with 0xFF bytes (NaN in every float format, so an output the
-replay does not write is wrong), and replays the graph; the outputs are read from the static
+A call is captured once per target on static copies of the first kept input set (the kept sets
+must share one :func:`signature`): two untimed calls on a side stream first (lazy
+initialisations such as cuBLAS handles must not happen during capture), then one call under
+:class:`torch.cuda.CUDAGraph` capture. A timed replay then fills the static outputs (NaN for
+floats: :func:`kerneljudge.worker.measure.unwritten`, so an output the replay does not write is
+wrong), loads its call's inputs (perturbed as a launched call's are) into the static inputs,
+and replays the graph; the outputs are read from the static
 output tensors. The capture is checked once before it is used: the graph replayed on inputs
 perturbed under a fixed seed must give what the call itself gives on them (allclose with
 ``REPLAY_RTOL``/``REPLAY_ATOL``), else the forward has host logic (a branch on values, a
@@ -43,7 +44,8 @@ _Stream = torch.cuda.Stream
 _stream_ctx = torch.cuda.stream
 _current_stream = torch.cuda.current_stream
 _synchronize = torch.cuda.synchronize
-_replay = torch.cuda.CUDAGraph.replay
+_set_stream = torch.cuda.set_stream
+_replay = torch._C._CUDAGraph.replay  # no replay hooks (see kerneljudge.worker.measure)
 _allclose = torch.allclose
 
 #: Tolerances of the check that a replay gives what the call gives on the same inputs (the same
@@ -129,6 +131,7 @@ def capture(
         raise NotCapturable("an input is not on the judging device")
     static = [x.clone() if isinstance(x, torch.Tensor) else x for x in args]
     graph = _Graph()
+    caller = _current_stream(device)
     try:
         with torch.no_grad():
             side = _Stream(device=device)
@@ -142,36 +145,42 @@ def capture(
                 outputs = fn(*static)
         _synchronize()
     except Exception as exc:  # noqa: BLE001 - whatever the forward raised under capture
-        _recover()
+        _recover(caller)
         raise NotCapturable(_reason(exc)) from None
     if check_output is not None:
         check_output(outputs)
     if not flatten_tensors(outputs):
         raise NotCapturable("the forward returned no tensor")
     captured = Captured(graph, static, outputs)
-    _check_replay(fn, captured, args)
+    _check_replay(fn, captured, args, device)
     return captured
 
 
-def _recover() -> None:
-    """Leave no failed capture behind (a synchronisation that fails is not the caller's)."""
+def _recover(caller: Any) -> None:
+    """Leave no failed capture behind: the caller's stream current again (a capture that fails
+    in its end leaves its own stream current) and the device synchronised (a failure there is
+    the capture's, already reported)."""
     try:
+        _set_stream(caller)
         _synchronize()
-    except Exception:  # noqa: BLE001 - the error the capture left was already reported
+    except Exception:  # noqa: BLE001
         pass
 
 
-def _check_replay(fn: Callable[..., Any], captured: Captured, args: list[Any]) -> None:
+def _check_replay(
+    fn: Callable[..., Any], captured: Captured, args: list[Any], device: torch.device
+) -> None:
     which = [continuous(x) for x in args]
-    fresh = perturb(args, which, CHECK_SEED)
+    caller = _current_stream(device)
     with torch.no_grad():
         try:
-            expected = [t.clone() for t in flatten_tensors(fn(*fresh))]
-            captured.load(fresh)
+            # Each side gets its own copy: a forward may change its inputs in place.
+            expected = [t.clone() for t in flatten_tensors(fn(*perturb(args, which, CHECK_SEED)))]
+            captured.load(perturb(args, which, CHECK_SEED))
             got = [t.clone() for t in flatten_tensors(captured.replay())]
             _synchronize()
         except Exception as exc:  # noqa: BLE001
-            _recover()
+            _recover(caller)
             raise NotCapturable(f"the replay check failed: {_reason(exc)}") from None
     same = len(got) == len(expected) and all(
         g.shape == e.shape
@@ -205,6 +214,11 @@ class CapturedCalls:
     def _confined(self) -> Any: ...  # the worker's (kerneljudge.worker.calls.Confined)
 
     def _check_output(self, out: Any) -> None: ...
+
+    def op_drop_graphs(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Drop every captured graph (their static tensors and memory pools)."""
+        self.graphs.clear()
+        return {}
 
     def op_capture(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Capture the forward of ``target`` (``compile``: the compiled reference; any other

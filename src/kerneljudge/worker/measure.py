@@ -45,6 +45,7 @@ __all__ = [
     "ThreadLeftRunning",
     "flatten_tensors",
     "load_static",
+    "unwritten",
     "nudge",
     "perturb",
     "poison",
@@ -63,8 +64,11 @@ _elapsed = torch._C._CudaEventBase.elapsed_time
 _event_sync = torch._C._CudaEventBase.synchronize
 _perf_counter_ns = time.perf_counter_ns
 _process_time_ns = time.process_time_ns
-_sleep_cycles = torch.cuda._sleep
-_graph_replay = torch.cuda.CUDAGraph.replay
+# The C-level functions, not torch.cuda's Python wrappers: those look their target up at each
+# call and run replay hooks (torch.cuda.graphs.register_graph_replay_start_hook), both of
+# which candidate code could point at its own work inside a replay's window.
+_sleep_cycles = torch._C._cuda_sleep
+_graph_replay = torch._C._CUDAGraph.replay
 _copy = torch.Tensor.copy_
 _fill = torch.Tensor.fill_
 _randbits = secrets.randbits
@@ -81,10 +85,11 @@ _MAX_OUTPUTS = MAX_OUTPUTS
 #: Committed calls whose outputs the loop holds while their audit slot is on its way.
 PIPELINE_DEPTH = 2
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-#: GPU clock cycles the device spins before a replay's start event (about 0.1 ms at 2 GHz): the
+#: GPU clock cycles the device spins before a replay's start event (10-20 us at 1-2 GHz): the
 #: host has the graph's launch queued by the time the device reaches the event, so the launch's
-#: host latency is not in the replay's time.
-REPLAY_LEAD_CYCLES = 200_000
+#: host latency is not in the replay's time. Short, since it lies inside the stamped window of
+#: both sides and its length follows the SM clock.
+REPLAY_LEAD_CYCLES = 20_000
 
 
 def flatten_tensors(value: Any) -> list[torch.Tensor]:
@@ -184,12 +189,25 @@ def poison(nbytes: int, device: torch.device) -> None:
         del block
 
 
+def unwritten(t: torch.Tensor) -> float | int | bool:
+    """What a graph's static output is filled with before a replay: NaN for floating and
+    complex tensors, the largest value for unsigned integers, -1 for signed ones, True for
+    bool, so that an element the replay does not write differs from any honest NaN-free
+    result of a float problem and stands out in an integer one."""
+    if t.is_floating_point() or t.is_complex():
+        return float("nan")
+    if t.dtype == torch.bool:
+        return True
+    info = torch.iinfo(t.dtype)
+    return -1 if info.min < 0 else info.max
+
+
 def load_static(static_args: list[Any], outputs: list[torch.Tensor], args: list[Any]) -> None:
-    """Before a graph replay: fill its static outputs with 0xFF bytes (NaN in every float
-    format: an output the replay does not write is wrong), then copy ``args`` into its static
-    inputs (tensors only; an output that aliases an input is restored by the copy)."""
+    """Before a graph replay: fill its static outputs with :func:`unwritten` values (an output
+    the replay does not write is wrong), then copy ``args`` into its static inputs (tensors
+    only; an output that aliases an input is restored by the copy)."""
     for t in outputs:
-        _fill(t.view(torch.uint8) if t.is_contiguous() else t, 0xFF)
+        _fill(t, unwritten(t))
     for static, x in zip(static_args, args):
         if isinstance(static, torch.Tensor):
             _copy(static, x)
@@ -297,12 +315,13 @@ def time_calls(
         threads_before: Python threads that may be alive at an end mark (None: not checked);
             any other raises :class:`ThreadLeftRunning` at once, with no grace.
         graph: a :class:`kerneljudge.worker.graphs.Captured` of ``fn`` (CUDA only): each call's
-            inputs are loaded into its static inputs (its static outputs filled with 0xFF
-            first), outside the window, and the window holds its replay alone: the device spins
-            ``REPLAY_LEAD_CYCLES`` before the start event, so that the graph's launch is queued
-            when the event is reached, and the end event follows the replay on the stream
-            (a graph's forks join its stream before capture ends), before the device-wide
-            synchronisation.
+            inputs are loaded into its static inputs (its static outputs filled first,
+            :func:`load_static`), outside the window, and the window holds its replay alone:
+            the device spins ``REPLAY_LEAD_CYCLES`` before the start event, so that the graph's
+            launch is queued when the event is reached, and the end event follows the replay on
+            the stream (a graph's forks join its stream before capture ends), before the
+            device-wide synchronisation. The replay is called through the C-level function, so
+            no Python code runs in the window.
 
     Returns:
         ``(times_ms, kept, wall_s)``: one time per timed call in milliseconds; by audit slot,

@@ -133,7 +133,7 @@ class CaptureReply:
     @classmethod
     def decode(cls, reply: Mapping[str, Any], role: str) -> CaptureReply:
         """The reply's fields, checked: ``captured`` a bool, ``reason`` a str, ``capture_s`` a
-        number.
+        finite number >= 0.
 
         Raises:
             MalformedReply: a candidate worker's reply of another shape.
@@ -142,4 +142,6 @@ class CaptureReply:
         captured, reason, took = reply.get("captured"), reply.get("reason"), reply.get("capture_s")
         if type(captured) is not bool or not isinstance(reason, str) or not _is_number(took):
             raise _malformed(role, "capture", "captured, reason or capture_s is of another type")
+        if not 0.0 <= float(took) < float("inf"):  # type: ignore[arg-type]
+            raise _malformed(role, "capture", "capture_s is not a finite number of seconds")
         return cls(captured, " ".join(reason.split())[:500], float(took))  # type: ignore[arg-type]
