@@ -189,3 +189,12 @@ def test_capture_reply_time_must_be_finite() -> None:
     for bad in (float("inf"), float("nan"), -1.0):
         with pytest.raises(MalformedReply):
             CaptureReply.decode({"captured": True, "reason": "", "capture_s": bad}, "candidate")
+
+
+def test_replay_intervals_are_at_least_two_percent_wide() -> None:
+    from kerneljudge.timing.graph_pass import floored
+
+    narrow = floored(Speedup("eager", 10.0, (9.99, 10.01), (9.99, 10.01), None))
+    assert narrow.ci95 == pytest.approx((9.8, 10.2)) and narrow.ci95_samples == (9.99, 10.01)
+    wide = floored(Speedup("eager", 10.0, (8.0, 13.0)))
+    assert wide.ci95 == (8.0, 13.0)

@@ -281,7 +281,9 @@ class GraphTiming:
         measurements: one per contestant captured (``candidate``, ``eager``, ``compile``), ms
             per replay.
         speedups: one per baseline captured, when the candidate was captured (when it was
-            not, the captured baselines are timed alone: measurements without speedups).
+            not, the captured baselines are timed alone: measurements without speedups); each
+            ``ci95`` at least ±2% of its median (:data:`kerneljudge.timing.graph_pass.
+            REPLAY_FLOOR`, and where that comes from).
         rounds, stop_reason: as :class:`TimingResult`'s, for the replays.
         not_captured: contestant -> why it could not be replayed (one line).
         host_share: contestant -> ``1 - replay median / launched median``, within [0, 1]: the
@@ -298,6 +300,8 @@ class GraphTiming:
         seconds: wall seconds of the whole graph pass (captures, replays, their audit), part
             of the verdict's ``timing`` stage.
         timer_note: as :class:`TimingResult`'s, for the replays.
+        error: why the replays were not reported although contestants were captured (the
+            reference's worker failed during them); empty otherwise.
     """
 
     measurements: tuple[Measurement, ...] = ()
@@ -312,6 +316,7 @@ class GraphTiming:
     capture_s: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
     timer_note: str = ""
+    error: str = ""
 
     def measurement(self, name: str) -> Measurement | None:
         return next((m for m in self.measurements if m.name == name), None)

@@ -71,6 +71,8 @@ def graph_lines(tm: TimingResult) -> list[str]:
     if g.note:
         out.append(g.note)
     out += [f"graph replay of {n}: not timed ({why})" for n, why in g.not_captured.items()]
+    if g.error:
+        out.append(f"graph replay: {g.error}")
     return out
 
 
