@@ -20,7 +20,8 @@ Every candidate file in ``cpu/`` (and ``gpu/`` with ``--gpu``) starts with heade
 and optionally::
 
     # speedup_max_vs_baseline: F   if judged `correct`, its eager speedup must stay within F times
-                                   the honest baseline's (else the timer was fooled)
+                                   the honest baseline's (else the timer was fooled), and so
+                                   must its graph-replay speedup (GPU), the baseline's replays
     # breach_fails: yes            a "breach" the candidate records (see below) is a failure
     # affects_others: yes          always judge the problem's correct baseline right after it
     # fresh_judge: yes             judge it on a fresh Judge (cold reference worker)
@@ -133,6 +134,8 @@ class Row:
     speedup: float | None = None
     baseline_speedup: float | None = None
     speedup_max: float | None = None
+    #: the eager speedup of its graph replays (GPU verdicts whose candidate was captured)
+    graph_speedup: float | None = None
     problem: str = ""
     seconds: float = 0.0
     verdict: dict[str, Any] | None = None
@@ -177,6 +180,18 @@ def eager_speedup(verdict: Any) -> float | None:
     return None
 
 
+def replay_speedup(verdict: Any) -> float | None:
+    """The eager speedup of the verdict's CUDA-graph replays (None where it has none)."""
+    graph = getattr(getattr(verdict, "timing", None), "graph", None)
+    found = graph.speedup("eager") if graph is not None else None
+    return float(found.median) if found is not None else None
+
+
+def graph_key(problem: str) -> str:
+    """The key of a problem's baseline replay speedups in ``Suite.baseline_speedups``."""
+    return f"{problem} (graph replay)"
+
+
 def make_row(
     case: Case, verdict: Any, error: str, seconds: float, base_speedup: float | None
 ) -> Row:
@@ -196,6 +211,7 @@ def make_row(
         reason=reason,
         outcome="OK",
         speedup=eager_speedup(verdict) if verdict is not None else None,
+        graph_speedup=replay_speedup(verdict) if verdict is not None else None,
         baseline_speedup=base_speedup,
         seconds=seconds,
         verdict=json.loads(verdict.to_json()) if verdict is not None else None,
@@ -324,6 +340,7 @@ class Suite:
             sp = eager_speedup(verdict)
             if sp is not None:
                 self.baseline_speedups.setdefault(baseline.problem, []).append(sp)
+            self.add_replay_speedup(baseline.problem, verdict)
         stray = stray_processes(self.adv_dir, judges)
         if stray:
             kill_pids([p for p, _ in stray])
@@ -332,7 +349,17 @@ class Suite:
         """Apply `speedup_max_vs_baseline` against the median of the baseline's speedups (with
         --interleave the baseline is judged many times, so one noisy timing does not decide)."""
         for row in self.rows:
-            apply_speedup_rule(row, self.baseline_speedups.get(row.problem, []))
+            apply_speedup_rule(
+                row,
+                self.baseline_speedups.get(row.problem, []),
+                self.baseline_speedups.get(graph_key(row.problem), []),
+            )
+
+    def add_replay_speedup(self, problem: str, verdict: Any) -> None:
+        """Keep the baseline's replay speedup, where its verdict has one."""
+        sp = replay_speedup(verdict) if verdict is not None else None
+        if sp is not None:
+            self.baseline_speedups.setdefault(graph_key(problem), []).append(sp)
 
     @staticmethod
     def print_row(row: Row) -> None:
@@ -373,6 +400,7 @@ class ProblemRun:
             self.base_speedup = eager_speedup(verdict) if verdict is not None else None
             if self.base_speedup is not None:
                 suite.baseline_speedups.setdefault(baseline.problem, []).append(self.base_speedup)
+            suite.add_replay_speedup(baseline.problem, verdict)
             suite.rows.append(row)
             self.baseline_row = row
 
@@ -410,21 +438,31 @@ class ProblemRun:
             self.judge_ = None
 
 
-def apply_speedup_rule(row: Row, base_speedups: list[float]) -> None:
+def apply_speedup_rule(
+    row: Row, base_speedups: list[float], base_graph_speedups: list[float] | None = None
+) -> None:
     """A `correct` timing cheat whose eager speedup exceeds ``speedup_max_vs_baseline`` times
-    the median of ``base_speedups`` (the honest baseline's speedups) becomes ``FOOLED``."""
-    if row.speedup_max is None or row.got != "correct" or row.speedup is None or not base_speedups:
+    the median of ``base_speedups`` (the honest baseline's speedups), or whose graph-replay
+    speedup exceeds it times the median of ``base_graph_speedups`` (the baseline's replay
+    speedups), becomes ``FOOLED``."""
+    if row.speedup_max is None or row.got != "correct":
         return
-    med = sorted(base_speedups)[len(base_speedups) // 2]
-    row.baseline_speedup = med
-    if row.speedup > row.speedup_max * med:
-        row.notes.insert(
-            0,
-            f"speedup {row.speedup:.3g}x vs the honest baseline's median {med:.3g}x "
-            f"({len(base_speedups)} judgings)",
-        )
-        if row.outcome in ("OK", "LEAK"):
-            row.outcome = "FOOLED"
+    pairs = [("speedup", row.speedup, base_speedups)]
+    pairs.append(("graph replay speedup", row.graph_speedup, base_graph_speedups or []))
+    for label, got, base in pairs:
+        if got is None or not base:
+            continue
+        med = sorted(base)[len(base) // 2]
+        if label == "speedup":
+            row.baseline_speedup = med
+        if got > row.speedup_max * med:
+            row.notes.insert(
+                0,
+                f"{label} {got:.3g}x vs the honest baseline's median {med:.3g}x "
+                f"({len(base)} judgings)",
+            )
+            if row.outcome in ("OK", "LEAK"):
+                row.outcome = "FOOLED"
 
 
 def why(r: Row) -> str:

@@ -99,7 +99,11 @@ def _check(runs: _Runs, case: Case) -> None:
         assert row is not None
     else:
         row = run.judge(case)
-        run_suite.apply_speedup_rule(row, runs.suite.baseline_speedups.get(case.problem, []))
+        run_suite.apply_speedup_rule(
+            row,
+            runs.suite.baseline_speedups.get(case.problem, []),
+            runs.suite.baseline_speedups.get(run_suite.graph_key(case.problem), []),
+        )
     Suite.print_row(row)
     assert row.outcome == "OK", f"{row.outcome}: got {row.got}: {run_suite.why(row)}"
 
