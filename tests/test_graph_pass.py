@@ -198,3 +198,24 @@ def test_replay_intervals_are_at_least_two_percent_wide() -> None:
     assert narrow.ci95 == pytest.approx((9.8, 10.2)) and narrow.ci95_samples == (9.99, 10.01)
     wide = floored(Speedup("eager", 10.0, (8.0, 13.0)))
     assert wide.ci95 == (8.0, 13.0)
+
+
+def test_the_report_shows_the_replays() -> None:
+    from kerneljudge.suite.htmlreport.candidate import _timing as report_timing
+
+    graph = GraphTiming(
+        speedups=(Speedup("eager", 2.0, (1.9, 2.1)),),
+        host_share={"eager": 0.75},
+        host_range={"eager": (5.0, 14.0)},
+        not_captured={"compile": "a <sync>"},
+    )
+    html = report_timing(Verdict(Status.CORRECT, "", "p", "s", "cuda", timing=_timing_of(graph)))
+    assert "Graph replays" in html and "2x" in html and "5-14" in html and "75%" in html
+    assert "a &lt;sync&gt;" in html  # escaped
+    assert "Graph replays" not in report_timing(
+        Verdict(Status.CORRECT, "", "p", "s", "cuda", timing=_timing_of(None))
+    )
+
+
+def _timing_of(graph: GraphTiming | None) -> TimingResult:
+    return _timing(4.0, 0.5, graph)

@@ -11,7 +11,7 @@ from typing import Any
 from kerneljudge.suite.htmlreport.data import RunData
 from kerneljudge.suite.htmlreport.markup import esc, kv_table, pre, status_badge, table
 from kerneljudge.suite.store import StoredVerdict
-from kerneljudge.verdict import Verdict
+from kerneljudge.verdict import TimingResult, Verdict
 
 __all__ = ["candidate_section", "transcript_html"]
 
@@ -92,6 +92,37 @@ def _timing(v: Verdict) -> str:
             ]
         if rl.source:
             items.append(("peak figures from", esc(rl.source)))
+    return "".join(out) + kv_table(items) + _graph(t)
+
+
+def _graph(t: TimingResult) -> str:
+    """The CUDA-graph replays' section (empty where the verdict has none)."""
+    g = t.graph
+    if g is None:
+        return ""
+    out = ["<h4>Graph replays (device time)</h4>"]
+    if g.speedups:
+        out.append(
+            table(
+                ["baseline", "replay speedup", "95% interval", "launched speedup's host range"],
+                [
+                    [
+                        esc(s.baseline),
+                        f"{s.median:.4g}x",
+                        _interval(s.ci95),
+                        _interval(g.host_range.get(s.baseline)),
+                    ]
+                    for s in g.speedups
+                ],
+                numeric={1, 2, 3},
+            )
+        )
+    items = [(f"{n} waits for the host", f"{share:.0%}") for n, share in g.host_share.items()]
+    items += [(f"{n} not replayed", esc(why)) for n, why in g.not_captured.items()]
+    if g.note:
+        items.append(("note", esc(g.note)))
+    if g.error:
+        items.append(("error", esc(g.error)))
     return "".join(out) + kv_table(items)
 
 
