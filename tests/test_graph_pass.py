@@ -219,3 +219,13 @@ def test_the_report_shows_the_replays() -> None:
 
 def _timing_of(graph: GraphTiming | None) -> TimingResult:
     return _timing(4.0, 0.5, graph)
+
+
+def test_the_one_line_summary_names_the_replay_speedup() -> None:
+    from kerneljudge.verdict.render import verdict_summary
+
+    graph = GraphTiming(speedups=(Speedup("eager", 2.5, (2.4, 2.6)),))
+    line = verdict_summary(Verdict(Status.CORRECT, "", "p", "s", "cuda", timing=_timing_of(graph)))
+    assert line.startswith("correct p: 8.00x vs eager") and "replay 2.50x" in line
+    plain = verdict_summary(Verdict(Status.CORRECT, "", "p", "s", "cuda", timing=_timing_of(None)))
+    assert "replay" not in plain

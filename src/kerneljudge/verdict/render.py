@@ -32,13 +32,17 @@ def _pct(fraction: float | None) -> str:
 
 def verdict_summary(v: Verdict) -> str:
     """One line: status, problem, and the eager speedup (``, host noisy`` when the timing was
-    flagged noisy) or the reason."""
+    flagged noisy; ``, replay Nx`` with the graph replays' speedup where measured) or the
+    reason."""
     head = f"{v.status.value} {v.problem}"
     if v.timing and v.timing.speedup("eager"):
         s = v.timing.speedup("eager")
         assert s is not None
         noisy = ", host noisy" if v.timing.host and v.timing.host.noisy else ""
-        return f"{head}: {s.median:.2f}x vs eager (95% CI {s.ci95[0]:.2f}-{s.ci95[1]:.2f}{noisy})"
+        g = v.timing.graph.speedup("eager") if v.timing.graph else None
+        replay = f", replay {g.median:.2f}x" if g else ""
+        ci = f"95% CI {s.ci95[0]:.2f}-{s.ci95[1]:.2f}"
+        return f"{head}: {s.median:.2f}x vs eager ({ci}{noisy}{replay})"
     return f"{head}: {v.reason}" if v.reason else head
 
 
