@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from kerneljudge.worker.forward import Fault
 from kerneljudge.worker.measure import continuous, flatten_tensors, load_static, perturb
 
 __all__ = [
@@ -226,7 +227,8 @@ class CapturedCalls:
 
         Returns ``captured`` (bool), ``reason`` (why not, one line; empty when captured) and
         ``capture_s`` (seconds, on this worker's clock). The capture runs confined: what the
-        sandbox refuses is a rejecting Fault, as in any call.
+        sandbox refuses is a rejecting Fault, as in any call; an exception that is not an
+        ``Exception`` (``SystemExit``) from the forward is a Fault too.
         """
         import time
 
@@ -247,4 +249,8 @@ class CapturedCalls:
                 self.graphs[target] = capture(fn, self.sets[0], self.device, self._check_output)
         except NotCapturable as exc:
             return {"captured": False, "reason": str(exc), "capture_s": time.monotonic() - started}
+        except Fault:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - SystemExit and the like from the forward
+            raise Fault(f"capturing the forward failed: {type(exc).__name__}: {exc}") from None
         return {"captured": True, "reason": "", "capture_s": time.monotonic() - started}
