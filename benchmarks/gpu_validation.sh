@@ -19,12 +19,16 @@
 #   kernelbench     benchmarks/kernelbench_side_by_side.py over KB_PROBLEMS (default: its list)
 #                   against the KernelBench checkout at $KERNELBENCH (needs its wheels on
 #                   PYTHONPATH: pydantic and python-dotenv), KB_TIMEOUT s per side (default 300)
+#   graph_latency   benchmarks/verdict_latency.py --separate ${SEPARATE:-10}: repeated verdicts from
+#                   fresh `eval` processes, launched and graph-replay speedups side by side
+#   kb_builds       benchmarks/build_times.py --compare kernelbench (cold verdicts beside
+#                   KernelBench's harness; $KERNELBENCH and its wheels as for `kernelbench`)
 # LOAD=1 keeps every CPU core busy (one spinner per core, and a memory-bandwidth hog) for the
 # whole run, so the judge's timing rules are checked on a loaded host; each step says so.
 #   usage: STEPS="latency builds" bash benchmarks/gpu_validation.sh
 # ADV_REPEAT=N judges the adversarial suite N times (default 1) within ADV_TIMEOUT s (default 450);
 # GPU_TESTS="tests/gpu/x.py ..." limits gpu_tier to those tests, GPU_TIMEOUT s (default 450).
-# PROBLEMS="a,b" limits reference_times and lint_public to those bundled problems.
+# PROBLEMS="a,b" limits reference_times, lint_public and graph_latency to those bundled problems.
 set -u
 OUT=${OUT:-/tmp/kj-out}
 WORK=${WORK:-/tmp/kj-work}
@@ -173,5 +177,18 @@ if want kernelbench; then
         "${kb_problems[@]}" --requests --timeout "${KB_TIMEOUT:-300}" \
         --json "$WORK/kernelbench.json" > "$WORK/kernelbench.txt" 2>&1
     tail -40 "$WORK/kernelbench.txt"
+fi
+if want graph_latency; then
+    step graph_latency
+    timeout "${LATENCY_TIMEOUT:-900}" python3 benchmarks/verdict_latency.py \
+        --separate "${SEPARATE:-10}" --pause 2 --problems "${PROBLEMS:-causal_gqa,mla_kv_projection,triangle_attention}" \
+        --json "$WORK/latency_separate.json" > "$WORK/latency_separate.txt" 2>&1
+    grep -v "^  " "$WORK/latency_separate.txt" | tail -6
+fi
+if want kb_builds; then
+    step kb_builds
+    timeout "${KB_TIMEOUT:-900}" python3 benchmarks/build_times.py --compare kernelbench \
+        --kernelbench "${KERNELBENCH:?}" --json "$WORK/kb_builds.json" > "$WORK/kb_builds.txt" 2>&1
+    tail -20 "$WORK/kb_builds.txt"
 fi
 step done
