@@ -124,6 +124,11 @@ def host_range(
     return ((br + hb / drift) / (cr + hc * drift), (br + hb * drift) / (cr + hc / drift))
 
 
+def _first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message, at most 300 characters."""
+    return (str(exc).splitlines() or [""])[0][:300]
+
+
 def _capture(
     name: str, ref: ReferenceSession, worker: WorkerProcess, limits_s: tuple[float, float]
 ) -> CaptureReply:
@@ -137,8 +142,8 @@ def _capture(
     try:
         reply = ref.request("capture", CAPTURE_CALLS * ref_s, target=name)
     except KernelJudgeError as exc:
-        first = (str(exc).splitlines() or [""])[0][:300]
-        return CaptureReply(False, f"the reference's worker failed to capture it: {first}", 0.0)
+        why = f"the reference's worker failed to capture it: {_first_line(exc)}"
+        return CaptureReply(False, why, 0.0)
     return CaptureReply.decode(reply, "reference")
 
 
@@ -235,12 +240,11 @@ def time_replays(
                 if status is not Status.CORRECT:
                     why = f"in graph replay, {why}"
         except KernelJudgeError as exc:  # the reference's side failed: nothing is reported
-            first = (str(exc).splitlines() or [""])[0][:300]
             graph = GraphTiming(
                 not_captured=not_captured,
                 capture_s=capture_s,
                 seconds=time.monotonic() - started,
-                error=f"the replays failed in the reference's worker: {first}",
+                error=f"the replays failed in the reference's worker: {_first_line(exc)}",
             )
             return graph, Status.CORRECT, ""
     finally:
