@@ -12,6 +12,10 @@ plain / kerneljudge's default. Candidates are taken one at a time. ``--compare``
   candidate's pair, one more build with that store (not timed in the pair) makes the header
   variant its options need, if the store lacks it; its time is printed as ``first s``.
   Default candidates: every example's ``cpp_reference.py`` and ``cuda_fused.py``.
+* ``cuda_pch``: ``KERNELJUDGE_CUDA_PCH=0`` (the host compile of a ``.cu`` file parses torch's
+  headers) against the default, which compiles it through a shared prefix
+  (:mod:`kerneljudge.build.pch_cuda`); the store is made first as for ``pch``. Default
+  candidates: every example's ``cuda_fused.py``.
 * ``kernelbench``: a whole cold verdict, kerneljudge's against KernelBench's harness. The
   candidate's problem is the bundled problem its folder is named after
   (``src/kerneljudge/problems/<folder>.py``). Each figure is one fresh process, timed from its
@@ -25,6 +29,10 @@ plain / kerneljudge's default. Candidates are taken one at a time. ``--compare``
     of the candidate into a throwaway cache makes the header variant its options need, if the
     store lacks it (in practice an earlier candidate with the same options made it);
   - ``warm s``: the ``cold`` command again, its build cache now filled;
+  - with ``--plain-cuda-host``, ``kj_cold_plain_host`` (CUDA candidates, printed below the
+    row): the ``cold`` command with another empty build cache and ``KERNELJUDGE_CUDA_PCH=0``
+    (the host compile of the ``.cu`` file parses torch's headers again,
+    :mod:`kerneljudge.build.pch_cuda`);
   - ``kb cold s`` (CUDA candidates only): KernelBench's ``eval_kernel_against_ref(reference,
     candidate, num_correct_trials=5, num_perf_trials=100, measure_performance=True,
     build_dir=<empty folder>)`` (its correctness trials, CUDA-event timing of the candidate,
@@ -99,6 +107,7 @@ MODES = {
     # --compare: (plain's variables, default's variables, column names)
     "nvcc": ({"KERNELJUDGE_PARALLEL_NVCC": "0"}, {}, ("plain nvcc s", "parallel s")),
     "pch": ({"KERNELJUDGE_PCH": "0"}, {}, ("no pch s", "shared pch s")),
+    "cuda_pch": ({"KERNELJUDGE_CUDA_PCH": "0"}, {}, ("plain host s", "shared prefix s")),
 }
 
 # ------------------------------------------------------------------ --compare kernelbench
@@ -135,11 +144,18 @@ def _has_cuda() -> bool:
 
 
 def _kj_verdict(
-    candidate: Path, problem: Path, device: str, cache: Path, store: Path, timeout_s: float
+    candidate: Path,
+    problem: Path,
+    device: str,
+    cache: Path,
+    store: Path,
+    timeout_s: float,
+    **extra: str,
 ) -> dict[str, Any]:
-    """One ``kerneljudge eval --local --json`` process with build cache ``cache`` and header
-    store ``store``: its seconds from start to exit and its verdict's status and stage times."""
-    env = dict(os.environ, KERNELJUDGE_PCH_DIR=str(store))
+    """One ``kerneljudge eval --local --json`` process with build cache ``cache``, header
+    store ``store`` and the variables ``extra``: its seconds from start to exit and its
+    verdict's status and stage times."""
+    env = dict(os.environ, KERNELJUDGE_PCH_DIR=str(store), **extra)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "src"), env.get("PYTHONPATH")]))
     cmd = [sys.executable, "-m", "kerneljudge", "eval", "--local", "--json", "--device", device]
     cmd += [
@@ -250,11 +266,25 @@ def _kernelbench_row(
         return row
     device = "cpu" if backend == "cpp" else "cuda"
     lone, cache = base / "lone", base / "cache"
-    row["kj_no_store"] = _kj_verdict(candidate, problem, device, lone, lone / "pch", args.timeout)
+    row["kj_no_store"] = (
+        None
+        if args.skip_no_store
+        else _kj_verdict(candidate, problem, device, lone, lone / "pch", args.timeout)
+    )
     warmup = _start(candidate, base / "warmup", device, KERNELJUDGE_PCH_DIR=str(store))
     row["store_warmup_s"] = _duration(warmup)
     row["kj_cold"] = _kj_verdict(candidate, problem, device, cache, store, args.timeout)
     row["kj_warm"] = _kj_verdict(candidate, problem, device, cache, store, args.timeout)
+    if args.plain_cuda_host and backend != "cpp":
+        row["kj_cold_plain_host"] = _kj_verdict(
+            candidate,
+            problem,
+            device,
+            base / "plain",
+            store,
+            args.timeout,
+            KERNELJUDGE_CUDA_PCH="0",
+        )
     row["kb"] = None
     if backend != "cpp":  # KernelBench's harness runs CUDA candidates only
         row["kb"] = _kb_verdict(
@@ -272,14 +302,17 @@ def _print_kernelbench_row(row: dict[str, Any]) -> None:
         return
     kb = row["kb"] or {}
     ratio = f"{row['ratio']:>7.2f}x" if row["ratio"] else f"{'-':>8}"
+    lone = (row["kj_no_store"] or {}).get("seconds")
     print(
-        f"{name:<44}{_fmt(row['kj_no_store']['seconds'], 11)}{_fmt(row['kj_cold']['seconds'], 8)}"
+        f"{name:<44}{_fmt(lone, 11)}{_fmt(row['kj_cold']['seconds'], 8)}"
         f"{_fmt(row['kj_warm']['seconds'], 8)}{_fmt(kb.get('seconds'), 10)}"
         f"{_fmt(kb.get('torch_s'), 11)}{_fmt(kb.get('eval_s'), 10)}{ratio}",
         flush=True,
     )
-    for key in ("kj_no_store", "kj_cold", "kj_warm"):
-        side = row[key]
+    for key in ("kj_no_store", "kj_cold", "kj_warm", "kj_cold_plain_host"):
+        side = row.get(key)
+        if side is None:
+            continue
         stages = " ".join(f"{k} {v:.1f}" for k, v in side.get("stage_s", {}).items())
         reason = "" if side["status"] == "correct" else f" ({side['reason']})"
         print(f"    {key}: {side['status']}{reason}; stages: {stages}", flush=True)
@@ -352,6 +385,17 @@ def main() -> None:
     parser.add_argument(
         "--timeout", type=float, default=900.0, help="seconds per process (kernelbench)"
     )
+    parser.add_argument(
+        "--skip-no-store",
+        action="store_true",
+        help="kernelbench: leave out the no-store verdict (the first candidate of a fresh machine)",
+    )
+    parser.add_argument(
+        "--plain-cuda-host",
+        action="store_true",
+        help="kernelbench: one more cold verdict of each CUDA candidate with"
+        " KERNELJUDGE_CUDA_PCH=0 (no shared prefix for its host compile)",
+    )
     parser.add_argument("--kb-perf-trials", type=int, default=100, help=argparse.SUPPRESS)
     parser.add_argument("--kb-one", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--kb-problem", type=Path, help=argparse.SUPPRESS)
@@ -362,19 +406,21 @@ def main() -> None:
     if args.compare == "kernelbench":
         _compare_kernelbench(args)
         return
-    names = ("cuda_fused.py",) if args.compare == "nvcc" else ("cpp_reference.py", "cuda_fused.py")
+    names = ("cuda_fused.py",) if args.compare != "pch" else ("cpp_reference.py", "cuda_fused.py")
     candidates = args.candidates or sorted(p for n in names for p in ROOT.glob(f"examples/*/{n}"))
     plain_env, default_env, (plain_col, default_col) = MODES[args.compare]
     rows = []
-    first_col = "first s" if args.compare == "pch" else ""
+    first_col = "first s" if args.compare in ("pch", "cuda_pch") else ""
     print(f"{'candidate':<44}{first_col:>9}{plain_col:>14}{default_col:>14}{'ratio':>8}")
     with tempfile.TemporaryDirectory(prefix="kj-build-times-") as tmp:
         store = Path(tmp) / "pch"
         default_env = dict(default_env, KERNELJUDGE_PCH_DIR=str(store))
+        if args.compare == "cuda_pch":  # both sides' main.cpp use the shared header
+            plain_env = dict(plain_env, KERNELJUDGE_PCH_DIR=str(store))
         for r in range(args.rounds):
             for i, candidate in enumerate(candidates):
                 first = None
-                if args.compare == "pch":  # make the variant it needs (when it is not there)
+                if first_col:  # make the variant it needs (when it is not there)
                     first = _duration(
                         _start(candidate, Path(tmp) / f"{r}-{i}-first", **default_env)
                     )

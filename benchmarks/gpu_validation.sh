@@ -21,8 +21,9 @@
 #                   PYTHONPATH: pydantic and python-dotenv), KB_TIMEOUT s per side (default 300)
 #   graph_latency   benchmarks/verdict_latency.py --separate ${SEPARATE:-10}: repeated verdicts from
 #                   fresh `eval` processes, launched and graph-replay speedups side by side
-#   kb_builds       benchmarks/build_times.py --compare kernelbench (cold verdicts beside
-#                   KernelBench's harness; $KERNELBENCH and its wheels as for `kernelbench`)
+#   kb_builds       benchmarks/build_times.py --compare kernelbench --plain-cuda-host (cold
+#                   verdicts beside KernelBench's harness; $KERNELBENCH and its wheels as for
+#                   `kernelbench`; KB_BUILDS_ARGS: more arguments, e.g. candidates)
 # LOAD=1 keeps every CPU core busy (one spinner per core, and a memory-bandwidth hog) for the
 # whole run, so the judge's timing rules are checked on a loaded host; each step says so.
 #   usage: STEPS="latency builds" bash benchmarks/gpu_validation.sh
@@ -188,7 +189,8 @@ fi
 if want kb_builds; then
     step kb_builds
     timeout "${KB_TIMEOUT:-900}" python3 benchmarks/build_times.py --compare kernelbench \
-        --kernelbench "${KERNELBENCH:?}" --json "$WORK/kb_builds.json" > "$WORK/kb_builds.txt" 2>&1
+        --kernelbench "${KERNELBENCH:?}" --plain-cuda-host ${KB_BUILDS_ARGS:-} \
+        --json "$WORK/kb_builds.json" > "$WORK/kb_builds.txt" 2>&1
     tail -20 "$WORK/kb_builds.txt"
 fi
 step done

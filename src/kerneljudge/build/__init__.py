@@ -285,18 +285,21 @@ def build(
             # may write only inside this cache entry.
             argv = ["kerneljudge.worker.build", str(source_path), str(result_path)]
             proc = confine.spawn_in(entry, argv, log_file, env)
-            precompiler = (
-                pch.Precompiler(pch.store_dir(cache.root), entry, env)
-                if toolchain.pch_enabled()
-                else None
-            )
+            store = pch.store_dir(cache.root)
+            precompilers = [pch.Precompiler(store, entry, env)] if toolchain.pch_enabled() else []
+            if "KERNELJUDGE_CUDA_PCH_SALT" in env:
+                precompilers.append(pch.Precompiler(store, entry, env, cuda=True))
             finished = False
+
+            def poll() -> None:
+                for precompiler in precompilers:
+                    precompiler.poll()
+
             try:
-                poll = precompiler.poll if precompiler else None
                 finished = confine.exited(proc, timeout_s, poll)
             finally:  # also when the wait failed: nothing of the build outlives it
                 _kill_group(proc)  # the rest of its process group ends with it
-                if precompiler is not None:
+                for precompiler in precompilers:
                     precompiler.finish(started + timeout_s if finished else None)
             if not finished:
                 msg = f"the build did not finish within {timeout_s:g} s"

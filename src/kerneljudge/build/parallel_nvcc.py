@@ -14,6 +14,11 @@ come first and a failed host branch hides the device branch's (duplicate) messag
 would have stopped there; the dependency file (``-MD -MF``) comes from the host preprocessor.
 The steps' messages all go to standard output.
 
+Where the store of shared headers is set (``$KERNELJUDGE_PCH_DIR`` and
+``$KERNELJUDGE_CUDA_PCH_SALT``) and the source opens as ``load_inline`` writes it, the module
+id comes from the options (:func:`kerneljudge.build.pch_cuda.module_id`) and the host compile
+goes through the variant's shared prefix when it fits (:mod:`kerneljudge.build.pch_cuda`).
+
 When the plan is not of that shape (several source files, ``-E``, ``-ptx``, ``-dlink``, an
 unknown step), the real nvcc runs unchanged. The real nvcc is ``$KERNELJUDGE_NVCC``, else the
 first ``nvcc`` on ``PATH``.
@@ -26,6 +31,7 @@ It is a standalone script (standard library only), run by ninja in the build wor
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shlex
@@ -35,6 +41,11 @@ import sys
 import tempfile
 import threading
 from dataclasses import dataclass
+
+try:
+    from kerneljudge.build import pch_cuda
+except ImportError:  # run as a script: the module lies beside it
+    import pch_cuda  # type: ignore[no-redef,import-not-found]
 
 __all__ = ["Plan", "main", "plan_of"]
 
@@ -61,7 +72,8 @@ class Plan:
     module_id_path: str
 
 
-def _real_nvcc() -> str:
+def real_nvcc() -> str:
+    """The real nvcc: ``$KERNELJUDGE_NVCC``, else the first ``nvcc`` on ``PATH``."""
     return os.environ.get("KERNELJUDGE_NVCC") or shutil.which("nvcc") or "nvcc"
 
 
@@ -131,6 +143,74 @@ def _module_id(args: list[str], source: str) -> str:
     return f"_{h[:8]}_{len(stem)}_{stem}_{h[8:16]}"
 
 
+class _SharedPrefix:
+    """A compile's use of its variant's shared prefix (:mod:`kerneljudge.build.pch_cuda`):
+    the store is checked in a thread while the front ends run, and ``OUTPUT.cuhost.json``
+    records at once a ``missing`` or ``damaged`` variant for the supervisor to make; the host
+    compile then goes through the prefix when it fits, and the record says ``used``,
+    ``unmatched`` (another host command, or other bytes) or ``failed`` (compiled again
+    without it)."""
+
+    def __init__(self, flags: list[str], source: str, target: str, folder: str) -> None:
+        self.flags, self.target, self.folder = flags, target, folder
+        self.module_id = pch_cuda.module_id(flags, source)
+        self._state: tuple[str, bytes, list[str]] = ("missing", b"", [])
+        self._check = threading.Thread(target=self._look, daemon=True)
+        self._check.start()
+
+    @classmethod
+    def of(cls, args: list[str], source: str, target: str) -> _SharedPrefix | None:
+        """None unless the store and salt are set, the compile makes whole-program code, has
+        an output and its source starts as :data:`kerneljudge.build.pch_cuda.CANONICAL`."""
+        store = os.environ.get("KERNELJUDGE_PCH_DIR")
+        salt = os.environ.get("KERNELJUDGE_CUDA_PCH_SALT")
+        flags = pch_cuda.variant_flags(args, source)
+        if not (store and salt and target and pch_cuda.shareable(flags)):
+            return None
+        if not pch_cuda.starts_canonically(source):
+            return None
+        return cls(flags, source, target, os.path.join(store, pch_cuda.variant_key(flags, salt)))
+
+    def _look(self) -> None:
+        self._state = pch_cuda.state_of(self.folder)
+        if self._state[0] != "ready":  # asked for now: it is made while the front ends run
+            self._record(self._state[0])
+
+    def compile_tail(
+        self, commands: list[str], env: dict[str, str], sink: list[bytes]
+    ) -> int | None:
+        """Run the host compile through the prefix; None when it was not used or failed
+        (the caller then runs the commands unchanged)."""
+        self._check.join()
+        state, prefix, tail = self._state
+        if state != "ready":
+            return None
+        index = [i for i, c in enumerate(commands) if pch_cuda.tail_shape(c)]
+        try:
+            command = (
+                pch_cuda.with_prefix(commands[index[0]], self.folder, prefix, tail)
+                if len(index) == 1
+                else None
+            )
+        except OSError:
+            command = None
+        if command is None:
+            self._record("unmatched")
+            return None
+        changed = list(commands)
+        changed[index[0]] = command
+        code = _run(changed, env, sink)
+        self._record("used" if code == 0 else "failed")
+        return code if code == 0 else None
+
+    def _record(self, state: str) -> None:
+        try:
+            with open(self.target + ".cuhost.json", "w") as f:
+                json.dump({"flags": self.flags, "state": state}, f)
+        except OSError:
+            pass
+
+
 def _run(commands: list[str], env: dict[str, str], sink: list[bytes]) -> int:
     try:
         return _run_steps(commands, env, sink)
@@ -164,7 +244,7 @@ def _source_of(args: list[str]) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    nvcc = _real_nvcc()
+    nvcc = real_nvcc()
     compile_args, depfile = _split_depfile(args)
     source = _source_of(compile_args)
     if source is None or "-c" not in compile_args or "-dryrun" in compile_args:
@@ -187,8 +267,9 @@ def main(argv: list[str] | None = None) -> int:
         if depfile:  # the host preprocessor lists every header, as nvcc's own would
             first = plan.host[0]
             plan.host[0] = f"{first} -MD -MF {shlex.quote(depfile)} -MT {shlex.quote(target)}"
+        shared = _SharedPrefix.of(compile_args, source, target)
         with open(plan.module_id_path, "w") as f:
-            f.write(_module_id(compile_args, source))
+            f.write(shared.module_id if shared else _module_id(compile_args, source))
         env.update(plan.env)
         host_out: list[bytes] = []
         device_out: list[bytes] = []
@@ -209,7 +290,10 @@ def main(argv: list[str] | None = None) -> int:
         if codes.get("device", 1) != 0:
             return codes.get("device", 1)
         tail_out: list[bytes] = []
-        code = _run(plan.tail, env, tail_out)
+        code = shared.compile_tail(plan.tail, env, tail_out) if shared else None
+        if code is None:
+            tail_out.clear()
+            code = _run(plan.tail, env, tail_out)
         out.write(b"".join(tail_out))
         out.flush()
         if code == 0 and depfile and not os.path.exists(depfile):

@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from kerneljudge.build import pch_cxx, toolchain
+from kerneljudge.build import pch_cuda, pch_cxx, toolchain
 from kerneljudge.worker import confine
 
 __all__ = ["PCH_TIMEOUT_S", "Precompiler", "environment", "refusal", "salt", "store_dir"]
@@ -123,8 +123,9 @@ def _salt_of(real: str) -> str:
 
 def environment(store: Path) -> dict[str, str]:
     """The build and run workers' variables that make torch's builder compile through the
-    wrapper with ``store``."""
-    return {
+    wrapper with ``store``; with :func:`~kerneljudge.build.toolchain.cuda_pch_enabled`, CUDA
+    host compiles share prefixes there too (:mod:`kerneljudge.build.pch_cuda`)."""
+    env = {
         "CXX": str(toolchain.PCH_WRAPPER),
         "KERNELJUDGE_CXX": real_compiler(),
         "KERNELJUDGE_PYTHON": sys.executable,
@@ -132,6 +133,11 @@ def environment(store: Path) -> dict[str, str]:
         "KERNELJUDGE_PCH_SALT": salt(),
         "KERNELJUDGE_PCH_HEADER": str(header_path()),
     }
+    if toolchain.cuda_pch_enabled() and toolchain.cuda_home():
+        from kerneljudge.build import pch_nvcc
+
+        env["KERNELJUDGE_CUDA_PCH_SALT"] = pch_nvcc.cuda_salt()
+    return env
 
 
 @functools.cache
@@ -299,8 +305,8 @@ class Precompiler:
         env: the build worker's environment (the maker runs with it).
     """
 
-    def __init__(self, store: Path, entry: Path, env: dict[str, str]) -> None:
-        self.store, self.entry, self.env = store, entry, env
+    def __init__(self, store: Path, entry: Path, env: dict[str, str], cuda: bool = False) -> None:
+        self.store, self.entry, self.env, self.cuda = store, entry, env, cuda
         self.outcome = "none asked for"
         self._asked = False
         self._next_poll = 0.0
@@ -319,7 +325,7 @@ class Precompiler:
             return
         self._next_poll = now + _POLL_S
         try:
-            records = sorted(self.entry.glob("ext/*/*.pch.json"))
+            records = sorted(self.entry.glob(f"ext/*/*{'.cuhost' if self.cuda else '.pch'}.json"))
         except OSError:
             return
         for record in records:
@@ -338,18 +344,18 @@ class Precompiler:
             self.outcome = f"refused: an unreadable request ({exc})"
             return
         if state == "used":  # checked by the compile that used it: only its time is kept
-            used = self.store / pch_cxx.variant_key(flags, salt())
+            used = self.store / self._key(flags)
             if used.is_dir() and not used.is_symlink():
                 os.utime(used)
             self.outcome = "used"
             return
-        reason = refusal(flags)
+        reason = self._refusal(flags)
         if reason is not None:
             self.outcome = f"refused: {reason}"
             return
-        key = pch_cxx.variant_key(flags, salt())
+        key = self._key(flags)
         folder = self.store / key
-        if pch_cxx.state_of(str(folder)) == "ready":
+        if self._ready(folder):
             self.outcome = "ready"
             return
         failed = self.store / ".failed" / key
@@ -364,7 +370,7 @@ class Precompiler:
             self.outcome = "being made by another build"
             self._release()
             return
-        if pch_cxx.state_of(str(folder)) == "ready":  # made while we looked
+        if self._ready(folder):  # made while we looked
             self.outcome = "ready"
             self._release()
             return
@@ -372,12 +378,14 @@ class Precompiler:
         for left in staging_root.glob(f"{key}.*"):  # of a maker that died, under this lock
             shutil.rmtree(left, ignore_errors=True)
         staging = staging_root / f"{key}.{os.getpid()}"
-        (staging / pch_cxx.GCH).parent.mkdir(parents=True)
+        (staging if self.cuda else (staging / pch_cxx.GCH).parent).mkdir(parents=True)
         self._staging, self._folder, self._flags = staging, folder, flags
         env = dict(self.env, TMPDIR=str(staging), KERNELJUDGE_PCH_HEADER=str(header_path()))
         env["KERNELJUDGE_CXX"] = real_compiler()
         with open(staging / "make.log", "wb") as log:
             argv = ["kerneljudge.build.pch_cxx", "--precompile", str(staging / pch_cxx.GCH)]
+            if self.cuda:
+                argv = ["kerneljudge.build.pch_cuda", "--precompile", str(staging)]
             self._proc = confine.spawn_in(staging, argv + flags, log, env)
         self._started = time.monotonic()
         self.outcome = "being made"
@@ -428,8 +436,52 @@ class Precompiler:
         log("precompiled header asked for by %s: %s", self.entry.name, self.outcome)
         return self.outcome
 
+    def _key(self, flags: list[str]) -> str:
+        if self.cuda:
+            from kerneljudge.build import pch_nvcc
+
+            return pch_cuda.variant_key(flags, pch_nvcc.cuda_salt())
+        return pch_cxx.variant_key(flags, salt())
+
+    def _refusal(self, flags: list[str]) -> str | None:
+        if self.cuda:
+            from kerneljudge.build import pch_nvcc
+
+            return pch_nvcc.nvcc_refusal(flags)
+        return refusal(flags)
+
+    def _ready(self, folder: Path) -> bool:
+        if self.cuda:
+            return pch_cuda.state_of(str(folder))[0] == "ready"
+        return pch_cxx.state_of(str(folder)) == "ready"
+
+    def _install_cuda(self, staging: Path) -> None:
+        """The made prefix's manifest (sizes and digests, the host command it was made for);
+        the maker's other files removed."""
+        prefix, gch = staging / pch_cuda.PREFIX, staging / pch_cuda.GCH
+        tail = json.loads((staging / pch_cuda.TAIL).read_text())
+        manifest = {
+            "prefix_size": prefix.stat().st_size,
+            "prefix_sha256": pch_cuda.digest(str(prefix)),
+            "size": gch.stat().st_size,
+            "sha256": pch_cuda.digest(str(gch)),
+            "tail": tail,
+            "flags": self._flags,
+            "salt": self.env.get("KERNELJUDGE_CUDA_PCH_SALT"),
+        }
+        for left in staging.iterdir():
+            if left.name not in (pch_cuda.PREFIX, pch_cuda.GCH, pch_cuda.TAIL):
+                shutil.rmtree(left) if left.is_dir() else left.unlink()
+        (staging / pch_cuda.MANIFEST).write_text(json.dumps(manifest, indent=1))
+        prefix.chmod(0o444)
+        gch.chmod(0o444)
+
     def _install(self) -> None:
         assert self._staging is not None and self._folder is not None
+        if self.cuda:
+            self._install_cuda(self._staging)
+            self._place(self._staging, self._folder)
+            return
         gch = self._staging / pch_cxx.GCH
         os.symlink(header_path(), self._staging / pch_cxx.LINK)
         manifest = {
@@ -442,12 +494,17 @@ class Precompiler:
         (self._staging / pch_cxx.MANIFEST).write_text(json.dumps(manifest, indent=1))
         (self._staging / "make.log").unlink(missing_ok=True)
         gch.chmod(0o444)
-        if self._folder.exists():  # damaged: never used, replaced
-            _remove(self._folder)
+        self._place(self._staging, self._folder)
+
+    def _place(self, staging: Path, folder: Path) -> None:
+        """Move a made variant into the store, replacing a damaged one and evicting the least
+        recently used beyond :func:`max_variants`."""
+        if folder.exists():  # damaged: never used, replaced
+            _remove(folder)
         kept = variants(self.store)
         for old in kept[: max(0, len(kept) - max_variants() + 1)]:
             _remove(old)  # least recently used first
-        os.rename(self._staging, self._folder)
+        os.rename(staging, folder)
         self._staging = None
 
     def _release(self) -> None:

@@ -15,7 +15,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["build_environment", "cuda_home", "fingerprint", "pch_enabled", "target_arch"]
+__all__ = [
+    "build_environment",
+    "cuda_home",
+    "cuda_pch_enabled",
+    "fingerprint",
+    "pch_enabled",
+    "target_arch",
+]
 
 #: Bumped whenever the way kerneljudge builds a candidate changes, so old cache entries miss.
 BUILD_PROTOCOL = "5"
@@ -141,6 +148,7 @@ def fingerprint(arch: str) -> dict[str, str]:
         "arch": arch,
         "parallel_nvcc": str(parallel_nvcc_enabled()),
         "pch": str(pch_enabled()),
+        "cuda_pch": str(cuda_pch_enabled()),
     }
 
 
@@ -155,6 +163,17 @@ def pch_enabled() -> bool:
 
     f = confine.features()
     return f.enabled and f.landlock_abi >= 1 and os.access(PCH_WRAPPER, os.X_OK)
+
+
+def cuda_pch_enabled() -> bool:
+    """Whether CUDA host compiles may share a precompiled prefix of torch's headers
+    (:mod:`kerneljudge.build.pch_cuda`): with :func:`pch_enabled` and
+    :func:`parallel_nvcc_enabled`, unless ``KERNELJUDGE_CUDA_PCH=0``."""
+    return (
+        os.environ.get("KERNELJUDGE_CUDA_PCH", "1") != "0"
+        and parallel_nvcc_enabled()
+        and pch_enabled()
+    )
 
 
 def parallel_nvcc_enabled() -> bool:

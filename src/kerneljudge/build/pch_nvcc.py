@@ -1,0 +1,145 @@
+"""What a shared prefix of a CUDA host compile (:mod:`kerneljudge.build.pch_cuda`) may be made
+with, and what it depends on besides its options: the supervisor's side, beside
+:mod:`kerneljudge.build.pch` (which makes and installs variants of both kinds).
+
+A CUDA variant is made from a candidate's nvcc options, so only options that read no file of
+their own and run no program of the candidate's are accepted (:func:`nvcc_refusal`); anything
+else makes no shared prefix and the build goes on unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+from kerneljudge.build import toolchain
+from kerneljudge.build.pch import refusal, salt
+
+__all__ = ["cuda_salt", "nvcc_refusal"]
+
+
+def cuda_salt() -> str:
+    """SHA-256 of :func:`salt` and what else a CUDA variant's prefix depends on: nvcc (its
+    path and ``--version``) and the host compiler nvcc runs by default (``gcc`` on the
+    toolchain's ``PATH``: its path and ``--version``)."""
+    home = toolchain.cuda_home() or ""
+    gcc = shutil.which("gcc", path=toolchain.tool_path()) or "gcc"
+    return _cuda_salt_of(salt(), os.path.join(home, "bin", "nvcc"), gcc)
+
+
+@functools.cache
+def _cuda_salt_of(base: str, nvcc: str, gcc: str) -> str:
+    versions = []
+    for tool in (nvcc, gcc):
+        try:
+            out = subprocess.run([tool, "--version"], capture_output=True, text=True, timeout=30)
+            versions.append(out.stdout.strip())
+        except (OSError, subprocess.TimeoutExpired):
+            versions.append("unavailable")
+    blob = {"base": base, "nvcc": [nvcc, versions[0]], "gcc": [gcc, versions[1]]}
+    return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
+
+
+_ARCH = r"(?:sm|compute|lto)_\d+[af]?"
+#: nvcc options that read no file of their own and that a shared prefix may be made with.
+_NVCC_PATTERNS = tuple(
+    re.compile(p)
+    for p in (
+        r"--?(expt-relaxed-constexpr|expt-extended-lambda|extended-lambda|use_fast_math"
+        r"|use-fast-math|lineinfo|generate-line-info|G|device-debug|restrict|res-usage"
+        r"|resource-usage|disable-warnings)",
+        r"--?(ftz|prec-div|prec-sqrt|fmad)=(true|false)",
+        r"--?(maxrregcount|threads|split-compile)=\d+",
+        rf"--?(arch|gpu-architecture|code|gpu-code)={_ARCH}(,{_ARCH})*",
+        rf"--?(gencode|generate-code)=arch={_ARCH},code=\[?{_ARCH}(,{_ARCH})*\]?",
+        r"--?diag[-_]suppress=[A-Za-z0-9_,]+",
+        r"-W(no-deprecated-gpu-targets|no-deprecated-declarations|reorder|default-stream-launch"
+        r"|ext-lambda-captures-this)",
+    )
+)
+#: nvcc options whose value is the next argument, with the pattern of ``OPTION=VALUE``.
+_NVCC_PAIRS = (
+    "-gencode",
+    "--generate-code",
+    "-arch",
+    "--gpu-architecture",
+    "-code",
+    "--gpu-code",
+    "-maxrregcount",
+    "--maxrregcount",
+    "-t",
+    "--threads",
+)
+_PTXAS = re.compile(
+    r"-(v|O[0-3]|warn-spills|warn-lmem-usage|dlcm=c[ag]|dscm=(cg|cs|wb|wt))"
+    r"|--(verbose|warn-on-spills|warn-on-local-memory-usage|maxrregcount=\d+"
+    r"|allow-expensive-optimizations=(true|false))"
+)
+
+
+def _system_compiler(path: str) -> bool:
+    """An absolute path, spelled plainly, to a file that root owns and only root may write,
+    in folders of which the same holds (no candidate can have put or changed it)."""
+    if not os.path.isabs(path) or os.path.normpath(path) != path:
+        return False
+    real = os.path.realpath(path)
+    try:
+        for p in [Path(real), *Path(real).parents]:
+            st = p.stat()
+            if st.st_uid != 0 or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                return False
+    except OSError:
+        return False
+    return os.path.isfile(real)
+
+
+def nvcc_refusal(flags: list[str]) -> str | None:
+    """Why no shared prefix is made for a CUDA compile with ``flags`` (its variant, see
+    :func:`kerneljudge.build.pch_cuda.variant_flags`); None when one may be. Allowed: the
+    host compiler's options :func:`refusal` allows; ``-Xcompiler``/``--compiler-options``
+    with a list of those; ``-ccbin``/``--compiler-bindir`` of a system compiler; nvcc's
+    code-generation, architecture and warning options (:data:`_NVCC_PATTERNS`);
+    ``-Xptxas``/``--ptxas-options`` of :data:`_PTXAS`."""
+    i = 0
+    while i < len(flags):
+        flag, value = flags[i], flags[i + 1] if i + 1 < len(flags) else None
+        name, eq, inline = flag.partition("=")
+        step = 1
+        if name in ("-Xcompiler", "--compiler-options", "-Xptxas", "--ptxas-options") or (
+            name in ("-ccbin", "--compiler-bindir")
+        ):
+            if not eq:
+                if value is None:
+                    return f"{flag} without a value"
+                inline, step = value, 2
+            if name in ("-ccbin", "--compiler-bindir"):
+                if not _system_compiler(inline):
+                    return f"{name} {inline}: not a system compiler"
+            elif name in ("-Xptxas", "--ptxas-options"):
+                if not all(_PTXAS.fullmatch(o) for o in inline.split(",")):
+                    return f"{name} {inline}"
+            else:
+                reason = refusal(inline.split(","))
+                if reason is not None:
+                    return f"{name}: {reason}"
+        elif flag in _NVCC_PAIRS and value is not None:
+            if not any(p.fullmatch(f"{flag}={value}") for p in _NVCC_PATTERNS):
+                return f"option {flag} {value}"
+            step = 2
+        elif not any(p.fullmatch(flag) for p in _NVCC_PATTERNS):
+            if flag in ("-isystem", "-I") or flag.startswith(("-isystem", "-I")):
+                reason = refusal(flags[i : i + 2] if flag in ("-isystem", "-I") else [flag])
+                step = 2 if flag in ("-isystem", "-I") else 1
+            else:
+                reason = refusal([flag])
+            if reason is not None:
+                return reason
+        i += step
+    return None
