@@ -79,7 +79,7 @@ def test_starts_canonically(tmp_path: Path) -> None:
     assert not pch_cuda.starts_canonically(str(tmp_path / "missing.cu"))
 
 
-HEADER_PART = b'#pragma GCC diagnostic push\nnamespace at { int f(); }\n# 260\n}}\n'
+HEADER_PART = b"#pragma GCC diagnostic push\nnamespace at { int f(); }\n# 260\n}}\n"
 CANONICAL_OUT = (
     b'# 1 "/s/cuda.cu"\n' + HEADER_PART + b'\n# 1 "/t/x-6_cuda.cudafe1.stub.c"\n#include "x"\n'
 )
