@@ -107,7 +107,7 @@ MODES = {
     # --compare: (plain's variables, default's variables, column names)
     "nvcc": ({"KERNELJUDGE_PARALLEL_NVCC": "0"}, {}, ("plain nvcc s", "parallel s")),
     "pch": ({"KERNELJUDGE_PCH": "0"}, {}, ("no pch s", "shared pch s")),
-    "cuda_pch": ({"KERNELJUDGE_CUDA_PCH": "0"}, {}, ("plain host s", "shared prefix s")),
+    "cuda_pch": ({"KERNELJUDGE_CUDA_PCH": "0"}, {}, ("plain host s", "with prefix s")),
 }
 
 # ------------------------------------------------------------------ --compare kernelbench

@@ -256,3 +256,15 @@ def test_real_cuda_builds_share_a_prefix_keep_their_defines_and_never_use_a_dama
     # Compiled without it (its record says why), and the variant was made again.
     assert built_value(cache, "kj_cupch_c", ["-O2"], "#define KJ_VALUE 2") == (3, "damaged")
     assert pch_cuda.state_of(str(folder))[0] == "ready"
+
+
+def test_the_supervisor_refuses_a_cuda_request_with_unsafe_options(tmp_path: Path) -> None:
+    entry = tmp_path / "entry"
+    (entry / "ext" / "kj_x").mkdir(parents=True)
+    record = entry / "ext" / "kj_x" / "cuda.cuda.o.cuhost.json"
+    flags = [*TORCH_FLAGS, "-Xcompiler", "-fplugin=/tmp/p.so"]
+    record.write_text(json.dumps({"flags": flags, "state": "missing"}))
+    precompiler = pch.Precompiler(tmp_path / "store", entry, dict(os.environ), cuda=True)
+    precompiler.poll()
+    assert precompiler.finish().startswith("refused: -Xcompiler")
+    assert not (tmp_path / "store").exists() or not pch.variants(tmp_path / "store")

@@ -455,31 +455,13 @@ class Precompiler:
             return pch_cuda.state_of(str(folder))[0] == "ready"
         return pch_cxx.state_of(str(folder)) == "ready"
 
-    def _install_cuda(self, staging: Path) -> None:
-        """The made prefix's manifest (sizes and digests, the host command it was made for);
-        the maker's other files removed."""
-        prefix, gch = staging / pch_cuda.PREFIX, staging / pch_cuda.GCH
-        tail = json.loads((staging / pch_cuda.TAIL).read_text())
-        manifest = {
-            "prefix_size": prefix.stat().st_size,
-            "prefix_sha256": pch_cuda.digest(str(prefix)),
-            "size": gch.stat().st_size,
-            "sha256": pch_cuda.digest(str(gch)),
-            "tail": tail,
-            "flags": self._flags,
-            "salt": self.env.get("KERNELJUDGE_CUDA_PCH_SALT"),
-        }
-        for left in staging.iterdir():
-            if left.name not in (pch_cuda.PREFIX, pch_cuda.GCH, pch_cuda.TAIL):
-                shutil.rmtree(left) if left.is_dir() else left.unlink()
-        (staging / pch_cuda.MANIFEST).write_text(json.dumps(manifest, indent=1))
-        prefix.chmod(0o444)
-        gch.chmod(0o444)
-
     def _install(self) -> None:
         assert self._staging is not None and self._folder is not None
         if self.cuda:
-            self._install_cuda(self._staging)
+            from kerneljudge.build import pch_nvcc
+
+            salt_ = self.env.get("KERNELJUDGE_CUDA_PCH_SALT", "")
+            pch_nvcc.write_manifest(self._staging, self._flags, salt_)
             self._place(self._staging, self._folder)
             return
         gch = self._staging / pch_cxx.GCH

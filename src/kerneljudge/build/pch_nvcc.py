@@ -19,10 +19,10 @@ import stat
 import subprocess
 from pathlib import Path
 
-from kerneljudge.build import toolchain
+from kerneljudge.build import pch_cuda, toolchain
 from kerneljudge.build.pch import refusal, salt
 
-__all__ = ["cuda_salt", "nvcc_refusal"]
+__all__ = ["cuda_salt", "nvcc_refusal", "write_manifest"]
 
 
 def cuda_salt() -> str:
@@ -143,3 +143,28 @@ def nvcc_refusal(flags: list[str]) -> str | None:
                 return reason
         i += step
     return None
+
+
+def write_manifest(staging: Path, flags: list[str], salt_: str) -> None:
+    """Finish a made CUDA variant in ``staging``: its manifest (sizes and SHA-256 of the prefix
+    and its header, the host command it was made for, the options and the salt), the maker's
+    other files removed, the two files made read-only."""
+    prefix, gch = staging / pch_cuda.PREFIX, staging / pch_cuda.GCH
+    manifest = {
+        "prefix_size": prefix.stat().st_size,
+        "prefix_sha256": pch_cuda.digest(str(prefix)),
+        "size": gch.stat().st_size,
+        "sha256": pch_cuda.digest(str(gch)),
+        "tail": json.loads((staging / pch_cuda.TAIL).read_text()),
+        "flags": flags,
+        "salt": salt_,
+    }
+    for left in staging.iterdir():
+        if left.name not in (pch_cuda.PREFIX, pch_cuda.GCH, pch_cuda.TAIL):
+            if left.is_dir() and not left.is_symlink():
+                shutil.rmtree(left)
+            else:
+                left.unlink()
+    (staging / pch_cuda.MANIFEST).write_text(json.dumps(manifest, indent=1))
+    prefix.chmod(0o444)
+    gch.chmod(0o444)
