@@ -413,14 +413,20 @@ def built_value(cache: BuildCache, source: str, name: str) -> tuple[int, dict[st
     result = build(Candidate.from_source(source, name=f"{name}.py"), cache=cache, arch="9.0")
     assert result.ok and not result.cached, result.log
     ext = cache.entry(result.cache_key) / "ext" / name
+    asked = {p.name: json.loads(p.read_text())["state"] for p in ext.glob("*.pch.json")}
+    return call_kj_value(ext, name), asked
+
+
+def call_kj_value(ext: Path, name: str) -> int:
+    """Import the extension ``name`` built in ``ext`` in a fresh interpreter (no GPU needed)
+    and return what its ``kj_value`` returns."""
     code = (
         "import sys, torch, importlib.util as u; "
         f"s = u.spec_from_file_location({name!r}, {str(ext / (name + '.so'))!r}); "
         "m = u.module_from_spec(s); s.loader.exec_module(m); print(m.kj_value())"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    asked = {p.name: json.loads(p.read_text())["state"] for p in ext.glob("*.pch.json")}
-    return int(out.stdout.strip()), asked
+    return int(out.stdout.strip())
 
 
 def candidate(name: str, flags: list[str], include: str = "") -> str:

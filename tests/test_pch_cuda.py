@@ -12,11 +12,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from test_pch import call_kj_value
 
 from kerneljudge.build import BuildCache, build, pch, pch_cuda, pch_nvcc, toolchain
 from kerneljudge.candidate import Candidate
@@ -121,19 +120,28 @@ def test_a_compile_uses_the_prefix_only_on_exactly_its_bytes(tmp_path: Path) -> 
     own = b'# 3 "/b/cuda.cu"\n__global__ void k();\n'
     source.write_bytes(b'# 1 "/b/cuda.cu"\n' + HEADER_PART + own)
     command = TAIL.format(src=source, out="cuda.cuda.o")
-    changed = pch_cuda.with_prefix(command, str(folder), prefix, tail)
-    assert changed is not None
-    split = tmp_path / "k.kjpch.cpp"  # beside the input: its stub is included by a relative name
-    assert str(split) in changed and str(source) not in changed
+    original = b'# 1 "/b/cuda.cu"\n' + HEADER_PART + own
+    kept = pch_cuda.with_prefix(command, str(folder), prefix, tail)
+    # The input keeps its name (the compile's command is unchanged); the original is kept.
+    assert kept == f"{source}.plain" and Path(kept).read_bytes() == original
     include = f'#include "{folder / pch_cuda.PREFIX}"\n'.encode()
-    assert split.read_bytes() == b'# 1 "/b/cuda.cu"\n' + include + own
+    # The prefix's own diagnostic pragmas are repeated (GCC does not restore them from a
+    # precompiled header).
+    pragmas = b"#pragma GCC diagnostic push\n"
+    assert source.read_bytes() == b'# 1 "/b/cuda.cu"\n' + include + pragmas + own
+    pch_cuda.swap_out(kept)
+    assert source.read_bytes() == original and not Path(kept).exists()
+    # The rest must open with a marker naming its file (its lines and file stay as they were).
+    source.write_bytes(b'# 1 "/b/cuda.cu"\n' + HEADER_PART + b"int x;\n" + own)
+    assert pch_cuda.with_prefix(command, str(folder), prefix, tail) is None
     # One byte of the header part differs: the compile runs unchanged.
     source.write_bytes(b'# 1 "/b/cuda.cu"\n' + HEADER_PART.replace(b"f()", b"g()") + own)
     assert pch_cuda.with_prefix(command, str(folder), prefix, tail) is None
     # Another host command (an option more): unchanged too.
-    source.write_bytes(b'# 1 "/b/cuda.cu"\n' + HEADER_PART + own)
+    source.write_bytes(original)
     other = command.replace("-std=c++20", "-std=c++20 -DMORE")
     assert pch_cuda.with_prefix(other, str(folder), prefix, tail) is None
+    assert source.read_bytes() == original
     # A command that needs the shell is never rewritten.
     assert pch_cuda.tail_shape(command + " ; echo x") is None
 
@@ -150,11 +158,25 @@ def test_a_damaged_variant_is_never_ready(tmp_path: Path, part: str) -> None:
     assert pch_cuda.state_of(str(tmp_path / "none"))[0] == "missing"
 
 
-def test_torch_options_may_make_a_shared_prefix() -> None:
+def test_preamble_pragmas_stop_at_the_first_named_file() -> None:
+    prefix = (
+        b'#pragma GCC diagnostic ignored "-Wattributes"\n# 1\nstatic char a;\n'
+        b'#pragma GCC diagnostic push\n# 61 "/usr/include/x.h" 3\n'
+        b'#pragma GCC diagnostic ignored "-Wshadow"\nint y;\n'
+    )
+    assert pch_cuda.preamble_pragmas(prefix) == (
+        b'#pragma GCC diagnostic ignored "-Wattributes"\n#pragma GCC diagnostic push\n'
+    )
+
+
+def test_torch_options_may_make_a_shared_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
     assert pch_nvcc.nvcc_refusal(TORCH_FLAGS) is None
     more = ["-Xptxas", "-v,-O3", "--maxrregcount=64", "-lineinfo", "-arch", "sm_90a"]
     assert pch_nvcc.nvcc_refusal([*TORCH_FLAGS, *more]) is None
-    assert pch_nvcc.nvcc_refusal(["-ccbin", "/usr/bin/gcc", *TORCH_FLAGS]) is None
+    cc = "/usr/bin/cc"
+    monkeypatch.setenv("CC", cc)  # torch's builder passes -ccbin $CC when CC is set
+    if os.path.isfile(cc):
+        assert pch_nvcc.nvcc_refusal(["-ccbin", cc, *TORCH_FLAGS]) is None
 
 
 @pytest.mark.parametrize(
@@ -172,17 +194,45 @@ def test_torch_options_may_make_a_shared_prefix() -> None:
         ["-Xcudafe", "--something"],
         ["--pre-include", "/tmp/x.h"],
         ["-gencode", "arch=compute_90,code=sm_90,/tmp"],
+        ["-Xcompiler=-fplugin=/tmp/p.so"],
+        ["--compiler-options=-include,/tmp/x.h"],
+        ["-Xcompiler", "-Wall,-Werror"],
+        ["-Werror", "all-warnings"],
     ],
 )
 def test_options_that_name_other_files_make_no_shared_prefix(extra: list[str]) -> None:
     assert pch_nvcc.nvcc_refusal([*TORCH_FLAGS, *extra]) is not None
 
 
-def test_a_compiler_a_candidate_could_write_is_not_a_system_compiler(tmp_path: Path) -> None:
+def test_only_the_toolchain_compiler_may_be_the_host_compiler(tmp_path: Path) -> None:
     fake = tmp_path / "gcc"
     fake.write_text("#!/bin/sh\n")
     fake.chmod(0o755)
     assert pch_nvcc.nvcc_refusal(["-ccbin", str(fake)]) is not None
+    real = pch_nvcc.toolchain_compilers()
+    if real:  # a link of a candidate's to the real compiler is not the real compiler's path
+        link = tmp_path / "cc"
+        link.symlink_to(real[0])
+        assert pch_nvcc.nvcc_refusal(["-ccbin", str(link)]) is not None
+        assert pch_nvcc.nvcc_refusal(["-ccbin", real[0]]) is None
+
+
+def test_a_made_variant_with_a_link_is_not_installed(tmp_path: Path) -> None:
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    (staging / pch_cuda.PREFIX).write_bytes(HEADER_PART)
+    (staging / pch_cuda.TAIL).write_text(json.dumps(["gcc"]))
+    victim = tmp_path / "victim"
+    victim.write_text("x")
+    (staging / pch_cuda.GCH).symlink_to(victim)
+    with pytest.raises(OSError, match="not a regular file"):
+        pch_nvcc.write_manifest(staging, TORCH_FLAGS, "salt")
+    assert victim.stat().st_mode & 0o200  # not made read-only through the link
+    (staging / pch_cuda.GCH).unlink()
+    (staging / pch_cuda.GCH).write_bytes(b"gch")
+    (staging / pch_cuda.TAIL).write_text("{not json")
+    with pytest.raises(OSError):
+        pch_nvcc.write_manifest(staging, TORCH_FLAGS, "salt")
 
 
 CUDA_TEMPLATE = '''
@@ -220,14 +270,8 @@ def built_value(
     result = build(Candidate.from_source(source, name=f"{name}.py"), cache=cache, arch="9.0")
     assert result.ok and not result.cached, result.log
     ext = cache.entry(result.cache_key) / "ext" / name
-    code = (
-        "import torch, importlib.util as u; "
-        f"s = u.spec_from_file_location({name!r}, {str(ext / (name + '.so'))!r}); "
-        "m = u.module_from_spec(s); s.loader.exec_module(m); print(m.kj_value())"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     record = json.loads(next(ext.glob("*.cuhost.json")).read_text())
-    return int(out.stdout.strip()), record["state"]
+    return call_kj_value(ext, name), record["state"]
 
 
 @pytest.mark.slow
@@ -256,6 +300,16 @@ def test_real_cuda_builds_share_a_prefix_keep_their_defines_and_never_use_a_dama
     # Compiled without it (its record says why), and the variant was made again.
     assert built_value(cache, "kj_cupch_c", ["-O2"], "#define KJ_VALUE 2") == (3, "damaged")
     assert pch_cuda.state_of(str(folder))[0] == "ready"
+
+
+def test_a_compile_that_went_without_the_prefix_asks_for_nothing(tmp_path: Path) -> None:
+    entry = tmp_path / "entry"
+    (entry / "ext" / "kj_x").mkdir(parents=True)
+    record = entry / "ext" / "kj_x" / "cuda.cuda.o.cuhost.json"
+    record.write_text(json.dumps({"flags": TORCH_FLAGS, "state": "unmatched"}))
+    precompiler = pch.Precompiler(tmp_path / "store", entry, dict(os.environ), cuda=True)
+    precompiler.poll()
+    assert precompiler.finish() == "unmatched"
 
 
 def test_the_supervisor_refuses_a_cuda_request_with_unsafe_options(tmp_path: Path) -> None:

@@ -42,9 +42,9 @@ import tempfile
 import threading
 from dataclasses import dataclass
 
-try:
+if __package__:
     from kerneljudge.build import pch_cuda
-except ImportError:  # run as a script: the module lies beside it
+else:  # run as a script (no package import, so no torch import): the module lies beside it
     import pch_cuda  # type: ignore[no-redef,import-not-found]
 
 __all__ = ["Plan", "main", "plan_of"]
@@ -164,6 +164,8 @@ class _SharedPrefix:
         an output and its source starts as :data:`kerneljudge.build.pch_cuda.CANONICAL`."""
         store = os.environ.get("KERNELJUDGE_PCH_DIR")
         salt = os.environ.get("KERNELJUDGE_CUDA_PCH_SALT")
+        if os.environ.get("NVCC_APPEND_FLAGS") or os.environ.get("NVCC_PREPEND_FLAGS"):
+            return None  # options nvcc takes from elsewhere than the command line
         flags = pch_cuda.variant_flags(args, source)
         if not (store and salt and target and pch_cuda.shareable(flags)):
             return None
@@ -172,7 +174,10 @@ class _SharedPrefix:
         return cls(flags, source, target, os.path.join(store, pch_cuda.variant_key(flags, salt)))
 
     def _look(self) -> None:
-        self._state = pch_cuda.state_of(self.folder)
+        try:
+            self._state = pch_cuda.state_of(self.folder)
+        except Exception:  # noqa: BLE001 - the compile goes on without it
+            self._state = ("damaged", b"", [])
         if self._state[0] != "ready":  # asked for now: it is made while the front ends run
             self._record(self._state[0])
 
@@ -187,21 +192,23 @@ class _SharedPrefix:
             return None
         index = [i for i, c in enumerate(commands) if pch_cuda.tail_shape(c)]
         try:
-            command = (
+            kept = (
                 pch_cuda.with_prefix(commands[index[0]], self.folder, prefix, tail)
                 if len(index) == 1
                 else None
             )
-        except OSError:
-            command = None
-        if command is None:
+        except Exception:  # noqa: BLE001 - compiled without it
+            kept = None
+        if kept is None:
             self._record("unmatched")
             return None
-        changed = list(commands)
-        changed[index[0]] = command
-        code = _run(changed, env, sink)
-        self._record("used" if code == 0 else "failed")
-        return code if code == 0 else None
+        code = _run(commands, env, sink)
+        if code != 0:
+            pch_cuda.swap_out(kept)  # compiled again from the original
+            self._record("failed")
+            return None
+        self._record("used")
+        return 0
 
     def _record(self, state: str) -> None:
         try:
@@ -267,7 +274,10 @@ def main(argv: list[str] | None = None) -> int:
         if depfile:  # the host preprocessor lists every header, as nvcc's own would
             first = plan.host[0]
             plan.host[0] = f"{first} -MD -MF {shlex.quote(depfile)} -MT {shlex.quote(target)}"
-        shared = _SharedPrefix.of(compile_args, source, target)
+        try:
+            shared = _SharedPrefix.of(compile_args, source, target)
+        except Exception:  # noqa: BLE001 - the compile runs as before
+            shared = None
         with open(plan.module_id_path, "w") as f:
             f.write(shared.module_id if shared else _module_id(compile_args, source))
         env.update(plan.env)

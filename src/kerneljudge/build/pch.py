@@ -245,7 +245,7 @@ def _read_request(path: Path) -> tuple[list[str], str]:
     if not (isinstance(flags, list) and all(isinstance(f, str) for f in flags)):
         raise ValueError("no list of options")
     state = asked.get("state")
-    if state not in ("used", "missing", "damaged"):
+    if state not in ("used", "missing", "damaged", "unmatched", "failed"):
         raise ValueError("no known state")
     return flags, state
 
@@ -342,6 +342,9 @@ class Precompiler:
             flags, state = _read_request(record)
         except ValueError as exc:
             self.outcome = f"refused: an unreadable request ({exc})"
+            return
+        if state in ("unmatched", "failed"):  # a CUDA compile that compiled without it
+            self.outcome = state
             return
         if state == "used":  # checked by the compile that used it: only its time is kept
             used = self.store / self._key(flags)

@@ -18,11 +18,13 @@ file's anonymous namespaces). So:
   runs confined, :mod:`kerneljudge.build.pch`) and precompiled with the host compile's own
   command (GCC's ``-x c++-header``);
 * a compile whose ``cudafe++`` output starts with exactly the prefix's bytes (compared in full)
-  and whose host command is the variant's, less its file names, compiles instead a file that
-  includes the prefix and holds the rest: the same text, so the same program (GCC's manual,
-  "Using Precompiled Headers": a precompiled header is used only where it was made with the
-  options of the compile, otherwise the header's text is read). Any other case, and any
-  failure of that compile, runs the host compile unchanged.
+  and whose host command is the variant's, less its file names, compiles instead, under the
+  same file name and command, a file that includes the prefix, repeats the prefix's own
+  diagnostic pragmas (GCC does not restore them from a precompiled header) and holds the rest:
+  the same text, so the same program (GCC's manual, "Using Precompiled Headers": a
+  precompiled header is used only where it was made with the options of the compile,
+  otherwise the header's text is read). Any other case, and any failure of that compile, runs
+  the host compile unchanged on the original file.
 
 A variant's folder in the store (``$KERNELJUDGE_PCH_DIR``, key :func:`variant_key` with
 ``$KERNELJUDGE_CUDA_PCH_SALT``) holds ``prefix.h``, ``prefix.h.gch``, ``tail.json`` (the host
@@ -41,6 +43,11 @@ import re
 import shlex
 import subprocess
 import sys
+
+if __package__:
+    from kerneljudge.build.pch_cxx import digest
+else:  # imported by parallel_nvcc.py run as a script: the module lies beside it
+    from pch_cxx import digest  # type: ignore[import-not-found,no-redef]
 
 __all__ = [
     "PREFIX",
@@ -83,6 +90,14 @@ _RELOCATABLE = (
 _FILE_VALUED = ("-c", "-o", "-MF", "--dependency-output", "-odir", "--output-directory")
 #: The line of ``cudafe++``'s output that follows the source's own code: the stub's include.
 _STUB = re.compile(rb'\n# 1 "[^"\n]*\.cudafe1\.stub\.c"\n')
+#: A line marker that names its file (``# 61 "/usr/local/cuda/include/cuda_runtime.h" 3``).
+_NAMED_MARKER = re.compile(rb'\n# \d+ "')
+_DIAGNOSTIC = re.compile(rb"^#pragma GCC diagnostic [^\n]*\n", re.M)
+#: Pragmas whose effect GCC does not carry through a precompiled header correctly (GCC bug
+#: 105120 for ``optimize``): a prefix holding one is not made.
+_CODEGEN_PRAGMA = re.compile(
+    rb"^\s*#\s*pragma\s+GCC\s+(optimize|target|push_options|pop_options|reset_options)", re.M
+)
 
 
 def starts_canonically(source: str) -> bool:
@@ -179,8 +194,8 @@ def tail_shape(command: str) -> tuple[list[str], int, int] | None:
     outputs = [i + 1 for i, w in enumerate(words[:-1]) if w == "-o"]
     if len(inputs) != 1 or len(outputs) != 1 or "-c" not in words:
         return None
-    if any(c in w for w in words for c in "$`;|&<>\n"):
-        return None
+    if any(c in w for w in words for c in "$`;|&<>\n*?[]{}~#!\\"):
+        return None  # the shell could read it otherwise than these words
     return words, inputs[0], outputs[0]
 
 
@@ -189,15 +204,6 @@ def normal_tail(words: list[str], source: int, output: int) -> list[str]:
     out = list(words)
     out[source], out[output] = "<SOURCE>", "<OUTPUT>"
     return out
-
-
-def digest(path: str) -> str:
-    """SHA-256 of a file's bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def state_of(folder: str) -> tuple[str, bytes, list[str]]:
@@ -231,37 +237,56 @@ def state_of(folder: str) -> tuple[str, bytes, list[str]]:
         return "damaged", b"", []
 
 
-def split_source(path: str, prefix: bytes, header: str) -> str | None:
-    """Write, beside ``path`` (a ``.cudafe1.cpp`` file: its stub is included by a relative
-    name), a file that includes ``header`` in place of ``prefix`` and holds the rest; returns
-    its path, or None when ``path``'s text after its first line does not start with
-    ``prefix``."""
+def preamble_pragmas(prefix: bytes) -> bytes:
+    """The ``#pragma GCC diagnostic`` lines of ``cudafe++``'s own preamble (the prefix's lines
+    before its first line marker that names a file): the diagnostic state the whole file is
+    compiled in. GCC does not restore diagnostic pragmas from a precompiled header, so they
+    are repeated after its ``#include``."""
+    m = _NAMED_MARKER.search(prefix)
+    head = prefix if m is None else prefix[: m.start() + 1]
+    return b"".join(m.group(0) for m in _DIAGNOSTIC.finditer(head))
+
+
+def swap_in(path: str, prefix: bytes, header: str) -> str | None:
+    """Put in place of ``path`` (a ``.cudafe1.cpp`` file) a file that includes ``header`` in
+    place of ``prefix``, repeats the prefix's :func:`preamble_pragmas` and holds the rest, under
+    the same name (the compile's input name makes a symbol of its static initialiser, and its
+    stub is included by a name relative to its folder); the original moves to
+    ``PATH.plain``, whose path is returned (:func:`swap_out` puts it back). None, and nothing
+    changed, when ``path``'s text after its first line does not start with ``prefix`` or the
+    rest does not start with a line marker naming its file (which keeps the rest's lines and
+    file as they were)."""
     with open(path, "rb") as f:
         parts = cut_prefix(f.read())
     if parts is None or not parts[1].startswith(prefix):
         return None
-    out = path[: -len(".cudafe1.cpp")] + ".kjpch.cpp"
+    rest = parts[1][len(prefix) :]
+    if not _NAMED_MARKER.match(b"\n" + rest):
+        return None
     include = b'#include "' + header.encode() + b'"\n'
-    with open(out, "wb") as f:
-        f.write(parts[0] + b"\n" + include + parts[1][len(prefix) :])
-    return out
+    with open(path + ".kjpch", "wb") as f:
+        f.write(parts[0] + b"\n" + include + preamble_pragmas(prefix) + rest)
+    os.replace(path, path + ".plain")
+    os.replace(path + ".kjpch", path)
+    return path + ".plain"
+
+
+def swap_out(kept: str) -> None:
+    """Put back the original that :func:`swap_in` kept at ``kept``."""
+    os.replace(kept, kept[: -len(".plain")])
 
 
 def with_prefix(command: str, folder: str, prefix: bytes, tail: list[str]) -> str | None:
-    """The host command compiling through the variant in ``folder``, or None when the
-    command is not the variant's (:func:`normal_tail`) or its input does not start with the
-    prefix."""
+    """Make the host command compile through the variant in ``folder`` (:func:`swap_in` on its
+    input); returns the kept original's path, or None when the command is not the variant's
+    (:func:`normal_tail`) or its input does not start with the prefix."""
     shape = tail_shape(command)
     if shape is None:
         return None
     words, source, output = shape
     if normal_tail(words, source, output) != tail:
         return None
-    split = split_source(words[source], prefix, os.path.join(folder, PREFIX))
-    if split is None:
-        return None
-    words[source] = split
-    return shlex.join(words)
+    return swap_in(words[source], prefix, os.path.join(folder, PREFIX))
 
 
 def precompile(staging: str, flags: list[str]) -> int:
@@ -269,9 +294,9 @@ def precompile(staging: str, flags: list[str]) -> int:
     source compiled by nvcc's host branch with ``flags`` and the module id a candidate's
     ``cuda.cu`` gets, its prefix cut, then precompiled by the host command. Returns an exit
     status (messages on standard error)."""
-    try:
+    if __package__:
         from kerneljudge.build import parallel_nvcc
-    except ImportError:  # run as a script, beside it
+    else:  # run as a script, beside it
         import parallel_nvcc  # type: ignore[no-redef,import-not-found]
 
     source = os.path.join(staging, "cuda.cu")
@@ -301,6 +326,9 @@ def precompile(staging: str, flags: list[str]) -> int:
         prefix = canonical_prefix(f.read())
     if prefix is None:
         print("cudafe++'s output has no stub line", file=sys.stderr)
+        return 1
+    if _CODEGEN_PRAGMA.search(prefix):
+        print("the prefix holds a code-generation pragma", file=sys.stderr)
         return 1
     with open(os.path.join(staging, PREFIX), "wb") as f:
         f.write(prefix)

@@ -28,22 +28,27 @@ __all__ = ["cuda_salt", "nvcc_refusal", "write_manifest"]
 def cuda_salt() -> str:
     """SHA-256 of :func:`salt` and what else a CUDA variant's prefix depends on: nvcc (its
     path and ``--version``) and the host compiler nvcc runs by default (``gcc`` on the
-    toolchain's ``PATH``: its path and ``--version``)."""
+    toolchain's ``PATH``: its path and ``--version``), and ``$CC`` (its ``--version``)."""
     home = toolchain.cuda_home() or ""
     gcc = shutil.which("gcc", path=toolchain.tool_path()) or "gcc"
-    return _cuda_salt_of(salt(), os.path.join(home, "bin", "nvcc"), gcc)
+    return _cuda_salt_of(salt(), os.path.join(home, "bin", "nvcc"), gcc, os.environ.get("CC", ""))
 
 
 @functools.cache
-def _cuda_salt_of(base: str, nvcc: str, gcc: str) -> str:
+def _cuda_salt_of(base: str, nvcc: str, gcc: str, cc: str) -> str:
     versions = []
-    for tool in (nvcc, gcc):
+    for tool in (nvcc, gcc, cc or gcc):
         try:
             out = subprocess.run([tool, "--version"], capture_output=True, text=True, timeout=30)
             versions.append(out.stdout.strip())
         except (OSError, subprocess.TimeoutExpired):
             versions.append("unavailable")
-    blob = {"base": base, "nvcc": [nvcc, versions[0]], "gcc": [gcc, versions[1]]}
+    blob = {
+        "base": base,
+        "nvcc": [nvcc, versions[0]],
+        "gcc": [gcc, versions[1]],
+        "cc": [cc, versions[2]],
+    }
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()
 
 
@@ -84,29 +89,27 @@ _PTXAS = re.compile(
 )
 
 
-def _system_compiler(path: str) -> bool:
-    """An absolute path, spelled plainly, to a file that root owns and only root may write,
-    in folders of which the same holds (no candidate can have put or changed it)."""
-    if not os.path.isabs(path) or os.path.normpath(path) != path:
-        return False
-    real = os.path.realpath(path)
-    try:
-        for p in [Path(real), *Path(real).parents]:
-            st = p.stat()
-            if st.st_uid != 0 or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-                return False
-    except OSError:
-        return False
-    return os.path.isfile(real)
+def toolchain_compilers() -> tuple[str, ...]:
+    """The host compilers a prefix may be made with through ``-ccbin``, as spelled: ``$CC``
+    of this process (torch's builder passes ``-ccbin $CC`` when it is set) and ``gcc``/``g++``
+    as found on the toolchain's ``PATH``. Builds cannot change this process's environment,
+    and a path of theirs (a link in their own folder to a real compiler) is not one of these."""
+    found = [os.environ.get("CC") or ""]
+    found += [shutil.which(name, path=toolchain.tool_path()) or "" for name in ("gcc", "g++")]
+    return tuple(p for p in found if os.path.isabs(p) and os.path.isfile(p))
 
 
 def nvcc_refusal(flags: list[str]) -> str | None:
     """Why no shared prefix is made for a CUDA compile with ``flags`` (its variant, see
     :func:`kerneljudge.build.pch_cuda.variant_flags`); None when one may be. Allowed: the
     host compiler's options :func:`refusal` allows; ``-Xcompiler``/``--compiler-options``
-    with a list of those; ``-ccbin``/``--compiler-bindir`` of a system compiler; nvcc's
-    code-generation, architecture and warning options (:data:`_NVCC_PATTERNS`);
-    ``-Xptxas``/``--ptxas-options`` of :data:`_PTXAS`."""
+    with a list of those; ``-ccbin``/``--compiler-bindir`` of the toolchain's compiler
+    (:func:`toolchain_compilers`); nvcc's code-generation, architecture and warning options
+    (:data:`_NVCC_PATTERNS`); ``-Xptxas``/``--ptxas-options`` of :data:`_PTXAS`. Refused:
+    any ``-Werror`` (the prefix's diagnostic pragmas are repeated, but not those of the headers
+    inside it, so a warning the plain compile does not give could fail the build)."""
+    if any("-Werror" in f or f in ("-W", "--Werror") for f in flags):
+        return "-Werror (a precompiled header does not keep the prefix's diagnostic pragmas)"
     i = 0
     while i < len(flags):
         flag, value = flags[i], flags[i + 1] if i + 1 < len(flags) else None
@@ -120,8 +123,8 @@ def nvcc_refusal(flags: list[str]) -> str | None:
                     return f"{flag} without a value"
                 inline, step = value, 2
             if name in ("-ccbin", "--compiler-bindir"):
-                if not _system_compiler(inline):
-                    return f"{name} {inline}: not a system compiler"
+                if inline not in toolchain_compilers():
+                    return f"{name} {inline}: not the toolchain's compiler"
             elif name in ("-Xptxas", "--ptxas-options"):
                 if not all(_PTXAS.fullmatch(o) for o in inline.split(",")):
                     return f"{name} {inline}"
@@ -148,14 +151,28 @@ def nvcc_refusal(flags: list[str]) -> str | None:
 def write_manifest(staging: Path, flags: list[str], salt_: str) -> None:
     """Finish a made CUDA variant in ``staging``: its manifest (sizes and SHA-256 of the prefix
     and its header, the host command it was made for, the options and the salt), the maker's
-    other files removed, the two files made read-only."""
-    prefix, gch = staging / pch_cuda.PREFIX, staging / pch_cuda.GCH
+    other files removed, the two files made read-only.
+
+    Raises:
+        OSError: a made file is missing, not a regular file (a link), or ``tail.json`` is not
+            a list of words.
+    """
+    prefix, gch, tail_file = (staging / n for n in (pch_cuda.PREFIX, pch_cuda.GCH, pch_cuda.TAIL))
+    for made in (prefix, gch, tail_file):
+        if not stat.S_ISREG(os.lstat(made).st_mode):
+            raise OSError(f"{made.name} is not a regular file")
+    try:
+        tail = json.loads(tail_file.read_text())
+    except ValueError as exc:
+        raise OSError(f"{tail_file.name}: {exc}") from None
+    if not (isinstance(tail, list) and all(isinstance(w, str) for w in tail)):
+        raise OSError(f"{tail_file.name} is not a list of words")
     manifest = {
         "prefix_size": prefix.stat().st_size,
         "prefix_sha256": pch_cuda.digest(str(prefix)),
         "size": gch.stat().st_size,
         "sha256": pch_cuda.digest(str(gch)),
-        "tail": json.loads((staging / pch_cuda.TAIL).read_text()),
+        "tail": tail,
         "flags": flags,
         "salt": salt_,
     }
