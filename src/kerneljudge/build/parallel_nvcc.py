@@ -138,9 +138,7 @@ def _module_id(args: list[str], source: str) -> str:
             digest.update(f.read())
     except OSError:
         pass
-    h = digest.hexdigest()
-    stem = re.sub(r"[^A-Za-z0-9]", "_", os.path.basename(source)) or "src"
-    return f"_{h[:8]}_{len(stem)}_{stem}_{h[8:16]}"
+    return pch_cuda.module_id_of(digest.hexdigest(), source)
 
 
 class _SharedPrefix:

@@ -440,10 +440,8 @@ class Precompiler:
         return self.outcome
 
     def _key(self, flags: list[str]) -> str:
-        if self.cuda:
-            from kerneljudge.build import pch_nvcc
-
-            return pch_cuda.variant_key(flags, pch_nvcc.cuda_salt())
+        if self.cuda:  # the salt the build's compiles keyed their variant with
+            return pch_cuda.variant_key(flags, self.env.get("KERNELJUDGE_CUDA_PCH_SALT", ""))
         return pch_cxx.variant_key(flags, salt())
 
     def _refusal(self, flags: list[str]) -> str | None:

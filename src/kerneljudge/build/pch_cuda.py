@@ -50,14 +50,28 @@ else:  # imported by parallel_nvcc.py run as a script: the module lies beside it
     from pch_cxx import digest  # type: ignore[import-not-found,no-redef]
 
 __all__ = [
+    "CANONICAL",
+    "GCH",
+    "MANIFEST",
     "PREFIX",
-    "cut_prefix",
+    "TAIL",
+    "canonical_prefix",
+    "digest",
     "module_id",
+    "module_id_of",
+    "normal_tail",
+    "preamble_pragmas",
+    "precompile",
     "shareable",
+    "split_first_line",
+    "starts_canonically",
     "state_of",
+    "swap_in",
+    "swap_out",
     "tail_shape",
     "variant_flags",
     "variant_key",
+    "with_prefix",
 ]
 
 #: The prefix's text and its precompiled header, in a variant's folder.
@@ -159,13 +173,19 @@ def module_id(flags: list[str], source: str) -> str:
     real = os.path.realpath(source)
     name = os.path.basename(real) if os.path.dirname(real) == os.getcwd() else real
     h = hashlib.sha256(json.dumps(["module", flags, name]).encode()).hexdigest()
+    return module_id_of(h, source)
+
+
+def module_id_of(hex_: str, source: str) -> str:
+    """A module id of nvcc's shape, ``_HASH_LEN_STEM_HASH``, from a hex digest (16 or more
+    digits) and the source's base name."""
     stem = re.sub(r"[^A-Za-z0-9]", "_", os.path.basename(source)) or "src"
-    return f"_{h[:8]}_{len(stem)}_{stem}_{h[8:16]}"
+    return f"_{hex_[:8]}_{len(stem)}_{stem}_{hex_[8:16]}"
 
 
-def cut_prefix(text: bytes) -> tuple[bytes, bytes] | None:
-    """``cudafe++``'s output split into its first line and the rest; None when it has no
-    line break."""
+def split_first_line(text: bytes) -> tuple[bytes, bytes] | None:
+    """``cudafe++``'s output split into its first line (the source's line marker) and the
+    rest; None when it has no line break."""
     first, sep, rest = text.partition(b"\n")
     return (first, rest) if sep else None
 
@@ -174,7 +194,7 @@ def canonical_prefix(text: bytes) -> bytes | None:
     """The prefix of a canonical source's ``cudafe++`` output (:data:`CANONICAL`): after its
     first line, up to the line that includes the stub, without the blank lines before it;
     None when the stub's line is missing."""
-    parts = cut_prefix(text)
+    parts = split_first_line(text)
     if parts is None:
         return None
     m = _STUB.search(parts[1])
@@ -257,7 +277,7 @@ def swap_in(path: str, prefix: bytes, header: str) -> str | None:
     rest does not start with a line marker naming its file (which keeps the rest's lines and
     file as they were)."""
     with open(path, "rb") as f:
-        parts = cut_prefix(f.read())
+        parts = split_first_line(f.read())
     if parts is None or not parts[1].startswith(prefix):
         return None
     rest = parts[1][len(prefix) :]
