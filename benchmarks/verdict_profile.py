@@ -11,7 +11,7 @@ sending its tensors and receiving the reply), and the supervisor's functions by 
 (``cProfile``; the workers' time shows as waiting in ``select``).
 
 Run:  PYTHONPATH=src python3 benchmarks/verdict_profile.py [--mib 64] [--device cpu] [--workers]
-      [--verdicts 2] [--top 15]
+      [--verdicts 2] [--top 15] [--no-graph]
 """
 
 from __future__ import annotations
@@ -44,6 +44,9 @@ def main() -> None:
     )
     parser.add_argument("--problem", type=Path, default=None, help="another problem file")
     parser.add_argument("--candidate", type=Path, default=None, help="its candidate")
+    parser.add_argument(
+        "--no-graph", action="store_true", help="no CUDA-graph timing pass (launched calls only)"
+    )
     args = parser.parse_args()
     kept = Path(tempfile.mkdtemp(prefix="kj-worker-profiles-")) if args.workers else None
     if kept is not None:
@@ -56,7 +59,12 @@ def main() -> None:
         candidate.write_text(textwrap.dedent(CANDIDATE))
         if args.problem is not None:
             problem, candidate = args.problem, args.candidate
-        config = JudgeConfig(device=args.device, baselines=("eager",), cache_dir=Path(tmp) / "c")
+        config = JudgeConfig(
+            device=args.device,
+            baselines=("eager",),
+            cache_dir=Path(tmp) / "c",
+            graph_timing=not args.no_graph,
+        )
         with Judge(problem, config) as judge:
             for i in range(args.verdicts):
                 spent.clear()

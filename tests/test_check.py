@@ -256,3 +256,21 @@ def test_float64_oracle_leaves_a_stateful_reference_as_it_was() -> None:
     oracle = float64_oracle(model, [torch.ones(3)], torch.device("cpu"))
     assert torch.equal(oracle, torch.full((3,), 2.0, dtype=torch.float64))
     assert int(model.calls) == 0 and torch.equal(model.scale.detach(), torch.ones(3).double())
+
+
+def test_the_finite_fast_path_gives_the_masked_statistics_exactly() -> None:
+    """A chunk whose values are all finite skips the masks: its statistics are those of the
+    masked computation (the lazy path, which always masks), bit for bit."""
+    from kerneljudge.check import _chunk_stats
+
+    g = torch.Generator().manual_seed(3)
+    o = torch.randn(5000, generator=g, dtype=torch.float64) * 10
+    e = o.float().double()
+    a = (o + 1e-6 * torch.randn(5000, generator=g, dtype=torch.float64)).float().double()
+    e[7] = 0.0  # a zero reference element: the relative error's floor
+    for oracle in (o, None):
+        for atol in (1e-5, 0.0):
+            fast = _chunk_stats(e, a, oracle, atol, 1e-3, lazy=False)
+            masked = _chunk_stats(e, a, oracle, atol, 1e-3, lazy=True)
+            assert isinstance(masked, torch.Tensor)
+            assert fast == pytest.approx(masked.tolist(), rel=0, abs=0, nan_ok=True)

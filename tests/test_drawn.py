@@ -163,3 +163,46 @@ def test_a_candidate_that_tampers_with_its_draw_is_compared_on_the_references(
         assert judge.evaluate(patched).status is Status.CORRECT
         assert relayed["inputs"] > 0
         assert judge.evaluate(zero).status is Status.INCORRECT
+
+
+def _fake_worker(role: str, problem: object, device: str) -> object:
+    """What :func:`inputs_from_seed` reads of a worker: its role, problem, device and a
+    confinement context (a no-op here)."""
+    import contextlib
+    import types
+
+    return types.SimpleNamespace(
+        role=role, problem=problem, device=torch.device(device), _confined=contextlib.nullcontext
+    )
+
+
+def test_make_inputs_on_device_is_the_cpu_draw_on_a_cpu_device(tmp_path: Path) -> None:
+    from kerneljudge.problem import Problem
+
+    problem = Problem.load(_problem(tmp_path, "p"), probe=False)
+    (cpu,) = problem.make_inputs(3)
+    (asked,) = problem.make_inputs(3, "cpu", on_device=True)
+    assert torch.equal(cpu, asked)
+
+
+def test_a_device_draw_that_raises_falls_back_to_the_cpu_in_the_reference(
+    tmp_path: Path,
+) -> None:
+    """A GPU draw that raises (here: a CUDA device on a host without one) is drawn on the CPU by
+    the reference worker, which says so; a candidate's worker asked for the device draw gets no
+    inputs (the reference's are then sent), never a CPU draw taken for a device one."""
+    from kerneljudge.problem import Problem
+    from kerneljudge.worker.drawn import inputs_from_seed
+
+    if torch.cuda.is_available():
+        pytest.skip("needs a host without a usable CUDA device")
+    problem = Problem.load(_problem(tmp_path, "p"), probe=False)
+    reference = _fake_worker("reference", problem, "cuda")
+    drawn, on_device = inputs_from_seed(reference, 5, None, on_device=True)
+    assert drawn is not None and on_device is False
+    assert torch.equal(drawn[0], problem.make_inputs(5)[0])
+    candidate = _fake_worker("candidate", problem, "cuda")
+    assert inputs_from_seed(candidate, 5, fingerprint(drawn), on_device=True) == (None, True)
+    # Asked for the CPU draw, as the reference's reply said, it matches.
+    again, where = inputs_from_seed(candidate, 5, fingerprint(drawn), on_device=False)
+    assert again is not None and where is False and torch.equal(again[0], drawn[0])

@@ -100,7 +100,7 @@ def test_the_judge_holds_a_small_multiple_of_one_trials_output(tmp_path: Path) -
 
 
 def test_trials_beyond_the_memory_budget_are_a_one_line_problem_error(tmp_path: Path) -> None:
-    """A 4 MiB output needs 8 MiB to relay (the message and its copy): a 4 MiB budget is
+    """A 4 MiB input needs 8 MiB to relay (the message and its copy): a 4 MiB budget is
     refused before the candidate's first trial, with the sizes in the message."""
     problem, candidate = _files(tmp_path, 4)
     config = JudgeConfig(device="cpu", timing=False, memory_budget_mib=4, cache_dir=tmp_path)
@@ -109,7 +109,7 @@ def test_trials_beyond_the_memory_budget_are_a_one_line_problem_error(tmp_path: 
             judge.evaluate(candidate)
     message = str(info.value)
     assert "\n" not in message
-    assert "outputs (4 MiB) need 8 MiB" in message and "memory budget of 4 MiB" in message
+    assert "inputs (4 MiB) need 8 MiB" in message and "memory budget of 4 MiB" in message
     with Judge(problem, JudgeConfig(device="cpu", timing=False, cache_dir=tmp_path)) as judge:
         assert judge.evaluate(candidate).status.value == "correct"  # the host's memory suffices
 
@@ -117,8 +117,9 @@ def test_trials_beyond_the_memory_budget_are_a_one_line_problem_error(tmp_path: 
 def test_a_candidate_reply_beyond_what_the_judge_relays_is_a_runtime_error(
     tmp_path: Path,
 ) -> None:
-    """A candidate that returns 64 MiB where the reference returns 1 MiB, under a 16 MiB
-    budget: its worker is ended before the judge reads the reply."""
+    """A candidate that returns 64 MiB where the reference returns 1 MiB: the reference worker
+    reads no more than twice the reference's outputs plus 1 MiB, and stops at the announced
+    length."""
     problem, _ = _files(tmp_path, 1)
     candidate = tmp_path / "huge.py"
     candidate.write_text(
@@ -129,4 +130,7 @@ def test_a_candidate_reply_beyond_what_the_judge_relays_is_a_runtime_error(
     with Judge(problem, config) as judge:
         verdict = judge.evaluate(candidate)
     assert verdict.status.value == "runtime_error", verdict.reason
-    assert verdict.reason == "the candidate's reply of 64 MiB exceeds the 9 MiB the judge relays"
+    assert verdict.reason == (
+        "the outputs did not reach the reference worker: its outputs of 64 MiB exceed the "
+        "3 MiB the judge reads"
+    )

@@ -4,6 +4,7 @@ commit-then-choose of audited calls (kerneljudge.timing.timer_rule, kerneljudge.
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from kerneljudge.timing.timer_rule import Batch, median_bounds, timer_check
 from kerneljudge.verdict import Status
 from kerneljudge.worker import measure
 from kerneljudge.worker.digest import digest
+from kerneljudge.worker.protocol import Channel
 from kerneljudge.worker.stamps import (
     KIND_SHA256,
     KIND_TREE,
@@ -278,29 +280,63 @@ def test_a_thread_alive_at_the_end_mark_fails_the_call_without_grace() -> None:
         release.set()
 
 
-class _Revealing:
-    """A candidate worker's ``timed_outputs`` answer, as code in its process may rewrite it."""
+class _Pipes:
+    """The hand-over end of a worker: the descriptors handed to it, by label."""
+
+    reply_limit_bytes = 0
+
+    def __init__(self) -> None:
+        self.handed: dict[str, int] = {}
+
+    def hand_over(self, fd: int, token: bytes) -> None:
+        self.handed[token.hex()] = os.dup(fd)
+
+
+class _Revealing(_Pipes):
+    """A candidate worker's ``timed_outputs`` answer, as code in its process may rewrite it:
+    the slot's outputs written to the pipe handed over for them."""
 
     def __init__(self, slots: dict) -> None:
+        super().__init__()
         self.slots = slots
 
     def request(self, op: str, timeout_s: float, **fields):  # type: ignore[no-untyped-def]
         assert op == "timed_outputs"
-        return {"slots": self.slots, "n_sets": 1}
+        (slot,) = fields["slots"]
+        fd = self.handed.pop(fields["side"])
+        try:
+            if slot not in self.slots:
+                return {"slots": {}, "n_sets": 1}
+            Channel(-1, fd).send({"outputs": self.slots[slot]})
+        finally:
+            os.close(fd)
+        return {"slots": {slot: len(self.slots[slot])}, "n_sets": 1}
 
 
-class _AuditingReference:
-    """The reference's side of an audit as the reference worker answers it: the outputs
-    shown compared (here: always equal) and digested by the kinds committed."""
+class _AuditingReference(_Pipes):
+    """The reference's side of an audit as the reference worker answers it: the outputs read
+    from their pipe, compared (here: always equal) and digested by the kinds committed."""
+
+    @property
+    def worker(self) -> _AuditingReference:
+        return self
 
     def run_timed_call(self, *args: object) -> None:
         pass
 
-    def audit(self, outputs, kinds, timeout_s, **kw):  # type: ignore[no-untyped-def]
+    def audit(self, outputs, kinds, timeout_s, side=None, **kw):  # type: ignore[no-untyped-def]
+        from kerneljudge.check.beside import OutputsLost
         from kerneljudge.verdict import TrialResult
 
+        chan = Channel(self.handed.pop(side["side"]), -1)
+        try:
+            outputs = chan.recv(timeout_s=10.0).get("outputs")
+        finally:
+            chan.close()
+        if outputs is None:
+            raise OutputsLost("it sent no outputs")
         digests = [output_digest(t, k) for t, k in zip(outputs, kinds)]
-        return TrialResult(index=0, passed=True, reason=""), digests
+        return TrialResult(index=0, passed=True, reason=""), digests, len(outputs)
 
 
 def test_the_reference_worker_digests_outputs_as_the_candidate_committed() -> None:
@@ -324,29 +360,27 @@ def test_an_output_revealed_other_than_the_one_committed_is_rejected() -> None:
     honest = torch.randn(16)  # what it shows once it knows the call is audited
     call = KeptCall(index=3, n_sets=1, seed=7, digests=(output_digest(committed),))
     cfg = JudgeConfig(run_timeout_s=10.0)
-    status, why = _audit_timed_calls(
-        cfg,
-        _Revealing({0: [honest]}),  # type: ignore[arg-type]
-        _AuditingReference(),  # type: ignore[arg-type]
-        ["0"],
-        1e-3,
-        1e-3,
-        True,
-        {0: call},
-    )
+
+    def audited(slots: dict, kept: KeptCall) -> tuple[Status, str]:
+        return _audit_timed_calls(
+            cfg,
+            _Revealing(slots),  # type: ignore[arg-type]
+            _AuditingReference(),  # type: ignore[arg-type]
+            ["0"],
+            1e-3,
+            1e-3,
+            True,
+            {0: kept},
+        )
+
+    status, why = audited({0: [honest]}, call)
     assert status is Status.REJECTED and "not those the worker committed to" in why
-    cfg = JudgeConfig(run_timeout_s=10.0)
-    status, why = _audit_timed_calls(
-        cfg,
-        _Revealing({}),  # type: ignore[arg-type]
-        _AuditingReference(),  # type: ignore[arg-type]
-        ["0"],
-        1e-3,
-        1e-3,
-        True,
-        {0: call},
-    )
+    status, why = audited({}, call)
     assert status is Status.REJECTED and "did not keep" in why
+    # Outputs with no digest committed for them (here: none at all), shown once the call is
+    # known to be audited: their number is counted where they arrive, not taken from the worker.
+    status, why = audited({0: [honest]}, KeptCall(index=3, n_sets=1, seed=7, digests=()))
+    assert status is Status.REJECTED and "not those the worker committed to" in why
 
 
 # ------------------------------------------------------------------ verdicts on the CPU

@@ -1,12 +1,16 @@
-"""The judging process's own memory: what relaying one trial costs it, and the check that it
-can, made before the candidate's first trial.
+"""The judging process's own memory: what relaying one trial's inputs costs it, and the check
+that it can, made before the candidate's first trial.
 
 The supervisor holds no trial's data beyond the one it relays (the reference worker keeps the
 rest; :mod:`kerneljudge.check.reference`). Relaying a message of ``b`` bytes costs it at most
 :data:`RELAY_FACTOR` ``x b``: a message is held once while its serialised copy is written, and
 its buffer is held while its tensors are made from it (:mod:`kerneljudge.worker.protocol`). The
-largest messages are a trial's inputs (to the candidate) and outputs (from the candidate, then
-to the reference), and the outputs of one audited timed call, of the same size.
+largest messages it relays are a trial's inputs: on a CPU the first trial's, drawn here and sent
+to the reference worker (checked here, before the trials), and any trial's where a candidate's
+own draw differs from the reference's (checked when it happens: they are sent only when they fit
+:func:`reply_limit`). A candidate's outputs (a trial's, an audited timed call's) do not cross the
+supervisor: they go to the reference worker on a pipe of their own
+(:mod:`kerneljudge.worker.side`).
 """
 
 from __future__ import annotations
@@ -24,16 +28,17 @@ RELAY_FACTOR = 2
 
 
 def relay_bytes(trials: Sequence[HeldTrial]) -> int:
-    """Peak bytes above its base the supervisor needs to relay the trials ``trials``:
-    :data:`RELAY_FACTOR` x the largest of their inputs and (reference) outputs."""
-    largest = max((max(t.input_bytes, t.output_bytes) for t in trials), default=0)
-    return RELAY_FACTOR * largest
+    """Peak bytes above its base the supervisor needs to relay the inputs of the trials
+    ``trials``: :data:`RELAY_FACTOR` x the largest of them."""
+    return RELAY_FACTOR * max((t.input_bytes for t in trials), default=0)
 
 
 def available_bytes() -> int | None:
     """Memory this process can still get (bytes): the host's ``MemAvailable``
     (``/proc/meminfo``), bounded by the room left under its cgroup's ``memory.max`` (cgroup
-    v2) where one is set; None where neither can be read."""
+    v2) where one is set: the limit less ``memory.current``, plus the cgroup's
+    ``inactive_file`` (page cache the kernel reclaims first, which ``memory.current`` counts);
+    None where neither can be read."""
     found: list[int] = []
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -48,33 +53,37 @@ def available_bytes() -> int | None:
         limit = (group / "memory.max").read_text().strip()
         if limit != "max":
             used = int((group / "memory.current").read_text())
+            stat = dict(ln.split() for ln in (group / "memory.stat").read_text().splitlines())
+            used -= int(stat.get("inactive_file", 0))
             found.append(max(0, int(limit) - used))
     except (OSError, ValueError, IndexError):
         pass
     return min(found) if found else None
 
 
-def check_budget(trials: Sequence[HeldTrial], budget_bytes: int, problem: str) -> int:
-    """Check that relaying ``trials`` fits in ``budget_bytes`` (0: :func:`available_bytes`,
-    no check where that is unknown).
+def check_budget(
+    trials: Sequence[HeldTrial], budget_bytes: int, problem: str, inputs_sent: bool = True
+) -> int:
+    """Check that relaying the inputs of ``trials`` fits in ``budget_bytes`` (0:
+    :func:`available_bytes`, no check where that is unknown), where the supervisor sends them
+    (``inputs_sent``: on a CPU; on a GPU the workers draw them, and nothing is checked here).
 
     Returns the budget checked against (bytes; 0 where unknown): the judge reads no candidate
-    reply longer than :func:`reply_limit` of it.
+    reply longer than :func:`reply_limit` of it, and relays no inputs longer than that.
 
     Raises:
         ProblemError: it does not; the message gives the trial's sizes and the budget (MiB).
     """
-    need = relay_bytes(trials)
+    need = relay_bytes(trials) if inputs_sent else 0
     budget = budget_bytes or available_bytes() or 0
     if not budget or need <= budget:
         return budget
-    largest = max(trials, key=lambda t: max(t.input_bytes, t.output_bytes))
+    largest = max(trials, key=lambda t: t.input_bytes)
     mib = 1 << 20
     raise ProblemError(
-        f"{problem}: a trial's inputs ({largest.input_bytes / mib:.0f} MiB) and outputs "
-        f"({largest.output_bytes / mib:.0f} MiB) need {need / mib:.0f} MiB in the judging "
-        f"process, more than its memory budget of {budget / mib:.0f} MiB"
-        f"{'' if budget_bytes else ' (the memory available on this host)'}"
+        f"{problem}: a trial's inputs ({largest.input_bytes / mib:.0f} MiB) need "
+        f"{need / mib:.0f} MiB in the judging process, more than its memory budget of "
+        f"{budget / mib:.0f} MiB{'' if budget_bytes else ' (the memory available on this host)'}"
     )
 
 

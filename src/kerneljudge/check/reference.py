@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from kerneljudge.check.beside import OutputsLost
 from kerneljudge.check.limits import tensor_bytes
 from kerneljudge.errors import ProblemError, WorkerError
 from kerneljudge.problem import Problem
@@ -248,11 +249,12 @@ class ReferenceSession:
     ) -> HeldTrial:
         """Run the reference on the inputs drawn from ``seed`` and hold the trial in the
         worker under ``key`` (inputs, outputs and, with ``oracle``, the float64 oracle); the
-        run is timed on the supervisor's clock (:attr:`HeldTrial.wall_s`). The session's first
-        trial's inputs are drawn here and sent; later ones are drawn by the worker from
-        ``seed`` (the same :meth:`~kerneljudge.problem.Problem.make_inputs`), so that no
-        tensor crosses the channel for them. The seed stays between the supervisor and the
-        trusted reference worker.
+        run is timed on the supervisor's clock (:attr:`HeldTrial.wall_s`). The worker draws the
+        inputs from ``seed`` (the same :meth:`~kerneljudge.problem.Problem.make_inputs`; on a
+        GPU on the device, ``on_device``), so that no tensor crosses the channel for them; on a
+        CPU the session's first trial's inputs are drawn here and sent, so that their size sets
+        the limits of the later ones. The seed stays between the supervisor and the trusted
+        reference worker.
 
         The limit of its requests is ``timeout_s`` plus ``per_gib_s`` seconds per GiB of the
         inputs (and of the weights, when this worker has not had them yet), so that a problem
@@ -262,9 +264,11 @@ class ReferenceSession:
             ReferenceFailed: as :meth:`request`.
             ProblemError: the problem's ``get_inputs`` raised in the worker.
         """
-        drawn: dict[str, Any] = {"seed": seed}
+        drawn: dict[str, Any] = {"seed": seed, "on_device": True}  # on a GPU, drawn there
         nbytes = self._input_bytes
-        if nbytes is None:  # the first trial: drawn here, its size sets the next ones' limits
+        if nbytes is None and str(self._device).startswith("cuda"):
+            nbytes = 0  # the first trial, drawn there too: no tensor to send, the oracle fast
+        elif nbytes is None:  # the first trial on a CPU: drawn here, its size sets the limits
             box = [self.problem.make_inputs(seed)]
             nbytes = tensor_bytes(box)
             # The inputs go out in the request alone: nothing here holds them while it runs.
@@ -285,6 +289,9 @@ class ReferenceSession:
                 f"{first_line(detail)}"
             ) from None
         wall_s = time.monotonic() - started
+        if "seed" in drawn:  # drawn in the worker: a replay draws them the same way, checked
+            on_device, printed = bool(reply.get("drawn_on_device")), reply.get("input_fingerprint")
+            fields = {**fields, "on_device": on_device, "fingerprint": printed}
         self._held[str(key)] = (seed, fields)
         kept = (
             "aliases_input",
@@ -292,6 +299,7 @@ class ReferenceSession:
             "input_layout",
             "output_layout",
             "input_fingerprint",
+            "drawn_on_device",
         )
         call_s = reply.get("call_s")
         call_s = float(call_s) if isinstance(call_s, int | float) else 0.0
@@ -350,58 +358,73 @@ class ReferenceSession:
         mode: str,
         index: int = 0,
         forget: bool = True,
+        side: dict[str, Any] | None = None,
     ) -> TrialResult:
         """A candidate's ``outputs`` compared with the reference's held under ``key``, in the
         reference worker (:func:`kerneljudge.check.compare_outputs`, same arguments); with
-        ``forget`` the worker then drops that trial's outputs and oracle.
+        ``forget`` the worker then drops that trial's outputs and oracle. With ``side``
+        (:func:`kerneljudge.check.beside.side_fields`; ``outputs`` None) the worker reads them
+        from the candidate's pipe, and the limit grows by the pipe's wait.
 
         Raises:
             ReferenceFailed: as :meth:`request`.
+            OutputsLost: with ``side``, no outputs came (nothing is dropped then).
         """
+        fields: dict[str, Any] = {"outputs": outputs} if side is None else dict(side)
         reply = self.request(
             "compare",
-            timeout_s,
+            timeout_s + float(fields.get("side_timeout_s", 0.0)),
             key=key,
-            outputs=outputs,
             atol=atol,
             rtol=rtol,
             mode=mode,
             index=index,
             forget=forget,
+            **fields,
         )
+        if "side_error" in reply:
+            raise OutputsLost(str(reply["side_error"]))
         return _trial_result(dict(reply["trial"]))
 
     def audit(
         self,
-        outputs: list[Any],
+        outputs: list[Any] | None,
         kinds: list[int],
         timeout_s: float,
         *,
         atol: float,
         rtol: float,
         mode: str,
-    ) -> tuple[TrialResult, list[tuple[int, bytes]]]:
+        side: dict[str, Any] | None = None,
+    ) -> tuple[TrialResult, list[tuple[int, bytes]], int]:
         """:meth:`compare` of an audited timed call's ``outputs`` with the reference's held
         under ``"audit"``, and the digests of those outputs by ``kinds`` (one per output, as
         the candidate's worker committed them), both computed in the reference worker (a tree
-        digest on its device): ``(result, [(kind, digest), ...])``.
+        digest on its device): ``(result, [(kind, digest), ...], n)``, ``n`` the number of
+        outputs the reference worker received (-1: not a list of plain tensors; with
+        ``outputs`` given, their number). ``side`` as for :meth:`compare`.
 
         Raises:
             ReferenceFailed: as :meth:`request`.
+            OutputsLost: with ``side``, no outputs came.
         """
+        fields: dict[str, Any] = {"outputs": outputs} if side is None else dict(side)
         reply = self.request(
             "compare",
-            timeout_s,
+            timeout_s + float(fields.get("side_timeout_s", 0.0)),
             key="audit",
-            outputs=outputs,
             atol=atol,
             rtol=rtol,
             mode=mode,
             forget=True,
             digest_kinds=list(kinds),
+            **fields,
         )
+        if "side_error" in reply:
+            raise OutputsLost(str(reply["side_error"]))
         digests = [(int(k), bytes(d)) for k, d in reply.get("digests") or ()]
-        return _trial_result(dict(reply["trial"])), digests
+        n = reply.get("n_outputs", len(outputs) if outputs is not None else -1)
+        return _trial_result(dict(reply["trial"])), digests, n if type(n) is int else -1
 
     def forget(self, timeout_s: float) -> None:
         """Drop every trial the worker holds (a worker not started yet holds none).
@@ -447,12 +470,19 @@ class ReferenceSession:
                 for seed, fields in list(self._held.values()):
                     if self.killed:
                         self.worker.kill()
-                    self.request(
-                        "run",
-                        replay_timeout_s,
-                        inputs=self.problem.make_inputs(seed),
-                        **fields,
+                    # The trial's inputs again: drawn where they were drawn, or sent.
+                    drawn = (
+                        {"seed": seed}
+                        if "on_device" in fields
+                        else {"inputs": self.problem.make_inputs(seed)}
                     )
+                    again = self.request("run", replay_timeout_s, **drawn, **fields)
+                    if "seed" in drawn and again.get("input_fingerprint") != fields["fingerprint"]:
+                        self.failed = True
+                        self.worker.kill()
+                        raise ReferenceFailed(
+                            "a new reference worker drew other inputs than the first one did", True
+                        ) from None
                 for inputs in replay:
                     if self.killed:  # killed meanwhile: the next request fails at once
                         self.worker.kill()

@@ -6,16 +6,18 @@ compared by the trusted reference worker that holds the trial's reference output
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from kerneljudge.candidate.policy import forbidden_ops_used, ops_reason, requires_custom_kernel
+from kerneljudge.check.beside import OutputsLost, outputs_beside
 from kerneljudge.check.limits import SetLimits
 from kerneljudge.check.reference import HeldTrial, ReferenceSession
 from kerneljudge.verdict import CheckResult, TrialResult
-from kerneljudge.worker import WorkerProcess
-from kerneljudge.worker.replies import RunReply
+from kerneljudge.worker import CandidateFault, WorkerProcess
+from kerneljudge.worker.replies import MalformedReply, RunReply
 
 __all__ = ["TrialRejected", "Trials", "input_effect_violation", "run_trials", "set_up_candidate"]
 
@@ -105,19 +107,33 @@ def run_trials(
         forget = shape_set != kept_set
         for i, held in enumerate(held_trials):
             say(f"trial {len(done) + 1}/{total}")
-            limit_s, got = first_s if i == 0 else run_s, None
+            limit_s, got, trial = first_s if i == 0 else run_s, None, None
+            compare = {"atol": atol, "rtol": rtol, "mode": mode, "index": len(done)}
             if drawn and held.reply.get("input_fingerprint"):
                 # The candidate's worker draws the inputs from the trial's seed, as the
                 # reference's did, and runs them only if their fingerprints match.
-                fields = {"seed": held.seed, "fingerprint": held.reply["input_fingerprint"]}
-                got = worker.request("run", limit_s, **fields, record_ops=record_ops)
-                if got.get("drawn") is False:
+                fields = {
+                    "seed": held.seed,
+                    "fingerprint": held.reply["input_fingerprint"],
+                    "on_device": bool(held.reply.get("drawn_on_device")),
+                    "record_ops": record_ops,
+                }
+                got, trial = run_compared(worker, ref, held.key, (limit_s, ref_s), fields, compare)
+                if trial is None:
                     drawn, got = False, None
                 elif forget:
                     ref.forget_inputs(held.key, ref_s)
-            if got is None:  # the reference's inputs, relayed
+            if got is None:  # the reference's inputs, relayed where they fit
+                if worker.reply_limit_bytes and held.input_bytes >= worker.reply_limit_bytes:
+                    raise CandidateFault(
+                        f"its worker's draw of the inputs differs from the reference's, and "
+                        f"sending it the reference's ({held.input_bytes / (1 << 20):.0f} MiB) "
+                        f"needs more memory than the judging process has"
+                    )
                 inputs = ref.held_inputs(held.key, ref_s, forget=forget)
-                got = worker.request("run", limit_s, inputs=inputs, record_ops=record_ops)
+                fields = {"inputs": inputs, "record_ops": record_ops}
+                got, trial = run_compared(worker, ref, held.key, (limit_s, ref_s), fields, compare)
+                del inputs, fields
             run = RunReply.decode(got, worker.role)
             effect = input_effect_violation(held.reply, run)
             if effect:
@@ -125,22 +141,51 @@ def run_trials(
             used = forbidden_ops_used(list(run.ops), policy)
             if record_ops and used:
                 raise TrialRejected(ops_reason(used))
-            # Compared by the trusted reference worker, which holds the reference's outputs
-            # and oracle; the caller lets go of the candidate's once sent.
-            trial = ref.compare(
-                held.key,
-                got.pop("outputs"),
-                ref_s,
-                atol=atol,
-                rtol=rtol,
-                mode=mode,
-                index=len(done),
-            )
+            if trial is None:
+                raise MalformedReply("run", "it answered that it drew no inputs, unasked")
             done.append(dataclasses.replace(trial, shape_set=shape_set))
     check = CheckResult(
         passed=all(t.passed for t in done), trials=tuple(done), mode=mode, atol=atol, rtol=rtol
     )
     return Trials(check, sessions)
+
+
+def run_compared(
+    worker: WorkerProcess,
+    ref: ReferenceSession,
+    key: str,
+    limits_s: tuple[float, float],
+    fields: dict[str, Any],
+    compare: dict[str, Any],
+) -> tuple[dict[str, Any], TrialResult | None]:
+    """The candidate's ``run`` of ``fields`` and the reference worker's comparison of its
+    outputs with the trial held under ``key`` (:meth:`ReferenceSession.compare` with
+    ``compare``'s keywords), made at once over a pipe of their own
+    (:func:`kerneljudge.check.beside.outputs_beside`): ``(the run's reply, the trial's
+    result)``; the result is None when the candidate's worker did not run (``{"drawn": False}``).
+    ``limits_s``: the candidate's and the reference's request limits (seconds).
+
+    Raises:
+        OutputsLost: the run answered but its outputs did not reach the reference worker.
+        CandidateFault, WorkerDied, WorkerTimeout: the candidate failed.
+        ReferenceFailed: the reference worker failed.
+    """
+    run_s, ref_s = limits_s
+    got, found = outputs_beside(
+        ref.worker,
+        worker,
+        "run",
+        run_s,
+        fields,
+        functools.partial(ref.compare, key, None, ref_s, **compare),
+    )
+    if got.get("drawn") is False:
+        if not isinstance(found, OutputsLost):  # it ran nothing, yet outputs came (and went)
+            raise MalformedReply("run", "it answered that it drew no inputs, and sent outputs")
+        return got, None
+    if isinstance(found, OutputsLost):
+        raise found
+    return got, found
 
 
 def set_up_candidate(

@@ -165,11 +165,13 @@ class JudgeConfig:
             (:class:`kerneljudge.timing.BatchLimit`).
         cache_dir: the build cache (None: :func:`kerneljudge.build.default_cache_dir`).
         seed: the run seed (None: a fresh secret one per evaluation).
-        memory_budget_mib: memory this process may use above its base to relay one trial (MiB;
-            0: the host's available memory when the trials start); a problem whose trials
-            need more is a :class:`~kerneljudge.errors.ProblemError`
-            (:func:`kerneljudge.check.memory.check_budget`), and a candidate's reply longer than
-            half of it ends its worker unread: ``runtime_error``.
+        memory_budget_mib: memory this process may use above its base to relay one trial's
+            inputs (MiB; 0: the host's available memory when the trials start); a problem whose
+            inputs it sends (on a CPU) and that need more is a
+            :class:`~kerneljudge.errors.ProblemError`
+            (:func:`kerneljudge.check.memory.check_budget`); a candidate's reply longer than
+            half of it ends its worker unread, and a candidate whose own draw differs is not
+            sent inputs longer than that: ``runtime_error``.
         threads: torch threads in the workers (0: torch's default). While timing on a CPU,
             both timed workers run one thread per timing core, or this many when fewer
             (:func:`kerneljudge.timing.hostload.timing_cores`).

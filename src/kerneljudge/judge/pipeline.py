@@ -298,8 +298,8 @@ class Judge:
             [held for runs in prepared.values() for held in runs],
             self.config.memory_budget_mib << 20,
             self.problem.name,
+            not device.startswith("cuda"),  # on a GPU the workers draw the inputs
         )
-        # A reply larger than the judge can relay ends the worker, unread.
         worker.reply_limit_bytes = reply_limit(budget)
         limits = self.reference.limits(self.config, device, prepared)
         clock.lap("reference")

@@ -24,11 +24,13 @@ Shape parameters are module-level globals (``batch_size = 16``) that ``get_input
 
 Inputs are drawn from a seed: :meth:`Problem.make_inputs` seeds torch's CPU generator, calls
 ``get_inputs()`` and moves the result to the requested device, so the same seed gives the same
-inputs on every machine.
+inputs on every machine; a judge's workers on a GPU draw there instead (the same seed, the same
+inputs on every GPU).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import types
@@ -293,16 +295,31 @@ class Problem:
             torch.manual_seed(seed)
             return list(self.module.get_init_inputs())
 
-    def make_inputs(self, seed: int, device: torch.device | str = "cpu") -> list[Any]:
+    def make_inputs(
+        self, seed: int, device: torch.device | str = "cpu", on_device: bool = False
+    ) -> list[Any]:
         """Forward inputs for one trial, drawn with torch's CPU generator seeded by ``seed``.
 
         Tensors keep the dtype ``get_inputs`` gives them (integer inputs stay integers) and are
         moved to ``device``; non-tensor inputs pass through unchanged.
+
+        With ``on_device`` and a CUDA ``device``, ``get_inputs()`` runs with that device as
+        torch's default device and its generator seeded by ``seed``: tensors its factory
+        functions make (``torch.rand`` and the like) are drawn there, not on the host (a draw
+        of gigabytes takes seconds with the CPU generator, milliseconds there). The same seed
+        gives the same inputs on the same kind of device, not the values of the CPU draw.
+
+        Raises:
+            whatever ``get_inputs`` raises (on the device: a draw that needs the host, such as
+            an explicit CPU generator, raises there; the caller may draw on the CPU instead).
         """
-        with torch.random.fork_rng(devices=[]):
+        dev = torch.device(device)
+        there = on_device and dev.type == "cuda"
+        default = dev if there else contextlib.nullcontext()
+        with torch.random.fork_rng(devices=[dev] if there else []), default:
             torch.manual_seed(seed)
             raw = list(self.module.get_inputs())
-        return [x.to(device) if isinstance(x, torch.Tensor) else x for x in raw]
+        return [x.to(dev) if isinstance(x, torch.Tensor) else x for x in raw]
 
     def make_model(self, seed: int, init_inputs: list[Any] | None = None) -> torch.nn.Module:
         """The reference ``Model``, parameters drawn from ``seed``, in ``eval()`` mode, on CPU."""

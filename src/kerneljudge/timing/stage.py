@@ -9,13 +9,14 @@ itself runs inside the workers (:mod:`kerneljudge.worker.measure`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
-import torch
 
+from kerneljudge.check.beside import OutputsLost, outputs_beside
 from kerneljudge.check.limits import REFERENCE_FLOOR_S, SetLimits
 from kerneljudge.check.reference import COMPILE_TIMEOUT_S, HeldTrial, ReferenceSession
 from kerneljudge.timing import (
@@ -96,7 +97,8 @@ def time_candidate(
     with a note in ``timer_note``); the kept outputs of up to :data:`AUDITED_CALLS` timed
     calls must match their committed digests and the reference run again on the same inputs
     (rebuilt in the reference worker from the trial's inputs it holds and the call's seed),
-    fetched and compared one call at a time; the upper 95% bound of its
+    sent from the candidate's worker to the reference worker and compared there one call at a
+    time; the upper 95% bound of its
     median must not be below the device's physical floor (:func:`below_floor`). On a CUDA
     device with ``graph_timing``, the contestants are then timed again by CUDA-graph replay,
     audited the same way (:func:`kerneljudge.timing.graph_pass.time_replays`), into the
@@ -306,30 +308,41 @@ def _audit_timed_calls(
     if not kept:
         return Status.REJECTED, "no timed call of the candidate was kept for the audit"
     for slot, call in sorted(kept.items()):
-        slots = worker.request("timed_outputs", run_s, slots=[slot]).get("slots")
-        if not isinstance(slots, dict):
-            return Status.REJECTED, "the worker's record of its timed calls was tampered with"
-        outputs = slots.get(slot)
-        del slots
-        if not isinstance(outputs, list) or not all(type(t) is torch.Tensor for t in outputs):
-            return Status.REJECTED, "the worker did not keep the outputs of an audited call"
         shown_wrong = (
             "the outputs shown for an audited timed call are not those the worker "
             "committed to when the call ended"
         )
         kinds = [kind for kind, _ in call.digests]
-        if len(outputs) != len(call.digests) or not set(kinds) <= DIGEST_KINDS:
+        if not set(kinds) <= DIGEST_KINDS:
             return Status.REJECTED, shown_wrong
         sets = keys[-call.n_sets :] if 0 < call.n_sets <= len(keys) else []
         if not sets:
             return Status.REJECTED, "the worker reported outputs of unknown timed calls"
         oracle = cfg.tolerance == "oracle"
         ref.run_timed_call(sets[call.index % len(sets)], call.seed, roll, ref_s, oracle)
-        # The outputs' digests and their comparison, both in the reference worker (a tree
-        # digest on its device: an int64 tree over a large output is slow on the host).
-        again, shown = ref.audit(outputs, kinds, ref_s, atol=atol, rtol=rtol, mode=cfg.tolerance)
-        del outputs
-        if shown != list(call.digests):
+
+        # The outputs go from the candidate's worker to the reference worker on a pipe of their
+        # own, where their digests are computed (a tree digest on its device: an int64 tree
+        # over a large output is slow on the host) and they are compared.
+        reply, found = outputs_beside(
+            ref.worker,
+            worker,
+            "timed_outputs",
+            run_s,
+            {"slots": [slot]},
+            functools.partial(
+                ref.audit, None, kinds, ref_s, atol=atol, rtol=rtol, mode=cfg.tolerance
+            ),
+        )
+        slots = reply.get("slots")
+        if not isinstance(slots, dict):
+            return Status.REJECTED, "the worker's record of its timed calls was tampered with"
+        again, shown, received = (None, [], -1) if isinstance(found, OutputsLost) else found
+        if type(slots.get(slot)) is not int or received < 0:
+            return Status.REJECTED, "the worker did not keep the outputs of an audited call"
+        # As many outputs as digests were committed, each matching its own (counted where
+        # they arrived, not as the worker says).
+        if received != len(call.digests) or shown != list(call.digests):
             return Status.REJECTED, shown_wrong
         if not again.passed:
             return (

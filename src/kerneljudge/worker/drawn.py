@@ -2,12 +2,13 @@
 workers drew the same.
 
 The supervisor sends seeds, not tensors: the reference worker and the candidate's worker each
-draw a trial's inputs (:meth:`kerneljudge.problem.Problem.make_inputs`) and the model's weights
-(:meth:`kerneljudge.problem.Problem.make_model`) with torch's CPU generator, so that no tensor of
-them crosses the channels. The reference worker replies with the :func:`fingerprint` of what it
-drew; the candidate's worker compares its own draw's with it before it uses it, and answers
-``{"drawn": False}`` when they differ or its draw failed (a problem that draws with a generator
-other than torch's, say), and the supervisor then sends the reference's tensors instead.
+draw a trial's inputs (:meth:`kerneljudge.problem.Problem.make_inputs`: on a GPU worker's device
+when the supervisor asks for it, with the CPU generator where that draw fails) and the model's
+weights (:meth:`kerneljudge.problem.Problem.make_model`, with torch's CPU generator), so that no
+tensor of them crosses the channels. The reference worker replies with the :func:`fingerprint`
+of what it drew; the candidate's worker compares its own draw's with it before it uses it, and
+answers ``{"drawn": False}`` when they differ or its draw failed (a problem that draws with a
+generator other than torch's, say), and the supervisor then sends the reference's tensors.
 
 The candidate's worker is not trusted to draw honestly, and need not be: its outputs are
 compared with the reference's on the reference's own draw, trial by trial and for audited
@@ -100,8 +101,9 @@ def _feed(h: Any, x: Any) -> None:
         h.update(f"{type(x).__name__}:{x!r};".encode())
 
 
-def draw_inputs(problem: Any, seed: int) -> list[Any]:
-    """``problem.make_inputs(seed)`` (:meth:`kerneljudge.problem.Problem.make_inputs`).
+def draw_inputs(problem: Any, seed: int, device: torch.device | None = None) -> list[Any]:
+    """``problem.make_inputs(seed)`` (:meth:`kerneljudge.problem.Problem.make_inputs`); with a
+    ``device``, drawn there (``on_device``).
 
     Raises:
         RuntimeError: no problem is loaded, or the draw raised; the message is then
@@ -110,37 +112,50 @@ def draw_inputs(problem: Any, seed: int) -> list[Any]:
     if problem is None:
         raise RuntimeError("no problem loaded to draw inputs from")
     try:
+        if device is not None:
+            return list(problem.make_inputs(seed, device, on_device=True))
         return list(problem.make_inputs(seed))
     except Exception as exc:  # noqa: BLE001 - the problem's code: its failure, in one line
         detail = next((ln for ln in str(exc).splitlines() if ln.strip()), "")
         raise RuntimeError(f"{INPUTS_FAILED}: {type(exc).__name__}: {detail}") from None
 
 
-def inputs_from_seed(worker: Any, seed: int, expected: str | None) -> list[Any] | None:
-    """A trial's inputs drawn in ``worker`` from ``seed``.
+def inputs_from_seed(
+    worker: Any, seed: int, expected: str | None, on_device: bool = False
+) -> tuple[list[Any] | None, bool]:
+    """A trial's inputs drawn in ``worker`` from ``seed``, and whether they were drawn on its
+    device: ``(inputs, on_device)``.
 
-    The reference worker: :func:`draw_inputs` of its problem. A candidate's worker (``expected``
-    is the reference's :func:`fingerprint` of its draw): the same draw, run confined as the
-    candidate's own code is (its patches of torch run there), and None when there is no
-    problem to draw from, the draw failed, or its fingerprint is not ``expected``.
+    The reference worker: :func:`draw_inputs` of its problem, on its device when ``on_device``
+    and it is a GPU, else (or when that draw raised) on the CPU. A candidate's worker
+    (``expected`` is the reference's :func:`fingerprint` of its draw, ``on_device`` where the
+    reference drew it): the same draw, run confined as the candidate's own code is (its patches
+    of torch run there), and None for the inputs when there is no problem to draw from, the
+    draw failed, or its fingerprint is not ``expected``.
 
     Raises:
         RuntimeError: in the reference worker, as :func:`draw_inputs`; in a candidate's
             worker, a request without ``expected``.
         Fault: in a candidate's worker, the sandbox caught the draw doing what it refuses.
     """
+    device = worker.device if on_device and worker.device.type == "cuda" else None
     if worker.role == "reference":
-        return draw_inputs(worker.problem, seed)
+        if device is not None:
+            try:
+                return draw_inputs(worker.problem, seed, device), True
+            except RuntimeError:  # drawn on the CPU: that draw decides whether it fails
+                pass
+        return draw_inputs(worker.problem, seed), False
     if expected is None:
         raise RuntimeError("a candidate's worker draws inputs only to match the reference's")
     try:
         with worker._confined():
-            drawn = draw_inputs(worker.problem, seed)
-        return drawn if fingerprint(drawn) == expected else None
+            drawn = draw_inputs(worker.problem, seed, device)
+        return (drawn if fingerprint(drawn) == expected else None), device is not None
     except Fault:
         raise
     except Exception:  # noqa: BLE001 - any failure here: the reference's inputs are sent
-        return None
+        return None, device is not None
 
 
 def load_problem(path: str, shape_set: str) -> Any:

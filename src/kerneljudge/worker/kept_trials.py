@@ -20,6 +20,8 @@ import torch
 from kerneljudge.worker.calls import trial_fields
 from kerneljudge.worker.forward import to_cpu
 from kerneljudge.worker.measure import flatten_tensors
+from kerneljudge.worker.protocol import MAX_MESSAGE_BYTES
+from kerneljudge.worker.side import recv_outputs
 from kerneljudge.worker.stamps import KIND_TREE, output_digest
 
 __all__ = ["KEEP_DEVICE_SHARE", "KEEP_FREE_SHARE", "KeptTrials"]
@@ -46,6 +48,7 @@ class KeptTrials:
     device: Any
     expected: dict[str, dict[str, Any]]
     held: dict[str, list[Any]]
+    handoff: Any
 
     def keep_copy(self, value: Any) -> Any:
         """A detached copy of outputs the reference keeps for comparisons (a trial's outputs
@@ -103,17 +106,36 @@ class KeptTrials:
         ``mode`` and ``index``, computed on this worker's device); drops them if ``forget``.
         Returns ``trial``: the :class:`~kerneljudge.verdict.TrialResult` as a dict
         (:func:`trial_fields`), and with ``digest_kinds`` (one digest kind per output)
-        ``digests``: each output's ``[kind, digest]`` (:meth:`_digests`)."""
+        ``digests``: each output's ``[kind, digest]`` (:meth:`_digests`).
+
+        With ``side`` (a token's hex) instead of ``outputs``, the outputs are read from the pipe
+        handed over under that token (:func:`kerneljudge.worker.side.recv_outputs`), within
+        ``side_timeout_s`` seconds and twice the kept outputs' bytes plus 1 MiB (at most
+        ``side_max_bytes`` where the request sets it); when none came the reply is ``{"side_error":
+        why}`` and nothing is dropped. The reply then also says whether they were a list of
+        plain tensors (``tensors``; only then are their ``digests`` computed) and how many
+        (``n_outputs``; -1 when they were not)."""
         from kerneljudge.check import compare_outputs
 
         kept = self._reference_only(self.expected, msg["key"])
+        outputs, extra = msg.get("outputs"), {}
+        if msg.get("side"):
+            limit = 2 * sum(t.numel() * t.element_size() for t in flatten_tensors(kept["outputs"]))
+            limit = min(limit + (1 << 20), int(msg.get("side_max_bytes") or MAX_MESSAGE_BYTES))
+            outputs, why = recv_outputs(
+                self.handoff, bytes.fromhex(str(msg["side"])), float(msg["side_timeout_s"]), limit
+            )
+            if why:
+                return {"side_error": why}
+            plain = isinstance(outputs, list) and all(type(t) is torch.Tensor for t in outputs)
+            extra = {"tensors": plain, "n_outputs": len(outputs) if plain else -1}
         if msg.get("forget"):
             del self.expected[str(msg["key"])]
 
         def compare(device: Any) -> Any:
             return compare_outputs(
                 kept["outputs"],
-                msg["outputs"],
+                outputs,
                 oracle=kept["oracle"],
                 atol=float(msg["atol"]),
                 rtol=float(msg["rtol"]),
@@ -123,12 +145,12 @@ class KeptTrials:
             )
 
         reply: dict[str, Any] = {"trial": trial_fields(_on_device_or_host(self.device, compare))}
-        if msg.get("digest_kinds") is not None:
+        if msg.get("digest_kinds") is not None and extra.get("tensors", True):
             kinds = msg["digest_kinds"]
             reply["digests"] = _on_device_or_host(
-                self.device, lambda device: self._digests(msg["outputs"], kinds, device)
+                self.device, lambda device: self._digests(outputs, kinds, device)
             )
-        return reply
+        return {**reply, **extra}
 
     @staticmethod
     def _digests(outputs: Any, kinds: Any, device: Any) -> list[list[Any]]:

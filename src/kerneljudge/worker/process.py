@@ -13,6 +13,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -39,6 +40,7 @@ from kerneljudge.worker.protocol import (
     MessageTooLarge,
 )
 from kerneljudge.worker.sandbox import candidate_environment, child_pids
+from kerneljudge.worker.side import hand_over
 from kerneljudge.worker.stamps import socket_pair
 
 __all__ = ["CandidateFault", "WorkerDied", "WorkerPool", "WorkerProcess", "WorkerTimeout"]
@@ -90,6 +92,8 @@ class WorkerProcess:
         from_worker_r, from_worker_w = os.pipe()
         # The timed calls' stamp socket (kerneljudge.worker.stamps): the worker's end is passed.
         self.stamps, stamp_end = socket_pair()
+        # Descriptors handed to the worker (kerneljudge.worker.side): its end is passed.
+        self._handoff, handoff_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
         full_env = (
             candidate_environment(dict(os.environ)) if role == "candidate" else dict(os.environ)
         )
@@ -116,6 +120,8 @@ class WorkerProcess:
             str(from_worker_w),
             "--stamp-fd",
             str(stamp_end.fileno()),
+            "--handoff-fd",
+            str(handoff_end.fileno()),
             "--threads",
             str(threads),
             *(["--record-ops"] if record_ops else []),
@@ -129,7 +135,7 @@ class WorkerProcess:
             self.proc = confine.spawn(
                 confine.command(args, self._writable(full_env, writable), _GPU_DEVICES),
                 cpus=cpus,
-                pass_fds=(to_worker_r, from_worker_w, stamp_end.fileno()),
+                pass_fds=(to_worker_r, from_worker_w, stamp_end.fileno(), handoff_end.fileno()),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -141,6 +147,7 @@ class WorkerProcess:
         os.close(to_worker_r)
         os.close(from_worker_w)
         stamp_end.close()
+        handoff_end.close()
         self.chan = Channel(from_worker_r, to_worker_w)
         self.ready = False
         #: Longest reply the supervisor reads from this worker (bytes; 0: the protocol's own
@@ -252,6 +259,16 @@ class WorkerProcess:
             except subprocess.TimeoutExpired:  # pragma: no cover - unkillable (D state)
                 pass
         self.chan.close()
+        self._handoff.close()
+
+    def hand_over(self, fd: int, token: bytes) -> None:
+        """Hand a copy of ``fd`` to the worker, labelled ``token``
+        (:func:`kerneljudge.worker.side.hand_over`).
+
+        Raises:
+            OSError: the worker is gone, or the host refused the descriptor.
+        """
+        hand_over(self._handoff, fd, token)
 
     def close(self) -> None:
         """Ask the worker to exit, kill it if it does not, and delete its scratch directory."""

@@ -58,14 +58,15 @@ class RunReply:
 
     @classmethod
     def decode(cls, reply: Mapping[str, Any], role: str) -> RunReply:
-        """The reply's fields, checked: ``outputs`` present; ``ops`` a list of str,
+        """The reply's fields, checked: ``outputs`` present (or ``side``: true, sent on a pipe
+        of their own, :mod:`kerneljudge.worker.side`); ``ops`` a list of str,
         ``aliases_input`` a bool, ``modified_inputs`` a list of int, each optional.
 
         Raises:
             MalformedReply: a candidate worker's reply of another shape.
             WorkerError: the same from any other worker.
         """
-        if "outputs" not in reply:
+        if "outputs" not in reply and reply.get("side") is not True:
             raise _malformed(role, "run", "no outputs")
         ops = reply.get("ops", [])
         if not isinstance(ops, list) or not all(isinstance(o, str) for o in ops):

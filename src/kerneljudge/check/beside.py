@@ -1,0 +1,113 @@
+"""A candidate's request and the reference's comparison of its outputs, run at once over a pipe
+of their own (:mod:`kerneljudge.worker.side`), so that the outputs go from the candidate's
+worker straight to the reference worker instead of through the supervisor.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from kerneljudge.errors import WorkerError
+from kerneljudge.worker import WorkerProcess
+from kerneljudge.worker.faults import CandidateFault
+from kerneljudge.worker.side import HandOverFailed, SidePipe
+
+__all__ = ["OutputsLost", "beside", "outputs_beside", "side_fields"]
+
+
+class OutputsLost(CandidateFault):
+    """The candidate's worker answered, but its outputs did not reach the reference worker
+    whole (nothing sent, cut short, corrupt, too large or late)."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(f"the outputs did not reach the reference worker: {why}")
+
+
+def side_fields(token: str, timeout_s: float) -> dict[str, Any]:
+    """The fields of a reference request that reads a candidate's outputs from the pipe
+    ``token`` names, within ``timeout_s`` seconds (and at most twice the reference's outputs
+    plus 1 MiB: :meth:`kerneljudge.worker.kept_trials.KeptTrials.op_compare`)."""
+    return {"side": token, "side_timeout_s": timeout_s}
+
+
+def beside(
+    reference: WorkerProcess,
+    candidate: WorkerProcess,
+    ask_reference: Callable[[str], dict[str, Any]],
+    ask_candidate: Callable[[str], dict[str, Any]],
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(candidate's reply, reference's reply)`` of two requests made at once over one
+    :class:`~kerneljudge.worker.side.SidePipe`: ``ask_reference(token)`` (on a thread of its
+    own; it reads the outputs) and ``ask_candidate(token)`` (here; it writes them), each given
+    the pipe's token as hex. The pipe is finished once the candidate's request returned or
+    failed (a reference worker waiting for outputs that were never written then answers at
+    once; one cut short, once the candidate's worker's end is closed, or at its own limit),
+    then this waits for the reference's request.
+
+    Raises:
+        whatever ``ask_reference`` raised (a failure of the reference decides nothing about
+        the candidate); else whatever ``ask_candidate`` raised (the reference's answer, a
+        ``side_error``, is dropped then).
+        OutputsLost: the candidate's end of the pipe could not be handed to its worker.
+        WorkerError: the reference's end could not be handed to its worker.
+    """
+    box: dict[str, Any] = {}
+    try:
+        pipe = SidePipe(reference, candidate)
+    except HandOverFailed as exc:
+        if exc.role == "candidate":
+            raise OutputsLost(str(exc)) from None
+        raise WorkerError(str(exc)) from None
+    with pipe:
+        token = pipe.token.hex()
+
+        def ask() -> None:
+            try:
+                box["reply"] = ask_reference(token)
+            except BaseException as exc:  # noqa: BLE001 - raised on the caller's thread
+                box["error"] = exc
+
+        thread = threading.Thread(target=ask, name="kerneljudge-compare", daemon=True)
+        thread.start()
+        try:
+            got = ask_candidate(token)
+        finally:
+            pipe.finish()
+            thread.join()
+            if "error" in box:
+                raise box["error"]
+    return got, box["reply"]
+
+
+def outputs_beside(
+    reference: WorkerProcess,
+    candidate: WorkerProcess,
+    op: str,
+    run_s: float,
+    fields: dict[str, Any],
+    read: Callable[..., Any],
+) -> tuple[dict[str, Any], Any]:
+    """The candidate's request ``op`` (``fields``, within ``run_s`` seconds), whose outputs go
+    to the reference worker on a pipe of their own, and ``read(side=...)``, the reference's
+    request that reads them (``side``: :func:`side_fields` of the pipe, waiting at most ``run_s``),
+    made at once (:func:`beside`): ``(the candidate's reply, what read returned)``, or the
+    :class:`OutputsLost` it raised in place of the latter (the caller decides whether that
+    counts: a candidate that ran nothing sent nothing).
+
+    Raises:
+        as :func:`beside`.
+    """
+
+    def ask_reference(token: str) -> dict[str, Any]:
+        try:
+            return {"found": read(side=side_fields(token, run_s))}
+        except OutputsLost as exc:
+            return {"found": exc}
+
+    def ask_candidate(token: str) -> dict[str, Any]:
+        return candidate.request(op, run_s, side=token, **fields)
+
+    got, answer = beside(reference, candidate, ask_reference, ask_candidate)
+    return got, answer["found"]

@@ -1,0 +1,67 @@
+"""GPU tier: trial inputs drawn on the GPU (kerneljudge.worker.drawn): the same seed gives the
+same inputs there, and a verdict in which the candidate's worker draws as the reference's did
+relays no input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from kerneljudge import Judge, JudgeConfig, Status
+from kerneljudge.check.reference import ReferenceSession
+from kerneljudge.problem import Problem
+
+pytestmark = pytest.mark.gpu
+
+PROBLEM = """
+import torch
+import torch.nn as nn
+
+SHAPE_SETS = {"public": {}}
+
+
+class Model(nn.Module):
+    def forward(self, x, ids):
+        return torch.relu(x) + ids.float().mean()
+
+
+def get_inputs():
+    return [torch.rand(512, 1024), torch.randint(0, 7, (64,))]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_device_draw_is_on_the_device_and_repeats(tmp_path: Path) -> None:
+    path = tmp_path / "p.py"
+    path.write_text(PROBLEM)
+    problem = Problem.load(path, probe=False)
+    x, ids = problem.make_inputs(4, "cuda", on_device=True)
+    assert x.is_cuda and ids.is_cuda and ids.dtype == torch.int64
+    x2, ids2 = problem.make_inputs(4, "cuda", on_device=True)
+    assert torch.equal(x, x2) and torch.equal(ids, ids2)
+    assert not torch.equal(x, problem.make_inputs(5, "cuda", on_device=True)[0])
+
+
+def test_a_gpu_verdict_relays_no_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "p.py"
+    path.write_text(PROBLEM)
+    cand = tmp_path / "c.py"
+    cand.write_text(PROBLEM.replace("class Model(", "class ModelNew("))
+    relayed = []
+    held = ReferenceSession.held_inputs
+
+    def counted(self: ReferenceSession, *a, **kw):  # type: ignore[no-untyped-def]
+        relayed.append(1)
+        return held(self, *a, **kw)
+
+    monkeypatch.setattr(ReferenceSession, "held_inputs", counted)
+    config = JudgeConfig(device="cuda", cache_dir=tmp_path / "cache", timing=False)
+    with Judge(path, config) as judge:
+        verdict = judge.evaluate(cand)
+    assert verdict.status is Status.CORRECT, verdict.reason
+    assert relayed == []
