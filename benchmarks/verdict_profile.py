@@ -76,6 +76,12 @@ def main() -> None:
                 seconds = time.perf_counter() - t0
                 print(f"verdict {i + 1}: {verdict.status.value} in {seconds:.1f} s", flush=True)
     print("stages (s):", " ".join(f"{k} {v:.2f}" for k, v in verdict.stage_s.items()))
+    if verdict.timing is not None:
+        t = verdict.timing
+        counts = " ".join(f"{m.name} {m.samples}" for m in t.measurements)
+        print(f"timing: {t.passes} pass(es), {t.rounds} rounds, stop {t.stop_reason}; {counts}")
+        if t.timer_note or (t.host and t.host.noisy):
+            print(f"  note: {t.timer_note or ''} noisy: {t.host.noise_reasons if t.host else ''}")
     print("requests (role, request: total s / count):")
     for (role, op), times in sorted(spent.items(), key=lambda kv: -sum(kv[1])):
         print(f"  {role:10s} {op:16s} {sum(times):7.2f} s / {len(times)}")

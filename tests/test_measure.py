@@ -181,3 +181,91 @@ def test_tqdm_monitor_thread_is_not_lingering_after_a_call() -> None:
             assert lingering_threads(before, grace_s=0.05) == []
         finally:
             bar.close()
+
+
+def test_perturb_into_an_earlier_result_gives_the_same_bits_as_torch_roll() -> None:
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(7, 1, 5, generator=g)
+    strided = torch.randn(5, 8, generator=g).t()  # not contiguous
+    half = torch.randn(9, 3, generator=g).half()
+    ids = torch.randint(0, 9, (4, 2), generator=g)
+    args = [x, strided, half, ids, 2.5]
+    which = [True, True, True, False, False]
+    fresh = perturb(args, which, 77)
+    spare = perturb(args, which, 5)  # another call's inputs, to be written over
+    pointers = [t.data_ptr() for t in spare if isinstance(t, torch.Tensor)]
+    again = perturb(args, which, 77, into=spare)
+    assert [t.data_ptr() for t in again if isinstance(t, torch.Tensor)] == pointers
+    for u, v in zip(fresh, again):
+        if isinstance(u, torch.Tensor):
+            assert u.is_contiguous() and v.is_contiguous() and u.shape == v.shape
+            assert torch.equal(u.view(torch.uint8), v.view(torch.uint8))
+    assert again[4] == 2.5
+    # The same as rolling with torch.roll along the first dimension longer than one, then
+    # flipping the lowest bit of one element, with the same draws.
+    gen = torch.Generator().manual_seed(77)
+    for t, got in zip(args[:3], fresh[:3]):
+        d = next(d for d in range(t.dim()) if t.shape[d] > 1)
+        shift = int(torch.randint(1, t.shape[d], (1,), generator=gen))
+        j = int(torch.randint(0, t.numel(), (1,), generator=gen))
+        bits = t.contiguous().view(torch.int16 if t.element_size() == 2 else torch.int32)
+        want = torch.roll(bits, shift, d).contiguous().view(-1)
+        want[j] ^= 1
+        assert torch.equal(got.view(bits.dtype).view(-1), want)
+    # A spare of another shape or dtype is not written over.
+    other = perturb([x.double()], [True], 77, into=[x.clone()])
+    assert other[0].dtype == torch.float64
+
+
+def test_timed_calls_get_aliases_whose_metadata_they_cannot_change_for_the_next_call() -> None:
+    seen: list[torch.Tensor] = []
+
+    class Shrinks(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            seen.append(x.clone())
+            y = x.sum(0)
+            x.resize_(1)  # the alias is changed, not the loop's buffer
+            return y
+
+    sets = [[torch.randn(64, 8, generator=torch.Generator().manual_seed(2))]]
+    times, _, _ = time_calls(
+        Shrinks(), sets, n=4, warmup=1, device=torch.device("cpu"), flush=None, poison_bytes=0
+    )
+    assert len(times) == 4 and all(t.shape == (64, 8) for t in seen)
+    assert len({bytes(t.numpy().tobytes()) for t in seen}) == len(seen)
+
+
+def test_float64_oracle_writes_its_converted_inputs_over_the_spare_it_was_given() -> None:
+    from kerneljudge.worker.forward import float64_oracle, to_double
+
+    class Sum(torch.nn.Module):
+        def forward(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+            return x.sum(-1) + ids
+
+    g = torch.Generator().manual_seed(4)
+    x, ids = torch.randn(32, 16, generator=g), torch.randint(0, 5, (32,), generator=g)
+    spare: list[object] = []
+    cpu = torch.device("cpu")
+    first = float64_oracle(Sum(), [x, ids], cpu, spare=spare)
+    assert isinstance(spare[0], torch.Tensor) and spare[0].dtype == torch.float64
+    assert spare[1] is None  # not converted: not kept
+    pointer = spare[0].data_ptr()
+    y = torch.randn(32, 16, generator=g)
+    second = float64_oracle(Sum(), [y, ids], cpu, spare=spare)
+    assert spare[0].data_ptr() == pointer
+    assert torch.equal(second, y.double().sum(-1) + ids)
+    assert torch.equal(first, x.double().sum(-1) + ids)
+    # Another shape, a non-contiguous value or a float64 one is not written over.
+    assert to_double([x.t()], into=[spare[0]])[0].data_ptr() != pointer
+    d = x.double()
+    assert to_double([d], into=[spare[0]])[0] is d
+
+
+def test_a_spare_whose_storage_a_call_resized_is_not_written_over() -> None:
+    x = torch.randn(16, 4, generator=torch.Generator().manual_seed(6))
+    spare = perturb([x], [True], 1)
+    spare[0].detach().untyped_storage().resize_(0)  # what a call can do through its alias
+    again = perturb([x], [True], 2, into=spare)
+    assert again[0].untyped_storage().nbytes() == x.numel() * 4
+    got, want = again[0].reshape(-1).sort().values, x.reshape(-1).sort().values
+    assert torch.allclose(got, want, atol=1e-5)

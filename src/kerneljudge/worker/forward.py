@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.utils._python_dispatch
 
-from kerneljudge.worker.measure import continuous
+from kerneljudge.worker.measure import continuous, writable
 
 __all__ = [
     "Fault",
@@ -58,12 +58,27 @@ def to_device(values: list[Any], device: torch.device) -> list[Any]:
     return [v.to(device) if isinstance(v, torch.Tensor) else v for v in values]
 
 
-def to_double(values: list[Any]) -> list[Any]:
+def to_double(values: list[Any], into: list[Any] | None = None) -> list[Any]:
     """``values`` with every floating tensor converted to float64 (masks in a floating dtype
-    included; integer and bool tensors and non-tensors as they are)."""
-    return [
-        v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for v in values
-    ]
+    included; integer, bool and float64 tensors and non-tensors as they are).
+
+    ``into``: an earlier return value, whose float64 tensors are written over where one has
+    the shape and device needed (it and the value contiguous) instead of new ones allocated,
+    as :func:`kerneljudge.worker.measure.perturb` does with its ``into``: on the CPU a new
+    float64 copy of hundreds of MB costs its fresh pages on top of the conversion.
+    """
+    spare = list(into or ())
+    out: list[Any] = []
+    for i, v in enumerate(values):
+        if not isinstance(v, torch.Tensor) or not v.is_floating_point() or v.dtype == torch.float64:
+            out.append(v)
+            continue
+        t = writable(spare[i] if i < len(spare) else None, v, torch.float64)
+        if t is not None and v.is_contiguous():
+            out.append(t.copy_(v))
+        else:
+            out.append(v.double())
+    return out
 
 
 def to_cpu(value: Any, keep_device: bool = False) -> Any:
@@ -113,6 +128,7 @@ def float64_oracle(
     inputs: list[Any],
     device: torch.device,
     keep: Callable[[Any], Any] | None = None,
+    spare: list[Any] | None = None,
 ) -> Any:
     """The reference evaluated in float64: ``model`` called (under ``no_grad``) with its floating
     parameters and buffers in float64 (:func:`in_float64`) on ``inputs`` with every floating
@@ -123,7 +139,9 @@ def float64_oracle(
     buffers): that would come again on the CPU, after minutes of float64 work there. ``model``
     is the same afterwards (its own tensors are put back; the float64 call ran on copies); an
     input tensor that needs no conversion (integer, bool or float64, already on the device of
-    the try) is passed as it is, not copied.
+    the try) is passed as it is, not copied. ``spare`` (a list this function fills): the
+    float64 inputs of a try on the CPU are kept in it, and written over by the next call given
+    the same list (:func:`to_double`'s ``into``).
 
     Returns:
         The outputs as ``keep`` copies them (default :func:`to_cpu`; float64 where the
@@ -137,7 +155,11 @@ def float64_oracle(
     for dev in tries:
         try:
             with in_float64(model, dev):
-                args = to_double(to_device(inputs, dev))
+                moved = to_device(inputs, dev)
+                on_cpu = spare is not None and dev.type == "cpu"
+                args = to_double(moved, into=spare if on_cpu else None)
+                if spare is not None and on_cpu:  # the converted ones only
+                    spare[:] = [a if a is not v else None for a, v in zip(args, moved)]
                 with torch.no_grad():
                     return (keep or to_cpu)(model(*args))
         except (RuntimeError, NotImplementedError, TypeError) as exc:

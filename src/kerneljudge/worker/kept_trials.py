@@ -42,12 +42,14 @@ class KeptTrials:
         expected: per key, the reference's ``{"outputs", "oracle"}`` of that trial (on the
             GPU or the host: :meth:`keep_copy`).
         held: per key, the trial's inputs as received (on the CPU), when asked to hold them.
+        spares: tensors written over by later requests (dropped on ``forget``).
     """
 
     role: str
     device: Any
     expected: dict[str, dict[str, Any]]
     held: dict[str, list[Any]]
+    spares: dict[str, list[Any]]
     handoff: Any
 
     def keep_copy(self, value: Any) -> Any:
@@ -167,8 +169,10 @@ class KeptTrials:
         return out
 
     def op_forget(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Drop the kept trials (outputs, oracle, inputs) of ``keys``, or all of them."""
+        """Drop the kept trials (outputs, oracle, inputs) of ``keys``, or all of them, and the
+        spares."""
         keys = msg.get("keys")
+        self.spares.clear()
         if keys is None:
             self.expected.clear()
             self.held.clear()

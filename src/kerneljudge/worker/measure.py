@@ -46,6 +46,7 @@ __all__ = [
     "flatten_tensors",
     "load_static",
     "unwritten",
+    "writable",
     "nudge",
     "perturb",
     "poison",
@@ -147,7 +148,14 @@ def nudge(args: list[Any], which: list[bool], gen: torch.Generator) -> None:
             view[j] ^= torch.isfinite(x.view(-1)[j]).to(view.dtype)
 
 
-def perturb(args: list[Any], which: list[bool], seed: int, roll: bool = True) -> list[Any]:
+def perturb(
+    args: list[Any],
+    which: list[bool],
+    seed: int,
+    roll: bool = True,
+    *,
+    into: list[Any] | None = None,
+) -> list[Any]:
     """The inputs of one timed call: ``args`` with each tensor flagged in ``which`` rolled by a
     random shift (1 to size-1) along its first dimension longer than one and one random element
     nudged by one ulp; other tensors cloned, non-tensors as they are.
@@ -157,27 +165,61 @@ def perturb(args: list[Any], which: list[bool], seed: int, roll: bool = True) ->
     A roll keeps every value and every row along later dimensions; a problem whose inputs have
     structure along the first (triangular, symmetric, sorted) sets ``ROLL_TIMED_INPUTS =
     False`` and gets ``roll=False``: the nudge only.
+
+    ``into``: an earlier return value of this function, whose tensors are written over where
+    one has the shape, dtype and device the new input needs (and is contiguous), instead of
+    new ones allocated; the values are the same either way. On the CPU a new tensor of
+    hundreds of MB costs its fresh pages on top of the copy (a 128 MiB input on a 2-core
+    host: 51 ms a call against 25 ms written over, docs/benchmarks/2026-12-02-cpu-timed-loop.md).
     """
     gen = torch.Generator().manual_seed(seed)
+    spare = list(into) if into is not None else []
     out: list[Any] = []
-    for x, flagged in zip(args, which):
+    for i, (x, flagged) in enumerate(zip(args, which)):
         if not isinstance(x, torch.Tensor):
             out.append(x)
             continue
+        dest = writable(spare[i] if i < len(spare) else None, x)
         if not flagged:
-            out.append(x.clone())
+            out.append(dest.copy_(x) if dest is not None and x.is_contiguous() else x.clone())
             continue
         dims = [d for d in range(x.dim()) if x.shape[d] > 1] if roll else []
+        # Rolled as same-width integers: the same bits, and CUDA has no fp8 roll.
+        bits = x.view(_INT_VIEW[x.element_size()])
+        y = (
+            dest.view(bits.dtype)
+            if dest is not None
+            else torch.empty(x.shape, dtype=bits.dtype, device=x.device)
+        )
         if dims:
-            shift = int(torch.randint(1, x.shape[dims[0]], (1,), generator=gen))
-            # Rolled as same-width integers: the same bits, and CUDA has no fp8 roll.
-            bits = x.contiguous().view(_INT_VIEW[x.element_size()])
-            y = _roll(bits, shift, dims[0]).contiguous().view(x.dtype)
+            d, size = dims[0], x.shape[dims[0]]
+            shift = int(torch.randint(1, size, (1,), generator=gen))
+            # torch.roll's result, written as its two slices: y[shift:] = x[:-shift] and
+            # y[:shift] = x[-shift:] along d.
+            _copy(y.narrow(d, shift, size - shift), bits.narrow(d, 0, size - shift))
+            _copy(y.narrow(d, 0, shift), bits.narrow(d, size - shift, shift))
         else:
-            y = x.clone()
+            _copy(y, bits)
+        y = y.view(x.dtype)
         nudge([y], [True], gen)
         out.append(y)
     return out
+
+
+def writable(t: Any, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor | None:
+    """``t`` when a copy of ``like`` (converted to ``dtype``, default its own) can be written
+    over it in place: a contiguous tensor of its shape, that dtype and its device, whose
+    storage is all there (a call can resize it through an alias); else None."""
+    if (
+        isinstance(t, torch.Tensor)
+        and t.shape == like.shape
+        and t.dtype == (dtype or like.dtype)
+        and t.device == like.device
+        and t.is_contiguous()
+        and t.untyped_storage().nbytes() >= (t.storage_offset() + t.numel()) * t.element_size()
+    ):
+        return t
+    return None
 
 
 def poison(nbytes: int, device: torch.device) -> None:
@@ -345,6 +387,7 @@ def time_calls(
     static_args: list[Any] = list(graph.static_args) if replay is not None else []
     graph_outputs = graph.outputs if replay is not None else None
     static_outputs = flatten_tensors(graph_outputs)
+    spare: list[Any] | None = None
     wall0 = _perf_counter_ns()
     for i in range(total):
         if i == warmup:
@@ -353,7 +396,11 @@ def time_calls(
         poison(poison_bytes, device)
         if i:
             seed = link.seed(i) if link is not None else _randbits(62)
-        args = perturb(input_sets[k], nudgeable[k], seed, roll)
+        # Written over the previous call's inputs (perturb's ``into``); the call gets aliases
+        # of them, so what it does to its tensors' sizes or storage leaves the buffers as
+        # they are, and every element is written again before the next call.
+        spare = perturb(input_sets[k], nudgeable[k], seed, roll, into=spare)
+        args = [x.detach() if isinstance(x, torch.Tensor) else x for x in spare]
         if replay is not None:
             load_static(static_args, static_outputs, args)
         with torch.no_grad():

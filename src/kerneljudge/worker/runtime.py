@@ -114,6 +114,9 @@ class Worker(KeptTrials, CapturedCalls):
         self.held: dict[str, list[Any]] = {}
         self.poison_bytes = 0
         self.flush: torch.Tensor | None = None
+        #: A CPU worker's tensors written over by its next audited call's inputs and float64
+        #: oracle (perturb's and to_double's ``into``); dropped when timing starts and on forget.
+        self.spares: dict[str, list[Any]] = {}
         self.sandbox: Sandbox | None = None
         if role == "candidate":
             self.sandbox = Sandbox([os.getcwd(), os.environ.get("TMPDIR", os.getcwd())])
@@ -252,7 +255,10 @@ class Worker(KeptTrials, CapturedCalls):
                 nudgeable(base),
                 int(msg["perturb"]),
                 bool(msg.get("roll", True)),
+                into=self.spares.get("audit"),
             )
+            if self.device.type == "cpu":
+                self.spares["audit"] = received
         elif "seed" in msg:  # drawn here (kerneljudge.worker.drawn): checked in a candidate's
             drawn, on_device = inputs_from_seed(
                 self, int(msg["seed"]), msg.get("fingerprint"), bool(msg.get("on_device"))
@@ -274,7 +280,8 @@ class Worker(KeptTrials, CapturedCalls):
         started = time.perf_counter()
         out = self._call(self.model, args, record_ops=bool(msg.get("record_ops")))
         call_s = time.perf_counter() - started
-        effects = input_effects(args, self.inputs, out)
+        # (An audited call's reply is not read: its inputs are the reference's own perturbed.)
+        effects = {} if "from_held" in msg else input_effects(args, self.inputs, out)
         self.poison_bytes = max(self.poison_bytes, nbytes(measure.flatten_tensors(out)))
         kept = msg.get("expect") is not None and self.role == "reference"
         outputs = self.keep_copy(out) if kept else to_cpu(out)
@@ -312,7 +319,8 @@ class Worker(KeptTrials, CapturedCalls):
         ``kept``: copied as :meth:`keep_copy` keeps a trial's tensors, else to the CPU."""
         assert self.model is not None
         keep = self.keep_copy if kept else None
-        return float64_oracle(self.model, self.inputs, self.device, keep)
+        spare = self.spares.setdefault("float64", []) if self.device.type == "cpu" else None
+        return float64_oracle(self.model, self.inputs, self.device, keep, spare)
 
     def op_compile(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Compile the reference with ``torch.compile`` and warm it up on the current inputs."""
@@ -351,6 +359,7 @@ class Worker(KeptTrials, CapturedCalls):
         if self.device.type == "cuda" and flush_bytes:
             if self.flush is None or self.flush.numel() != flush_bytes:
                 self.flush = torch.empty(flush_bytes, dtype=torch.uint8, device=self.device)
+        self.spares.clear()  # not held while the contestants are timed
         before = thread_idents()
         spec = msg.get("link")
         link = None

