@@ -43,6 +43,7 @@ class KeptTrials:
             GPU or the host: :meth:`keep_copy`).
         held: per key, the trial's inputs as received (on the CPU), when asked to hold them.
         spares: tensors written over by later requests (dropped on ``forget``).
+        inputs: the current request's inputs.
     """
 
     role: str
@@ -50,7 +51,14 @@ class KeptTrials:
     expected: dict[str, dict[str, Any]]
     held: dict[str, list[Any]]
     spares: dict[str, list[Any]]
+    inputs: list[Any]
     handoff: Any
+
+    def _drop_spares(self) -> None:
+        """Free the spares (the current inputs too, where they are the audit's spare)."""
+        if self.spares.get("audit") is self.inputs:
+            self.inputs = []
+        self.spares.clear()
 
     def keep_copy(self, value: Any) -> Any:
         """A detached copy of outputs the reference keeps for comparisons (a trial's outputs
@@ -172,7 +180,7 @@ class KeptTrials:
         """Drop the kept trials (outputs, oracle, inputs) of ``keys``, or all of them, and the
         spares."""
         keys = msg.get("keys")
-        self.spares.clear()
+        self._drop_spares()
         if keys is None:
             self.expected.clear()
             self.held.clear()

@@ -247,6 +247,9 @@ class Worker(KeptTrials, CapturedCalls):
         if self.model is None:
             raise RuntimeError("run before setup")
         on_device = False
+        # An audited call on a CPU worker: its inputs and float64 upcasts are written over the
+        # previous audited call's (kept as neither a timed set nor held inputs).
+        audit = self.device.type == "cpu" and not (msg.get("keep", True) or msg.get("hold_inputs"))
         if "from_held" in msg:
             base = self._reference_only(self.held, msg["from_held"])
             # Rebuilt here, not rolled on the host and copied: perturb is exact on any device.
@@ -255,9 +258,9 @@ class Worker(KeptTrials, CapturedCalls):
                 nudgeable(base),
                 int(msg["perturb"]),
                 bool(msg.get("roll", True)),
-                into=self.spares.get("audit"),
+                into=self.spares.get("audit") if audit else None,
             )
-            if self.device.type == "cpu":
+            if audit:
                 self.spares["audit"] = received
         elif "seed" in msg:  # drawn here (kerneljudge.worker.drawn): checked in a candidate's
             drawn, on_device = inputs_from_seed(
@@ -286,7 +289,7 @@ class Worker(KeptTrials, CapturedCalls):
         kept = msg.get("expect") is not None and self.role == "reference"
         outputs = self.keep_copy(out) if kept else to_cpu(out)
         del out, args
-        oracle = self._oracle(kept) if msg.get("oracle") else None
+        oracle = self._oracle(kept, audit and "from_held" in msg) if msg.get("oracle") else None
         if kept and self.device.type == "cuda":
             torch.cuda.empty_cache()  # the oracle's intermediates: the candidate shares the GPU
         if kept:
@@ -313,13 +316,14 @@ class Worker(KeptTrials, CapturedCalls):
         total = torch.cuda.get_device_properties(self.device).total_memory
         return max(1, min(MAX_TIMING_SETS, int(SETS_DEVICE_SHARE * total) // set_bytes))
 
-    def _oracle(self, kept: bool = False) -> Any:
+    def _oracle(self, kept: bool = False, reuse: bool = False) -> Any:
         """The reference evaluated in float64 on the current inputs
         (:func:`kerneljudge.worker.forward.float64_oracle`: on the device, else on the CPU);
-        ``kept``: copied as :meth:`keep_copy` keeps a trial's tensors, else to the CPU."""
+        ``kept``: copied as :meth:`keep_copy` keeps a trial's tensors, else to the CPU;
+        ``reuse``: the upcast inputs written over the previous ones reused so (spare kept)."""
         assert self.model is not None
         keep = self.keep_copy if kept else None
-        spare = self.spares.setdefault("float64", []) if self.device.type == "cpu" else None
+        spare = self.spares.setdefault("float64", []) if reuse else None
         return float64_oracle(self.model, self.inputs, self.device, keep, spare)
 
     def op_compile(self, msg: dict[str, Any]) -> dict[str, Any]:
@@ -359,7 +363,7 @@ class Worker(KeptTrials, CapturedCalls):
         if self.device.type == "cuda" and flush_bytes:
             if self.flush is None or self.flush.numel() != flush_bytes:
                 self.flush = torch.empty(flush_bytes, dtype=torch.uint8, device=self.device)
-        self.spares.clear()  # not held while the contestants are timed
+        self._drop_spares()  # not held while the contestants are timed
         before = thread_idents()
         spec = msg.get("link")
         link = None
