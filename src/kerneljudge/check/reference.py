@@ -370,20 +370,10 @@ class ReferenceSession:
             ReferenceFailed: as :meth:`request`.
             OutputsLost: with ``side``, no outputs came (nothing is dropped then).
         """
-        fields: dict[str, Any] = {"outputs": outputs} if side is None else dict(side)
-        reply = self.request(
-            "compare",
-            timeout_s + float(fields.get("side_timeout_s", 0.0)),
-            key=key,
-            atol=atol,
-            rtol=rtol,
-            mode=mode,
-            index=index,
+        reply = self._compare_request(
+            outputs, timeout_s, side, key=key, atol=atol, rtol=rtol, mode=mode, index=index,
             forget=forget,
-            **fields,
-        )
-        if "side_error" in reply:
-            raise OutputsLost(str(reply["side_error"]))
+        )  # fmt: skip
         return _trial_result(dict(reply["trial"]))
 
     def audit(
@@ -408,23 +398,25 @@ class ReferenceSession:
             ReferenceFailed: as :meth:`request`.
             OutputsLost: with ``side``, no outputs came.
         """
-        fields: dict[str, Any] = {"outputs": outputs} if side is None else dict(side)
-        reply = self.request(
-            "compare",
-            timeout_s + float(fields.get("side_timeout_s", 0.0)),
-            key="audit",
-            atol=atol,
-            rtol=rtol,
-            mode=mode,
-            forget=True,
+        reply = self._compare_request(
+            outputs, timeout_s, side, key="audit", atol=atol, rtol=rtol, mode=mode, forget=True,
             digest_kinds=list(kinds),
-            **fields,
-        )
-        if "side_error" in reply:
-            raise OutputsLost(str(reply["side_error"]))
+        )  # fmt: skip
         digests = [(int(k), bytes(d)) for k, d in reply.get("digests") or ()]
         n = reply.get("n_outputs", len(outputs) if outputs is not None else -1)
         return _trial_result(dict(reply["trial"])), digests, n if type(n) is int else -1
+
+    def _compare_request(
+        self, outputs: Any, timeout_s: float, side: dict[str, Any] | None, **fields: Any
+    ) -> dict[str, Any]:
+        """The worker's ``compare`` of ``outputs``, or of those read from the pipe ``side``
+        names (the limit then grows by the pipe's wait); raises OutputsLost when none came."""
+        given: dict[str, Any] = {"outputs": outputs} if side is None else dict(side)
+        limit_s = timeout_s + float(given.get("side_timeout_s", 0.0))
+        reply = self.request("compare", limit_s, **fields, **given)
+        if "side_error" in reply:
+            raise OutputsLost(str(reply["side_error"]))
+        return reply
 
     def forget(self, timeout_s: float) -> None:
         """Drop every trial the worker holds (a worker not started yet holds none).

@@ -156,10 +156,10 @@ def float64_oracle(
         try:
             with in_float64(model, dev):
                 moved = to_device(inputs, dev)
-                on_cpu = spare is not None and dev.type == "cpu"
-                args = to_double(moved, into=spare if on_cpu else None)
-                if spare is not None and on_cpu:  # the converted ones only
-                    spare[:] = [a if a is not v else None for a, v in zip(args, moved)]
+                reused = spare if dev.type == "cpu" else None
+                args = to_double(moved, into=reused)
+                if reused is not None:  # the converted ones only
+                    reused[:] = [a if a is not v else None for a, v in zip(args, moved)]
                 with torch.no_grad():
                     return (keep or to_cpu)(model(*args))
         except (RuntimeError, NotImplementedError, TypeError) as exc:

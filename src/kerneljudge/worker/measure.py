@@ -73,7 +73,6 @@ _graph_replay = torch._C._CUDAGraph.replay
 _copy = torch.Tensor.copy_
 _fill = torch.Tensor.fill_
 _randbits = secrets.randbits
-_roll = torch.roll
 _send = socket.socket.send
 _recv = socket.socket.recv
 _DONTWAIT = socket.MSG_DONTWAIT
@@ -181,7 +180,7 @@ def perturb(
             continue
         dest = writable(spare[i] if i < len(spare) else None, x)
         if not flagged:
-            out.append(dest.copy_(x) if dest is not None and x.is_contiguous() else x.clone())
+            out.append(_copy(dest, x) if dest is not None and x.is_contiguous() else x.clone())
             continue
         dims = [d for d in range(x.dim()) if x.shape[d] > 1] if roll else []
         # Rolled as same-width integers: the same bits, and CUDA has no fp8 roll.
@@ -397,8 +396,8 @@ def time_calls(
         if i:
             seed = link.seed(i) if link is not None else _randbits(62)
         # Written over the previous call's inputs (perturb's ``into``); the call gets aliases
-        # of them, so what it does to its tensors' sizes or storage leaves the buffers as
-        # they are, and every element is written again before the next call.
+        # of them, so changing its tensors' sizes leaves the buffers as they are, a buffer
+        # whose storage it shrank is not reused, and every element is written again.
         spare = perturb(input_sets[k], nudgeable[k], seed, roll, into=spare)
         args = [x.detach() if isinstance(x, torch.Tensor) else x for x in spare]
         if replay is not None:

@@ -247,9 +247,9 @@ class Worker(KeptTrials, CapturedCalls):
         if self.model is None:
             raise RuntimeError("run before setup")
         on_device = False
-        # An audited call on a CPU worker: its inputs and float64 upcasts are written over the
-        # previous audited call's (kept as neither a timed set nor held inputs).
-        audit = self.device.type == "cpu" and not (msg.get("keep", True) or msg.get("hold_inputs"))
+        # A CPU worker's audited call (inputs neither kept nor held) reuses the last one's spares.
+        audit = "from_held" in msg and self.device.type == "cpu"
+        audit = audit and not (msg.get("keep", True) or msg.get("hold_inputs"))
         if "from_held" in msg:
             base = self._reference_only(self.held, msg["from_held"])
             # Rebuilt here, not rolled on the host and copied: perturb is exact on any device.
@@ -289,7 +289,7 @@ class Worker(KeptTrials, CapturedCalls):
         kept = msg.get("expect") is not None and self.role == "reference"
         outputs = self.keep_copy(out) if kept else to_cpu(out)
         del out, args
-        oracle = self._oracle(kept, audit and "from_held" in msg) if msg.get("oracle") else None
+        oracle = self._oracle(kept, audit) if msg.get("oracle") else None
         if kept and self.device.type == "cuda":
             torch.cuda.empty_cache()  # the oracle's intermediates: the candidate shares the GPU
         if kept:
