@@ -134,3 +134,72 @@ def test_a_candidate_reply_beyond_what_the_judge_relays_is_a_runtime_error(
         "the outputs did not reach the reference worker: its outputs of 64 MiB exceed the "
         "3 MiB the judge reads"
     )
+
+
+COUNTING = """
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    calls = 0
+
+    def forward(self, x):
+        ModelNew.calls += 1
+        return torch.tanh(x) * (0.5 if ModelNew.calls == 1 else 0.25)
+"""
+
+
+def _prepared_by(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
+    """The preparations the reference side makes (on its thread), as they are returned."""
+    from kerneljudge.judge.reference_side import ReferenceSide
+
+    made: list[dict] = []
+    prepare = ReferenceSide.prepare
+
+    def spied(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        made.append(prepare(self, *args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(ReferenceSide, "prepare", spied)
+    return made
+
+
+def test_trials_without_room_to_keep_are_run_when_compared(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reference worker allowed 1 byte of kept trials keeps the first and says it has no
+    room for another: the others are deferred, run by the reference when the candidate's are
+    compared; the verdict is the same (timed, its audits rebuilt from the held inputs), and a
+    candidate wrong from its second call on is caught at a deferred trial."""
+    made = _prepared_by(monkeypatch)
+    problem, candidate = _files(tmp_path, 1)
+    from kerneljudge.timing import TimingConfig
+
+    config = JudgeConfig(
+        device="cpu",
+        baselines=("eager",),
+        cache_dir=tmp_path,
+        seed=3,
+        timing_config=TimingConfig(max_time_s=0.3),
+    )
+    with Judge(problem, config) as judge:
+        judge.reference.keep_bytes = 1
+        verdict = judge.evaluate(candidate)
+        assert verdict.status.value == "correct", verdict.reason
+        assert verdict.timing is not None and verdict.check is not None
+        assert len(verdict.check.trials) == config.trials
+        (held,) = made[0].values()
+        assert [h.deferred for h in held] == [False] + [True] * (config.trials - 1)
+        assert held[0].reply["room"] is False
+        counting = tmp_path / "counting.py"
+        counting.write_text(COUNTING)
+        wrong = judge.evaluate(counting)
+    assert wrong.status.value == "incorrect", wrong.reason
+    assert "trial 1" in wrong.reason and wrong.check is not None
+    assert wrong.check.n_passed == 1
+    with Judge(problem, JudgeConfig(device="cpu", timing=False, cache_dir=tmp_path)) as judge:
+        made.clear()
+        assert judge.evaluate(candidate).status.value == "correct"
+        (held,) = made[0].values()
+        assert not any(h.deferred for h in held)  # the host's share holds all five

@@ -443,3 +443,19 @@ def test_one_stalled_batch_does_not_reject_an_honest_loop() -> None:
     cand = _batches(rng, 0.05, noise=False, gap_ms=0.1, cpu_counted=True)
     cand[0] = dataclasses.replace(cand[0], tree_cpu_ms=(cand[0].tree_cpu_ms or 0) + 150.0)
     assert timer_check({"eager": eager, "candidate": cand}).status != "rejected"
+
+
+@pytest.mark.parametrize("nbytes", [0, 3, 4, 36, 4096 + 6, 3 * 4096 + 4])
+def test_the_tree_digest_is_the_same_made_in_blocks(nbytes: int) -> None:
+    """The digest made a few leaves at a time (bounded temporaries, for outputs of GiBs) is
+    the one made over all leaves at once, for sizes around the power-of-two padding."""
+    x = torch.randint(
+        0, 256, (nbytes,), dtype=torch.uint8, generator=torch.Generator().manual_seed(nbytes)
+    )
+    whole = digest(x, chunk_words=1 << 30)
+    for block in (1, 2, 8, 64):
+        assert digest(x, chunk_words=block) == whole
+    if nbytes:
+        y = x.clone()
+        y[-1] ^= 1
+        assert digest(y, chunk_words=8) != whole

@@ -142,3 +142,20 @@ def test_precision_stop_waits_for_a_minimum_span() -> None:
     )
     assert stop == "precision"
     assert rounds >= 12 and time.monotonic() - t0 >= 0.2
+
+
+def test_fewer_timed_calls_are_audited_where_their_outputs_would_not_fit() -> None:
+    """Eight audited calls, unless eight kept outputs exceed an eighth of the device's memory;
+    never fewer than two."""
+    from kerneljudge.timing.stage import AUDITED_CALLS, MIN_AUDITED_CALLS, audited_calls
+    from kerneljudge.verdict import DeviceInfo
+
+    gib = 1 << 30
+    h200 = DeviceInfo(kind="cuda", name="NVIDIA H200", memory_bytes=140 * gib)
+    assert audited_calls(256 << 20, h200) == AUDITED_CALLS
+    assert audited_calls(2 * gib, h200) == AUDITED_CALLS
+    assert audited_calls(5 * gib, h200) == 3  # 17.5 GiB of room
+    assert audited_calls(6 * gib, h200) == MIN_AUDITED_CALLS
+    assert audited_calls(100 * gib, h200) == MIN_AUDITED_CALLS
+    assert audited_calls(0, h200) == AUDITED_CALLS
+    assert audited_calls(1 << 20, DeviceInfo(kind="cpu", name="cpu")) == AUDITED_CALLS

@@ -65,3 +65,20 @@ def test_a_gpu_verdict_relays_no_input(tmp_path: Path, monkeypatch: pytest.Monke
         verdict = judge.evaluate(cand)
     assert verdict.status is Status.CORRECT, verdict.reason
     assert relayed == []
+
+
+def test_deferred_trials_and_audits_redraw_inputs_drawn_on_the_gpu(tmp_path: Path) -> None:
+    """Inputs drawn on the GPU are held as their seed (redrawn for the timing's audits, not
+    copied to the host); with no room to keep trials ahead the later ones run when compared."""
+    path = tmp_path / "p.py"
+    path.write_text(PROBLEM)
+    cand = tmp_path / "c.py"
+    cand.write_text(PROBLEM.replace("class Model(", "class ModelNew("))
+    config = JudgeConfig(
+        device="cuda", cache_dir=tmp_path / "cache", baselines=("eager",), graph_timing=False
+    )
+    with Judge(path, config) as judge:
+        judge.reference.keep_bytes = 1
+        verdict = judge.evaluate(cand)
+    assert verdict.status is Status.CORRECT, verdict.reason
+    assert verdict.timing is not None and verdict.timing.rounds >= 1

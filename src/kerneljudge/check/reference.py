@@ -73,13 +73,16 @@ class HeldTrial:
     Attributes:
         key: its key in the reference worker.
         seed: the seed its inputs were drawn from (:meth:`Problem.make_inputs`).
-        reply: the reference's reply to its run: ``aliases_input``, ``modified_inputs`` and
-            ``input_layout``/``output_layout`` (``[shape, dtype name]`` of each tensor).
+        reply: the reference's reply to its run: ``aliases_input``, ``modified_inputs``,
+            ``input_layout``/``output_layout`` (``[shape, dtype name]`` of each tensor) and
+            ``room`` (:meth:`kerneljudge.worker.kept_trials.KeptTrials.room_for_another`).
         wall_s: seconds its ``run`` request took on the supervisor's clock (sending the
             inputs, the call, the float64 oracle when asked, the reply; not the worker's start
             nor the loading of the problem and its weights); 0 when not measured.
         call_s: seconds of the reference's call itself, on its worker's clock (the device
             synchronised); 0 when not reported.
+        deferred: not run yet: the reference worker had no room to keep it ahead (its reply
+            is then ``{"oracle": bool}``), so it is run when the candidate's trial is compared.
     """
 
     key: str
@@ -87,6 +90,7 @@ class HeldTrial:
     reply: dict[str, Any]
     wall_s: float = 0.0
     call_s: float = 0.0
+    deferred: bool = False
 
     def input_stand_ins(self) -> list[torch.Tensor]:
         """Tensors on the ``meta`` device shaped as the trial's input tensors (no data)."""
@@ -159,6 +163,9 @@ class ReferenceSession:
         #: The trials the worker holds, in the order run: key -> the fields of its ``run``
         #: request but the inputs (drawn again from the seed when a worker is replaced).
         self._held: dict[str, tuple[int, dict[str, Any]]] = {}
+        #: Bytes the worker's kept trials may take before it has no room for another (0: its
+        #: share of the device's memory, :mod:`kerneljudge.worker.kept_trials`).
+        self.keep_bytes = 0
 
     def request(self, op: str, timeout_s: float, **fields: Any) -> dict[str, Any]:
         """A request the reference must answer; any failure is a harness error.
@@ -277,6 +284,7 @@ class ReferenceSession:
         limit = timeout_s + per_gib_s * nbytes / float(1 << 30)
         self._set_up(limit)  # outside the timed run: loading the problem is not its call
         fields = {"expect": str(key), "hold_inputs": True, "oracle": oracle}
+        fields["keep_bytes"] = self.keep_bytes
         started = time.monotonic()
         try:
             reply = self.request("run", limit, **drawn, **fields)
@@ -300,6 +308,7 @@ class ReferenceSession:
             "output_layout",
             "input_fingerprint",
             "drawn_on_device",
+            "room",
         )
         call_s = reply.get("call_s")
         call_s = float(call_s) if isinstance(call_s, int | float) else 0.0

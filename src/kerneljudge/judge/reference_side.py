@@ -177,6 +177,9 @@ class ReferenceSide:
         self.closed = False
         self._sessions: dict[tuple[str, str], ReferenceSession] = {}
         self._lock = threading.Lock()
+        #: Bytes each reference worker's kept trials may take before the trials left are
+        #: deferred (0: its share of its device's memory; :meth:`prepare`).
+        self.keep_bytes = 0
 
     @property
     def sessions(self) -> Mapping[tuple[str, str], ReferenceSession]:
@@ -282,7 +285,9 @@ class ReferenceSide:
         For each shape set (the timed one last): the trials, run by the reference and held in
         its worker (inputs, outputs, float64 oracle outputs; :meth:`ReferenceSession.run_trial`)
         with its reply on them (input effects, layouts) and the wall time of each run, which
-        the limits of the candidate's requests derive from
+        the limits of the candidate's requests derive from; once the worker says it has no
+        room to keep another (within :attr:`keep_bytes`), the trials left are deferred
+        (:attr:`HeldTrial.deferred`: run when compared), so that what it keeps stays bounded
         (:meth:`kerneljudge.check.limits.RunLimits.for_set`); then the ``torch.compile``
         baseline is compiled if it will be timed. Nothing is measured before these runs, so
         their limit follows the bytes they move
@@ -299,16 +304,18 @@ class ReferenceSide:
         for shape_set in sets:
             ref = self.session(device, shape_set)
             ref.forget(floor_s)  # what an earlier verdict left there
-            prepared[shape_set] = [
-                ref.run_trial(
-                    i,
-                    derive_seed(run_seed, shape_set, i),
-                    floor_s,
-                    oracle=config.tolerance == "oracle",
-                    per_gib_s=REFERENCE_S_PER_GIB,
+            ref.keep_bytes = self.keep_bytes
+            oracle = config.tolerance == "oracle"
+            held: list[HeldTrial] = []
+            for i in range(config.trials):
+                seed = derive_seed(run_seed, shape_set, i)
+                if held and (held[-1].deferred or not held[-1].reply.get("room", True)):
+                    held.append(HeldTrial(str(i), seed, {"oracle": oracle}, deferred=True))
+                    continue
+                held.append(
+                    ref.run_trial(i, seed, floor_s, oracle=oracle, per_gib_s=REFERENCE_S_PER_GIB)
                 )
-                for i in range(config.trials)
-            ]
+            prepared[shape_set] = held
         if config.timing and "compile" in config.baselines:
             held = prepared[sets[-1]]
             replay_s = limits.reference_s(max((h.input_bytes for h in held), default=0))
@@ -328,7 +335,8 @@ class ReferenceSide:
             ref = self.session(device, shape_set)
             weights = tensor_bytes(ref.init_inputs) + ref.weight_bytes
             moved = max((h.input_bytes + h.output_bytes for h in held), default=0)
-            calls = [h.call_s or h.wall_s for h in held]  # the call itself where reported
+            ran = [h for h in held if not h.deferred]
+            calls = [h.call_s or h.wall_s for h in ran]  # the call itself where reported
             limits[shape_set] = rule.for_set(calls, moved + weights)
         return limits
 

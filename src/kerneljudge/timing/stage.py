@@ -39,9 +39,12 @@ from kerneljudge.worker.stamps import KIND_SHA256, KIND_TREE
 __all__ = [
     "AUDITED_CALLS",
     "AUDITED_REPLAYS",
+    "AUDIT_KEEP_SHARE",
+    "MIN_AUDITED_CALLS",
     "Batch",
     "TimingSettings",
     "TimerCheck",
+    "audited_calls",
     "below_floor",
     "measure_checked",
     "roofline_of",
@@ -54,6 +57,11 @@ AUDITED_CALLS = 8
 #: The same for the candidate's graph replays (:mod:`kerneljudge.timing.graph_pass`): as many,
 #: since a captured kernel can branch on a device-side counter and skip work on some replays.
 AUDITED_REPLAYS = AUDITED_CALLS
+#: The fewest timed calls audited (:func:`audited_calls`), however large their outputs.
+MIN_AUDITED_CALLS = 2
+#: The share of the device's memory (a CPU's: of the host's available memory) the kept outputs
+#: of the audited calls may take in the candidate's worker (:func:`audited_calls`).
+AUDIT_KEEP_SHARE = 1 / 8
 #: The digest kinds a worker may commit to (:func:`kerneljudge.worker.stamps.output_digest`).
 DIGEST_KINDS = frozenset({KIND_SHA256, KIND_TREE})
 
@@ -95,8 +103,9 @@ def time_candidate(
     calls as the reference's do (:func:`kerneljudge.timing.timer_rule.timer_check`; when that is
     inconclusive, everything is timed again once, and a second inconclusive answer is accepted
     with a note in ``timer_note``); the kept outputs of up to :data:`AUDITED_CALLS` timed
-    calls must match their committed digests and the reference run again on the same inputs
-    (rebuilt in the reference worker from the trial's inputs it holds and the call's seed),
+    calls (:func:`audited_calls`) must match their committed digests and the reference run
+    again on the same inputs (rebuilt in the reference worker from the trial's inputs it holds
+    and the call's seed),
     sent from the candidate's worker to the reference worker and compared there one call at a
     time; the upper 95% bound of its
     median must not be below the device's physical floor (:func:`below_floor`). On a CUDA
@@ -115,8 +124,8 @@ def time_candidate(
         worker: the candidate's worker, loaded, set up and run on the trials.
         ref: the reference session of the same shape set, run on the same trials.
         trials: the trials of the shape set, in order, held by the reference worker with
-            their inputs (the candidate's timed input sets are the last of them; the last
-            one's sizes give the roofline's byte count).
+            their inputs (the candidate's timed input sets are the last of them; the first
+            one's sizes give the roofline's byte count and the number of audited calls).
         atol, rtol: the allclose tolerances.
         limits: the limits of the shape set's requests (:class:`kerneljudge.check.limits.
             SetLimits`): ``run_s`` for the candidate's, ``reference_s`` for the reference's;
@@ -142,13 +151,14 @@ def time_candidate(
         request("pin", limit_s, cpus=list(cores), threads=threads)
     names = [n for n in ("eager",) if n in cfg.baselines] + ["candidate"]
     names += ["compile"] if compiled else []
-    launched = Sampling(info, worker, cores, AUDITED_CALLS, flush, roll)
+    audited = audited_calls(trials[0].output_bytes, info)
+    launched = Sampling(info, worker, cores, audited, flush, roll)
     limits_s = (run_s, ref_s)
     judged, note = measure_checked(launched, names, cfg, ref, worker, limits_s, cores, threads)
     samples = judged.samples
-    last = trials[-1]
+    first = trials[0]  # run ahead (a later one may have been deferred): the set's shapes
     roofline = roofline_of(
-        ref, samples["candidate"], info, last.input_stand_ins(), last.output_stand_ins()
+        ref, samples["candidate"], info, first.input_stand_ins(), first.output_stand_ins()
     )
     timing = TimingResult(
         clock="cuda_event" if info.kind == "cuda" else "monotonic",
@@ -186,7 +196,7 @@ def time_candidate(
         )
     if info.kind != "cuda" or not cfg.graph_timing:
         return timing, Status.CORRECT, ""
-    replays = Sampling(info, worker, cores, AUDITED_REPLAYS, flush, roll, graph=True)
+    replays = Sampling(info, worker, cores, min(audited, AUDITED_REPLAYS), flush, roll, graph=True)
     graph, status, why = time_replays(
         replays, names, timing, cfg, ref, worker, limits_s, keys, (atol, rtol), threads
     )
@@ -350,6 +360,21 @@ def _audit_timed_calls(
                 f"the output of a timed call differs from the reference: {again.reason}",
             )
     return Status.CORRECT, ""
+
+
+def audited_calls(output_bytes: int, info: DeviceInfo) -> int:
+    """How many timed calls to audit: :data:`AUDITED_CALLS`, fewer (at least
+    :data:`MIN_AUDITED_CALLS`) where their kept outputs, ``output_bytes`` each, would take more
+    than :data:`AUDIT_KEEP_SHARE` of the device's memory (a CPU's: of the host's available
+    memory, :func:`kerneljudge.check.memory.available_bytes`): the candidate's worker holds
+    them all until the audit, and a problem's outputs can be GiBs."""
+    from kerneljudge.check.memory import available_bytes
+
+    memory = info.memory_bytes if info.kind == "cuda" else (available_bytes() or 0)
+    if output_bytes <= 0 or memory <= 0:
+        return AUDITED_CALLS
+    fits = int(AUDIT_KEEP_SHARE * memory) // output_bytes
+    return max(MIN_AUDITED_CALLS, min(AUDITED_CALLS, fits))
 
 
 def roofline_of(

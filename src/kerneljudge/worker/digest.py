@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["P", "digest", "digests"]
+__all__ = ["CHUNK_WORDS", "P", "digest", "digests"]
 
 P = (1 << 31) - 1
 #: Per lane: A, B (leaves), M1, M2, C (nodes); A, M1, M2 below 2**30 so sums stay below 2**63.
@@ -37,6 +37,10 @@ _CONSTANTS = (
     (65521, 7, 1103515245 >> 1, 48271, 521288629),
 )
 _PAD_LEAF = 0x5BD1E995 % P
+#: Leaves made and reduced at a time (a power of two): an aligned block of the tree reduces to
+#: the root of its subtree, so the digest is the same for any block size, and its int64
+#: temporaries take a few hundred MiB (2 lanes x 8 bytes x this, a few times) whatever the size.
+CHUNK_WORDS = 1 << 24
 
 
 def _fold(x: torch.Tensor) -> torch.Tensor:
@@ -53,12 +57,13 @@ def _perm(x: torch.Tensor) -> torch.Tensor:
     return _fold(_fold(x2 * x2) * x)
 
 
-def digest(t: torch.Tensor) -> tuple[int, int]:
+def digest(t: torch.Tensor, chunk_words: int = CHUNK_WORDS) -> tuple[int, int]:
     """The two 31-bit lanes of the digest of ``t``'s bytes (C order, any dtype, any device).
 
     The bytes are those of ``t.contiguous()``; shape and dtype are not part of the digest (the
     supervisor checks them on the revealed tensor). Cost: about ten elementwise int64 ops over
-    the 32-bit words and as many over a tree of halving levels, on ``t``'s device; one host
+    the 32-bit words and as many over a tree of halving levels, on ``t``'s device, made
+    ``chunk_words`` leaves at a time (a power of two; any gives the same digest); one host
     synchronisation for the result.
     """
     flat = t.detach().contiguous().reshape(-1)
@@ -69,21 +74,42 @@ def digest(t: torch.Tensor) -> tuple[int, int]:
     if pad:
         raw = torch.cat([raw, torch.zeros(pad, dtype=torch.uint8, device=dev)])
     n = raw.numel() // 4
+    words = raw.view(torch.int32) if n else raw
     consts = torch.tensor(_CONSTANTS, dtype=torch.int64, device=dev)  # (2 lanes, 5)
     a, b, m1, m2, c = (consts[:, i : i + 1] for i in range(5))  # each (2, 1)
     size = 1
     while size < max(n, 1):
         size *= 2
-    level = torch.full((2, size), _PAD_LEAF, dtype=torch.int64, device=dev)
-    if n:
-        words = raw.view(torch.int32).to(torch.int64)
-        lo = (words & 0xFFFF).unsqueeze(0)
-        hi = ((words >> 16) & 0xFFFF).unsqueeze(0)
-        level[:, :n] = _fold(hi * a + lo + b)
+    block = min(size, max(1, chunk_words))
+    roots: list[torch.Tensor] = []
+    pad_root: torch.Tensor | None = None
+    for start in range(0, size, block):
+        if start >= n and pad_root is not None:  # a block of padding alone: the same root
+            roots.append(pad_root)
+            continue
+        level = torch.full((2, block), _PAD_LEAF, dtype=torch.int64, device=dev)
+        if start < n:
+            part = words[start : min(n, start + block)].to(torch.int64)
+            lo = (part & 0xFFFF).unsqueeze(0)
+            hi = ((part >> 16) & 0xFFFF).unsqueeze(0)
+            level[:, : part.numel()] = _fold(hi * a + lo + b)
+            del part, lo, hi
+        root = _reduce(level, m1, m2, c)
+        pad_root = root if start >= n else pad_root
+        roots.append(root)
+    level = _reduce(torch.cat(roots, dim=1), m1, m2, c)
+    lanes = torch.remainder(_perm(_fold(level * m1 + (nbytes % P) * m2 + c)), P).reshape(2)
+    first, second = lanes.tolist()
+    return int(first), int(second)
+
+
+def _reduce(
+    level: torch.Tensor, m1: torch.Tensor, m2: torch.Tensor, c: torch.Tensor
+) -> torch.Tensor:
+    """The root ``(2, 1)`` of the tree over ``level`` (2 lanes x a power of two leaves)."""
     while level.shape[1] > 1:
         level = _perm(_fold(level[:, 0::2] * m1 + level[:, 1::2] * m2 + c))
-    root = torch.remainder(_perm(_fold(level * m1 + (nbytes % P) * m2 + c)), P).reshape(2).tolist()
-    return int(root[0]), int(root[1])
+    return level
 
 
 def digests(values: list[torch.Tensor]) -> list[tuple[int, int]]:

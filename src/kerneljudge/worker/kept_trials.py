@@ -7,7 +7,7 @@ them. A mixin of :class:`kerneljudge.worker.runtime.Worker`, whose request table
 its own handlers; another role's worker answers them with a harness error.
 
 Imports only the standard library, torch and :mod:`kerneljudge.worker` modules at load;
-:mod:`kerneljudge.check` when a comparison is asked for.
+:mod:`kerneljudge.check` when a comparison is asked for or a trial is kept on the host.
 """
 
 from __future__ import annotations
@@ -18,19 +18,33 @@ from typing import Any
 import torch
 
 from kerneljudge.worker.calls import trial_fields
+from kerneljudge.worker.drawn import draw_inputs, fingerprint
 from kerneljudge.worker.forward import to_cpu
 from kerneljudge.worker.measure import flatten_tensors
 from kerneljudge.worker.protocol import MAX_MESSAGE_BYTES
 from kerneljudge.worker.side import recv_outputs
 from kerneljudge.worker.stamps import KIND_TREE, output_digest
 
-__all__ = ["KEEP_DEVICE_SHARE", "KEEP_FREE_SHARE", "KeptTrials"]
+__all__ = ["KEEP_DEVICE_SHARE", "KEEP_FREE_SHARE", "KEEP_HOST_SHARE", "KeptTrials", "Redraw"]
 
 #: The share of a GPU's memory the reference's kept outputs and oracles may take there (the
 #: candidate shares the device: its inputs, outputs and workspace need the rest).
 KEEP_DEVICE_SHARE = 0.25
 #: The share of the GPU's free memory one kept copy may take.
 KEEP_FREE_SHARE = 0.25
+#: The share of the host's available memory (:func:`kerneljudge.check.memory.available_bytes`)
+#: a CPU worker's kept trials may take before it says it has no room for another.
+KEEP_HOST_SHARE = 0.25
+
+
+class Redraw:
+    """Held inputs drawn on the GPU, held as what redraws them: the seed and the draw's
+    fingerprint (:func:`kerneljudge.worker.drawn.fingerprint`), not gigabytes copied to the host.
+    """
+
+    def __init__(self, seed: int, printed: str) -> None:
+        self.seed = seed
+        self.printed = printed
 
 
 class KeptTrials:
@@ -41,7 +55,8 @@ class KeptTrials:
         device: the worker's ``torch.device`` (comparisons run there).
         expected: per key, the reference's ``{"outputs", "oracle"}`` of that trial (on the
             GPU or the host: :meth:`keep_copy`).
-        held: per key, the trial's inputs as received (on the CPU), when asked to hold them.
+        held: per key, the trial's inputs as received (on the CPU), when asked to hold them;
+            a :class:`Redraw` where they were drawn on the GPU.
         spares: tensors written over by later requests (dropped on ``forget``).
         inputs: the current request's inputs.
     """
@@ -49,16 +64,21 @@ class KeptTrials:
     role: str
     device: Any
     expected: dict[str, dict[str, Any]]
-    held: dict[str, list[Any]]
+    held: dict[str, Any]
+    problem: Any
     spares: dict[str, list[Any]]
     inputs: list[Any]
     handoff: Any
 
     def _drop_spares(self) -> None:
-        """Free the spares (the current inputs too, where they are the audit's spare)."""
+        """Free the spares (the current inputs too, where they are the audit's spare), and on a
+        GPU give the caching allocator's free blocks back to the device (the other worker
+        shares it)."""
         if self.spares.get("audit") is self.inputs:
             self.inputs = []
         self.spares.clear()
+        if getattr(self.device, "type", "cpu") == "cuda":
+            torch.cuda.empty_cache()
 
     def keep_copy(self, value: Any) -> Any:
         """A detached copy of outputs the reference keeps for comparisons (a trial's outputs
@@ -83,6 +103,67 @@ class KeptTrials:
         on_device = size <= KEEP_FREE_SHARE * free and kept + size <= KEEP_DEVICE_SHARE * total
         return to_cpu(value, keep_device=on_device)
 
+    def hold(self, key: str, received: list[Any], seed: Any, on_device: bool) -> dict[str, Any]:
+        """Hold a trial's inputs under ``key``: a :class:`Redraw` where they were drawn on the
+        GPU from ``seed``, else as received (on the host). Returns the reply's
+        ``input_fingerprint`` and ``drawn_on_device``."""
+        printed = fingerprint(received)
+        self.held[key] = Redraw(int(seed), printed) if on_device else received
+        return {"input_fingerprint": printed, "drawn_on_device": on_device}
+
+    def held_inputs_of(self, key: Any) -> list[Any]:
+        """The inputs held under ``key``: redrawn on the GPU where held as a :class:`Redraw`.
+
+        Raises:
+            RuntimeError: no such key, or a redraw whose fingerprint differs from the first
+                draw's (a harness error: the problem's draw is not a function of its seed).
+        """
+        held = self._reference_only(self.held, key)
+        if not isinstance(held, Redraw):
+            return list(held)
+        inputs = draw_inputs(self.problem, held.seed, self.device)
+        if fingerprint(inputs) != held.printed:
+            raise RuntimeError(
+                f"the inputs of trial {key!r} drawn again differ from its first draw"
+            )
+        return inputs
+
+    def kept_sizes(self) -> tuple[int, int]:
+        """Bytes of the kept trials' tensors ``(on the GPU, on the host)``: outputs, oracles
+        and held inputs."""
+        tensors = [
+            t for entry in self.expected.values() for t in flatten_tensors(list(entry.values()))
+        ]
+        tensors += flatten_tensors([h for h in self.held.values() if not isinstance(h, Redraw)])
+        sizes = [0, 0]
+        for t in tensors:
+            sizes[t.device.type == "cpu"] += t.numel() * t.element_size()
+        return sizes[0], sizes[1]
+
+    def room_for_another(self, key: str, budget: int = 0) -> bool:
+        """Whether another trial as large as the one kept under ``key`` would still fit: with a
+        ``budget`` (bytes, > 0), all kept trials within it; else on a GPU, the trial kept there
+        and the kept tensors there within :data:`KEEP_DEVICE_SHARE` of its memory; on a CPU,
+        those on the host within :data:`KEEP_HOST_SHARE` of what it has available
+        (:func:`kerneljudge.check.memory.available_bytes`; room where that is unknown). The
+        supervisor runs the trials after one that has no room only when they are compared."""
+        mine = flatten_tensors(list(self.expected[key].values()))
+        held = self.held.get(key)
+        mine += flatten_tensors(held) if isinstance(held, list) else []
+        size = sum(t.numel() * t.element_size() for t in mine)
+        on_device, on_host = self.kept_sizes()
+        if budget > 0:
+            return on_device + on_host + size <= budget
+        if getattr(self.device, "type", "cpu") == "cuda":
+            if any(t.device.type == "cpu" for t in mine):
+                return False
+            total = torch.cuda.get_device_properties(self.device).total_memory
+            return on_device + size <= KEEP_DEVICE_SHARE * total
+        from kerneljudge.check.memory import available_bytes
+
+        available = available_bytes()
+        return available is None or on_host + size <= KEEP_HOST_SHARE * (available + on_host)
+
     def _reference_only(self, table: dict[str, Any], key: Any) -> Any:
         """``table[str(key)]`` in the reference worker.
 
@@ -96,12 +177,17 @@ class KeptTrials:
         return table[str(key)]
 
     def op_held_inputs(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """The inputs held under ``key`` (as received: on the CPU), dropped here if ``forget``;
-        with ``send`` false, only dropped."""
-        inputs = self._reference_only(self.held, msg["key"])
+        """The inputs held under ``key`` (on the CPU: as received, or copied there from a GPU
+        redraw, :meth:`held_inputs_of`), dropped here if ``forget``; with ``send`` false, only
+        dropped."""
+        reply: dict[str, Any] = {}
+        if msg.get("send", True):
+            inputs = self.held_inputs_of(msg["key"])
+            reply["inputs"] = [x.cpu() if isinstance(x, torch.Tensor) else x for x in inputs]
         if msg.get("forget"):
+            self._reference_only(self.held, msg["key"])
             del self.held[str(msg["key"])]
-        return {"inputs": inputs} if msg.get("send", True) else {}
+        return reply
 
     def op_weights(self, msg: dict[str, Any]) -> dict[str, Any]:
         """``state_dict``: the reference model's state dict, its tensors on the CPU."""

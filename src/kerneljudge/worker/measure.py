@@ -84,6 +84,9 @@ _MARK, _HEAD, _ITEM, _SEED, _SLOT = MARK, COMMIT_HEAD, COMMIT_ITEM, SEED, SLOT
 _MAX_OUTPUTS = MAX_OUTPUTS
 #: Committed calls whose outputs the loop holds while their audit slot is on its way.
 PIPELINE_DEPTH = 2
+#: The share of a GPU's memory the kept outputs of audited calls may take there; the ones past
+#: it are copied to the host when their slot arrives (between calls, outside any window).
+SNAPSHOT_DEVICE_SHARE = 1 / 16
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 #: GPU clock cycles the device spins before a replay's start event (10-20 us at 1-2 GHz): the
 #: host has the graph's launch queued by the time the device reaches the event, so the launch's
@@ -367,8 +370,9 @@ def time_calls(
     Returns:
         ``(times_ms, kept, wall_s)``: one time per timed call in milliseconds; by audit slot,
         copies of the outputs (taken right after the end mark) of the calls the supervisor
-        chose to keep, latest per slot; the host wall time of the timed calls' iterations
-        (from the first timed call's input preparation to the end), in seconds.
+        chose to keep, latest per slot (on the host past :data:`SNAPSHOT_DEVICE_SHARE`); the
+        host wall time of the timed calls' iterations (from the first timed call's input
+        preparation to the end), in seconds.
     """
     if nudgeable is None:
         nudgeable = [[continuous(x) for x in args] for args in input_sets]
@@ -387,6 +391,11 @@ def time_calls(
     graph_outputs = graph.outputs if replay is not None else None
     static_outputs = flatten_tensors(graph_outputs)
     spare: list[Any] | None = None
+    room = (
+        int(SNAPSHOT_DEVICE_SHARE * torch.cuda.get_device_properties(device).total_memory)
+        if cuda
+        else 0
+    )
     wall0 = _perf_counter_ns()
     for i in range(total):
         if i == warmup:
@@ -469,6 +478,8 @@ def time_calls(
                 j, held = pending.pop(0)
                 slot = link.slot(j)
                 if slot >= 0:
-                    kept[slot] = held
+                    size = sum(t.numel() * t.element_size() for t in held)
+                    kept[slot] = held if size <= room else [t.cpu() for t in held]
+                    room -= size if size <= room else 0
         del out, args, copies
     return times, kept, (_perf_counter_ns() - wall0) / 1e9

@@ -37,7 +37,7 @@ from kerneljudge.worker.calls import (
     profile_rows,
     trial_fields,
 )
-from kerneljudge.worker.drawn import fingerprint, inputs_from_seed, seeded_weights
+from kerneljudge.worker.drawn import inputs_from_seed, seeded_weights
 from kerneljudge.worker.forward import (
     Fault,
     OpRecorder,
@@ -234,15 +234,16 @@ class Worker(KeptTrials, CapturedCalls):
 
         In the reference worker, ``expect`` (a key) keeps the outputs and oracle here for
         :meth:`op_compare` and replies with their layout instead (``output_layout``,
-        ``input_layout``: ``[shape, dtype name]`` per tensor, flattened) and ``call_s``, the
-        seconds of the call itself on this worker's clock; ``hold_inputs`` also keeps the inputs
-        (on the host), for :meth:`op_held_inputs` and ``from_held``, and replies their
-        ``input_fingerprint`` and ``drawn_on_device``. With ``from_held`` (a key) and ``perturb``
-        (a seed) the inputs are the held ones of that key as a timed call got them
-        (:func:`kerneljudge.worker.measure.perturb`, with ``roll``), built on this worker's
-        device. ``seed`` instead of ``inputs`` draws them here, on the device with ``on_device``
-        (:func:`kerneljudge.worker.drawn.inputs_from_seed`); a candidate's worker given the
-        reference's ``fingerprint`` replies ``{"drawn": False}`` when its draw differs.
+        ``input_layout``: ``[shape, dtype name]`` per tensor, flattened), ``call_s``, the
+        seconds of the call itself on this worker's clock, and ``room`` (:meth:`room_for_another`
+        within ``keep_bytes``); ``hold_inputs`` also holds the inputs (:meth:`hold`; for
+        :meth:`op_held_inputs`, ``from_held``), replying ``input_fingerprint``, ``drawn_on_device``.
+        With ``from_held`` (a key) and ``perturb`` (a seed) the inputs are the held ones of that
+        key as a timed call got them (:func:`~kerneljudge.worker.measure.perturb`, with ``roll``),
+        built on this worker's device. ``seed`` instead of ``inputs`` draws them here, on the
+        device with ``on_device`` (:func:`kerneljudge.worker.drawn.inputs_from_seed`); a
+        candidate's worker given the reference's ``fingerprint`` replies ``{"drawn": False}``
+        when its draw differs.
         """
         if self.model is None:
             raise RuntimeError("run before setup")
@@ -251,7 +252,7 @@ class Worker(KeptTrials, CapturedCalls):
         audit = "from_held" in msg and self.device.type == "cpu"
         audit = audit and not (msg.get("keep", True) or msg.get("hold_inputs"))
         if "from_held" in msg:
-            base = self._reference_only(self.held, msg["from_held"])
+            base = self.held_inputs_of(msg["from_held"])
             # Rebuilt here, not rolled on the host and copied: perturb is exact on any device.
             received = measure.perturb(
                 to_device(base, self.device),
@@ -297,10 +298,9 @@ class Worker(KeptTrials, CapturedCalls):
             self.expected[key] = {"outputs": outputs, "oracle": oracle}
             described = {"ops": self.ops, "call_s": call_s, **effects}
             described.update(output_layout=layout(outputs), input_layout=layout(received))
-            if msg.get("hold_inputs"):  # held on the host, as sent ones are
-                self.held[key] = to_cpu(received) if on_device else received
-                described["input_fingerprint"] = fingerprint(received)
-                described["drawn_on_device"] = on_device
+            if msg.get("hold_inputs"):
+                described.update(self.hold(key, received, msg.get("seed"), on_device))
+            described["room"] = self.room_for_another(key, int(msg.get("keep_bytes") or 0))
             return described
         reply: dict[str, Any] = {**outputs_reply(self.handoff, msg, outputs), "ops": self.ops}
         reply.update(effects)
@@ -398,12 +398,11 @@ class Worker(KeptTrials, CapturedCalls):
                 candidate_lineno(exc, self.source_path),
             ) from None
         self.snapshots.update(kept)
+        if self.device.type == "cuda":  # what the loop freed, given back: the other side is next
+            torch.cuda.empty_cache()
         between = link.between_cpu_ms if link is not None else []
-        return {
-            "times_ms": times,
-            "wall_s": wall,
-            "n_sets": len(self.sets),
-            "between_cpu_ms": between,
+        return {"times_ms": times, "wall_s": wall, "n_sets": len(self.sets)} | {
+            "between_cpu_ms": between
         }
 
     def op_pin(self, msg: dict[str, Any]) -> dict[str, Any]:
