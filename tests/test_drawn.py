@@ -206,3 +206,58 @@ def test_a_device_draw_that_raises_falls_back_to_the_cpu_in_the_reference(
     # Asked for the CPU draw, as the reference's reply said, it matches.
     again, where = inputs_from_seed(candidate, 5, fingerprint(drawn), on_device=False)
     assert again is not None and where is False and torch.equal(again[0], drawn[0])
+
+
+SEEDED = """
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x, pair):
+        return x + pair[0]
+
+
+def get_inputs():
+    return [torch.rand(64), [torch.rand(3), torch.rand(2)]]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def _holder(tmp_path: Path, source: str) -> object:
+    from kerneljudge.problem import Problem
+    from kerneljudge.worker.kept_trials import KeptTrials
+
+    path = tmp_path / "p.py"
+    path.write_text(source)
+    holder = KeptTrials()
+    holder.device, holder.held, holder.role = torch.device("cpu"), {}, "reference"
+    holder.problem = Problem.load(path, probe=False)
+    return holder
+
+
+def test_inputs_drawn_on_the_device_are_held_as_their_seed_when_a_redraw_matches(
+    tmp_path: Path,
+) -> None:
+    """Held as a Redraw (drawn again on request, nested lists included) where a second draw
+    from the seed has the same fingerprint; as the tensors where it does not (a draw that is
+    not a function of torch's seed alone), so the held inputs are always there to hand out."""
+    from kerneljudge.worker.kept_trials import Redraw
+
+    holder = _holder(tmp_path, SEEDED)
+    drawn = holder.problem.make_inputs(5, "cpu", on_device=True)
+    reply = holder.hold("0", drawn, 5, True)
+    assert isinstance(holder.held["0"], Redraw) and reply["drawn_on_device"] is True
+    again = holder.op_held_inputs({"key": "0", "forget": True})["inputs"]
+    assert torch.equal(again[0], drawn[0]) and torch.equal(again[1][1], drawn[1][1])
+    assert "0" not in holder.held
+
+    unseeded = SEEDED.replace("torch.rand(64)", "torch.tensor([random.random()])")
+    holder = _holder(tmp_path, "import random\n" + unseeded)
+    drawn = holder.problem.make_inputs(5, "cpu", on_device=True)
+    holder.hold("1", drawn, 5, True)
+    assert not isinstance(holder.held["1"], Redraw)
+    assert torch.equal(holder.held_inputs_of("1")[0], drawn[0])

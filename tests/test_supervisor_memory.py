@@ -151,15 +151,17 @@ class ModelNew(nn.Module):
 
 
 def _prepared_by(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
-    """The preparations the reference side makes (on its thread), as they are returned."""
+    """The preparations the reference side makes (on its thread), copied as they are returned
+    (the trial loop replaces a deferred trial in its list once it ran)."""
     from kerneljudge.judge.reference_side import ReferenceSide
 
     made: list[dict] = []
     prepare = ReferenceSide.prepare
 
     def spied(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        made.append(prepare(self, *args, **kwargs))
-        return made[-1]
+        prepared = prepare(self, *args, **kwargs)
+        made.append({k: list(v) for k, v in prepared.items()})
+        return prepared
 
     monkeypatch.setattr(ReferenceSide, "prepare", spied)
     return made

@@ -453,7 +453,7 @@ def test_the_tree_digest_is_the_same_made_in_blocks(nbytes: int) -> None:
         0, 256, (nbytes,), dtype=torch.uint8, generator=torch.Generator().manual_seed(nbytes)
     )
     whole = digest(x, chunk_words=1 << 30)
-    for block in (1, 2, 8, 64):
+    for block in (1, 2, 3, 6, 8, 64):
         assert digest(x, chunk_words=block) == whole
     if nbytes:
         y = x.clone()

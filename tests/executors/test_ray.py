@@ -256,8 +256,9 @@ def test_chaos_node_removed_every_job_answered_once(cluster: Cluster, tmp_path: 
             time.sleep(0.5)
         node, hosts = _busy_node(ex, cluster, slow)
         cluster.remove_node(node, allow_graceful=False)
-        # the lost node's actors end with its raylet (they would otherwise judge on unseen)
-        assert not _wait_gone(set(), timeout_s=30, pids=hosts), _described(hosts)
+        # the lost node's actors end with its raylet (they would otherwise judge on unseen);
+        # their processes notice it within seconds on a quiet host, later on a loaded one
+        assert not _wait_gone(set(), timeout_s=120, pids=hosts), _described(hosts)
         cluster.add_node(num_cpus=2, **NODE)  # a node joins: the lost actor has room again
         for job_id, future in futures.items():
             verdict = future.result(timeout=900)

@@ -67,11 +67,34 @@ def test_a_gpu_verdict_relays_no_input(tmp_path: Path, monkeypatch: pytest.Monke
     assert relayed == []
 
 
-def test_deferred_trials_and_audits_redraw_inputs_drawn_on_the_gpu(tmp_path: Path) -> None:
+def test_deferred_trials_and_audits_redraw_inputs_drawn_on_the_gpu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Inputs drawn on the GPU are held as their seed (redrawn for the timing's audits, not
     copied to the host); with no room to keep trials ahead the later ones run when compared."""
+    from kerneljudge.judge.reference_side import ReferenceSide
+    from kerneljudge.worker.kept_trials import KeptTrials, Redraw
+
     path = tmp_path / "p.py"
     path.write_text(PROBLEM)
+    holder = KeptTrials()  # the holding alone, in this process
+    holder.device, holder.held, holder.role = torch.device("cuda"), {}, "reference"
+    holder.problem = Problem.load(path, probe=False)
+    drawn = holder.problem.make_inputs(7, "cuda", on_device=True)
+    holder.hold("0", drawn, 7, True)
+    assert isinstance(holder.held["0"], Redraw)
+    again = holder.held_inputs_of("0")
+    assert all(torch.equal(a, b) for a, b in zip(again, drawn, strict=True))
+
+    deferred: list[list[bool]] = []
+    prepare = ReferenceSide.prepare
+
+    def spied(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        made = prepare(self, *args, **kwargs)
+        deferred.extend([h.deferred for h in held] for held in made.values())
+        return made
+
+    monkeypatch.setattr(ReferenceSide, "prepare", spied)
     cand = tmp_path / "c.py"
     cand.write_text(PROBLEM.replace("class Model(", "class ModelNew("))
     config = JudgeConfig(
@@ -82,3 +105,4 @@ def test_deferred_trials_and_audits_redraw_inputs_drawn_on_the_gpu(tmp_path: Pat
         verdict = judge.evaluate(cand)
     assert verdict.status is Status.CORRECT, verdict.reason
     assert verdict.timing is not None and verdict.timing.rounds >= 1
+    assert deferred[0] == [False] + [True] * (config.trials - 1)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,7 +52,7 @@ class Trials:
 
 def run_trials(
     worker: WorkerProcess,
-    prepared: Mapping[str, Sequence[HeldTrial]],
+    prepared: Mapping[str, list[HeldTrial]],
     session: Callable[[str], ReferenceSession],
     *,
     limits: Mapping[str, SetLimits],
@@ -70,14 +70,15 @@ def run_trials(
     (:func:`set_up_candidate`); per trial, it draws the inputs from the trial's seed as the
     reference worker did, or, where its draw differs, gets the ones the reference worker holds
     (relayed one trial at a time), and its reply is checked against the reference's own on the
-    same inputs
-    (:func:`input_effect_violation`), against the problem's operator policy, then its outputs
-    are compared in the reference worker (:meth:`ReferenceSession.compare`, ``mode`` with
-    ``atol``/``rtol``).
+    same inputs (:func:`input_effect_violation`), against the problem's operator policy, then
+    its outputs are compared in the reference worker (:meth:`ReferenceSession.compare`,
+    ``mode`` with ``atol``/``rtol``).
 
     Args:
         worker: the candidate's worker, its candidate loaded.
-        prepared: shape set -> its held trials (:meth:`ReferenceSide.prepare`).
+        prepared: shape set -> its held trials (:meth:`ReferenceSide.prepare`); a deferred one
+            (:attr:`HeldTrial.deferred`) is run by the reference right before the candidate's,
+            and replaced in the list by the trial it holds then.
         session: the reference session of a shape set.
         limits: shape set -> the limits of its requests: ``run_s`` for the candidate's,
             ``reference_s`` for the reference's (:class:`kerneljudge.check.limits.SetLimits`).
@@ -94,7 +95,8 @@ def run_trials(
     Raises:
         TrialRejected: the candidate changed or aliased its inputs, or called a forbidden op.
         CandidateFault, WorkerDied, WorkerTimeout: the candidate failed.
-        ReferenceFailed: the reference worker failed meanwhile.
+        ReferenceFailed: the reference worker failed meanwhile (a deferred trial's run too).
+        ProblemError: the problem's ``get_inputs`` raised on a deferred trial's seed.
     """
     record_ops = requires_custom_kernel(policy)
     total = sum(map(len, prepared.values()))
@@ -109,6 +111,7 @@ def run_trials(
             say(f"trial {len(done) + 1}/{total}")
             if held.deferred:  # the reference worker had no room to keep it ahead: run now
                 held = ref.run_trial(held.key, held.seed, ref_s, bool(held.reply.get("oracle")))
+                held_trials[i] = held  # as if prepared so: the timing reads its layouts
             limit_s, got, trial = first_s if i == 0 else run_s, None, None
             compare = {"atol": atol, "rtol": rtol, "mode": mode, "index": len(done)}
             if drawn and held.reply.get("input_fingerprint"):

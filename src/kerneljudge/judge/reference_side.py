@@ -285,11 +285,12 @@ class ReferenceSide:
         For each shape set (the timed one last): the trials, run by the reference and held in
         its worker (inputs, outputs, float64 oracle outputs; :meth:`ReferenceSession.run_trial`)
         with its reply on them (input effects, layouts) and the wall time of each run, which
-        the limits of the candidate's requests derive from; once the worker says it has no
-        room to keep another (within :attr:`keep_bytes`), the trials left are deferred
-        (:attr:`HeldTrial.deferred`: run when compared), so that what it keeps stays bounded
-        (:meth:`kerneljudge.check.limits.RunLimits.for_set`); then the ``torch.compile``
-        baseline is compiled if it will be timed. Nothing is measured before these runs, so
+        the limits of the candidate's requests derive from
+        (:meth:`kerneljudge.check.limits.RunLimits.for_set`; from the trials run here); once
+        the worker says it has no room to keep another (within :attr:`keep_bytes`), the
+        trials left are deferred (:attr:`HeldTrial.deferred`: run when compared), so that what
+        it keeps stays bounded; then the ``torch.compile`` baseline is compiled if it will be
+        timed. Nothing is measured before these runs, so
         their limit follows the bytes they move
         (:meth:`~kerneljudge.check.limits.RunLimits.reference_s`, at least the configured
         ``run_timeout_s``).

@@ -63,8 +63,8 @@ def digest(t: torch.Tensor, chunk_words: int = CHUNK_WORDS) -> tuple[int, int]:
     The bytes are those of ``t.contiguous()``; shape and dtype are not part of the digest (the
     supervisor checks them on the revealed tensor). Cost: about ten elementwise int64 ops over
     the 32-bit words and as many over a tree of halving levels, on ``t``'s device, made
-    ``chunk_words`` leaves at a time (a power of two; any gives the same digest); one host
-    synchronisation for the result.
+    ``chunk_words`` leaves at a time (rounded down to a power of two; any gives the same
+    digest); one host synchronisation for the result.
     """
     flat = t.detach().contiguous().reshape(-1)
     nbytes = flat.numel() * flat.element_size()
@@ -80,7 +80,7 @@ def digest(t: torch.Tensor, chunk_words: int = CHUNK_WORDS) -> tuple[int, int]:
     size = 1
     while size < max(n, 1):
         size *= 2
-    block = min(size, max(1, chunk_words))
+    block = min(size, 1 << (max(1, chunk_words).bit_length() - 1))  # a power of two
     roots: list[torch.Tensor] = []
     pad_root: torch.Tensor | None = None
     for start in range(0, size, block):

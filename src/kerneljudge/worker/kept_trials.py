@@ -105,10 +105,16 @@ class KeptTrials:
 
     def hold(self, key: str, received: list[Any], seed: Any, on_device: bool) -> dict[str, Any]:
         """Hold a trial's inputs under ``key``: a :class:`Redraw` where they were drawn on the
-        GPU from ``seed``, else as received (on the host). Returns the reply's
-        ``input_fingerprint`` and ``drawn_on_device``."""
+        GPU from ``seed`` and a second draw there has the same fingerprint (a verifiable one);
+        else as received, copied to the host. Returns the reply's ``input_fingerprint`` and
+        ``drawn_on_device``."""
         printed = fingerprint(received)
-        self.held[key] = Redraw(int(seed), printed) if on_device else received
+        redraw = on_device and not printed.startswith("unverifiable:")
+        if redraw:  # a draw that is not a function of the seed alone is held as it came
+            again = draw_inputs(self.problem, int(seed), self.device)
+            redraw = fingerprint(again) == printed
+            del again
+        self.held[key] = Redraw(int(seed), printed) if redraw else _on_host(received)
         return {"input_fingerprint": printed, "drawn_on_device": on_device}
 
     def held_inputs_of(self, key: Any) -> list[Any]:
@@ -145,8 +151,10 @@ class KeptTrials:
         ``budget`` (bytes, > 0), all kept trials within it; else on a GPU, the trial kept there
         and the kept tensors there within :data:`KEEP_DEVICE_SHARE` of its memory; on a CPU,
         those on the host within :data:`KEEP_HOST_SHARE` of what it has available
-        (:func:`kerneljudge.check.memory.available_bytes`; room where that is unknown). The
-        supervisor runs the trials after one that has no room only when they are compared."""
+        (:func:`kerneljudge.check.memory.available_bytes`; room where that is unknown). On a
+        GPU the outputs and oracle count (inputs held on the host do not), and a copy must also
+        take at most :data:`KEEP_FREE_SHARE` of what is free there, as :meth:`keep_copy` asks.
+        The supervisor runs the trials after one that has no room only when they are compared."""
         mine = flatten_tensors(list(self.expected[key].values()))
         held = self.held.get(key)
         mine += flatten_tensors(held) if isinstance(held, list) else []
@@ -155,10 +163,12 @@ class KeptTrials:
         if budget > 0:
             return on_device + on_host + size <= budget
         if getattr(self.device, "type", "cpu") == "cuda":
-            if any(t.device.type == "cpu" for t in mine):
+            kept = flatten_tensors(list(self.expected[key].values()))
+            if any(t.device.type == "cpu" for t in kept):  # spilled: the device had no room
                 return False
-            total = torch.cuda.get_device_properties(self.device).total_memory
-            return on_device + size <= KEEP_DEVICE_SHARE * total
+            size = sum(t.numel() * t.element_size() for t in kept)
+            free, total = torch.cuda.mem_get_info(self.device)
+            return size <= KEEP_FREE_SHARE * free and on_device + size <= KEEP_DEVICE_SHARE * total
         from kerneljudge.check.memory import available_bytes
 
         available = available_bytes()
@@ -182,8 +192,7 @@ class KeptTrials:
         dropped."""
         reply: dict[str, Any] = {}
         if msg.get("send", True):
-            inputs = self.held_inputs_of(msg["key"])
-            reply["inputs"] = [x.cpu() if isinstance(x, torch.Tensor) else x for x in inputs]
+            reply["inputs"] = _on_host(self.held_inputs_of(msg["key"]))
         if msg.get("forget"):
             self._reference_only(self.held, msg["key"])
             del self.held[str(msg["key"])]
@@ -246,6 +255,9 @@ class KeptTrials:
             reply["digests"] = _on_device_or_host(
                 self.device, lambda device: self._digests(outputs, kinds, device)
             )
+        kept, outputs = {}, None  # a dropped trial's blocks go back to the device with the cache
+        if msg.get("forget") and getattr(self.device, "type", "cpu") == "cuda":
+            torch.cuda.empty_cache()
         return {**reply, **extra}
 
     @staticmethod
@@ -266,14 +278,24 @@ class KeptTrials:
         """Drop the kept trials (outputs, oracle, inputs) of ``keys``, or all of them, and the
         spares."""
         keys = msg.get("keys")
-        self._drop_spares()
         if keys is None:
             self.expected.clear()
             self.held.clear()
         for key in map(str, keys or ()):
             self.expected.pop(key, None)
             self.held.pop(key, None)
+        self._drop_spares()  # last: the cached blocks given back include the trials'
         return {}
+
+
+def _on_host(value: Any) -> Any:
+    """``value`` with every tensor in it (in nested lists and tuples) on the host: a GPU
+    tensor copied there, a CPU one as it is."""
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, list | tuple):
+        return type(value)(_on_host(v) for v in value)
+    return value
 
 
 def _on_device_or_host(device: Any, work: Callable[[Any], Any]) -> Any:

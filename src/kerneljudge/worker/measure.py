@@ -95,6 +95,11 @@ _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 REPLAY_LEAD_CYCLES = 20_000
 
 
+def _device_bytes(tensors: Any) -> int:
+    """Bytes of the GPU tensors in ``tensors`` (nested lists and tuples)."""
+    return sum(t.numel() * t.element_size() for t in flatten_tensors(tensors) if t.is_cuda)
+
+
 def flatten_tensors(value: Any) -> list[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         return [value]
@@ -336,6 +341,7 @@ def time_calls(
     seed: int | None = None,
     threads_before: set[int] | None = None,
     graph: Any = None,
+    kept_before: dict[int, Any] | None = None,
 ) -> tuple[list[float], dict[int, list[torch.Tensor]], float]:
     """Time ``n`` calls of ``fn`` (after ``warmup`` untimed ones), rotating over ``input_sets``.
 
@@ -366,6 +372,8 @@ def time_calls(
             the stream (a graph's forks join its stream before capture ends), before the
             device-wide synchronisation. The replay is called through the C-level function, so
             no Python code runs in the window.
+        kept_before: the kept outputs of earlier batches (by slot), held meanwhile: their bytes
+            on the device count against :data:`SNAPSHOT_DEVICE_SHARE`.
 
     Returns:
         ``(times_ms, kept, wall_s)``: one time per timed call in milliseconds; by audit slot,
@@ -391,11 +399,10 @@ def time_calls(
     graph_outputs = graph.outputs if replay is not None else None
     static_outputs = flatten_tensors(graph_outputs)
     spare: list[Any] | None = None
-    room = (
-        int(SNAPSHOT_DEVICE_SHARE * torch.cuda.get_device_properties(device).total_memory)
-        if cuda
-        else 0
-    )
+    room = 0
+    if cuda:
+        room = int(SNAPSHOT_DEVICE_SHARE * torch.cuda.get_device_properties(device).total_memory)
+        room -= sum(map(_device_bytes, (kept_before or {}).values()))
     wall0 = _perf_counter_ns()
     for i in range(total):
         if i == warmup:
@@ -478,7 +485,8 @@ def time_calls(
                 j, held = pending.pop(0)
                 slot = link.slot(j)
                 if slot >= 0:
-                    size = sum(t.numel() * t.element_size() for t in held)
+                    room += _device_bytes(kept.get(slot, []))  # replaced: given back
+                    size = _device_bytes(held)
                     kept[slot] = held if size <= room else [t.cpu() for t in held]
                     room -= size if size <= room else 0
         del out, args, copies

@@ -291,8 +291,8 @@ class Worker(KeptTrials, CapturedCalls):
         outputs = self.keep_copy(out) if kept else to_cpu(out)
         del out, args
         oracle = self._oracle(kept, audit) if msg.get("oracle") else None
-        if kept and self.device.type == "cuda":
-            torch.cuda.empty_cache()  # the oracle's intermediates: the candidate shares the GPU
+        if self.device.type == "cuda":  # what the call and the oracle freed: the GPU is shared
+            torch.cuda.empty_cache()
         if kept:
             key = str(msg["expect"])
             self.expected[key] = {"outputs": outputs, "oracle": oracle}
@@ -387,6 +387,7 @@ class Worker(KeptTrials, CapturedCalls):
                     seed=int(spec["seed"]) if link is not None and isinstance(spec, dict) else None,
                     threads_before=before if self.sandbox is not None else None,
                     graph=graph,
+                    kept_before=self.snapshots,
                 )
         except Fault:
             raise
