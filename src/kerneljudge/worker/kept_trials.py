@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from kerneljudge.worker.calls import trial_fields
+from kerneljudge.worker.calls import nbytes, trial_fields
 from kerneljudge.worker.drawn import draw_inputs, fingerprint
 from kerneljudge.worker.forward import to_cpu
 from kerneljudge.worker.measure import flatten_tensors
@@ -25,7 +25,14 @@ from kerneljudge.worker.protocol import MAX_MESSAGE_BYTES
 from kerneljudge.worker.side import recv_outputs
 from kerneljudge.worker.stamps import KIND_TREE, output_digest
 
-__all__ = ["KEEP_DEVICE_SHARE", "KEEP_FREE_SHARE", "KEEP_HOST_SHARE", "KeptTrials", "Redraw"]
+__all__ = [
+    "KEEP_DEVICE_SHARE",
+    "KEEP_FREE_SHARE",
+    "KEEP_HOST_SHARE",
+    "KeptTrials",
+    "Redraw",
+    "release",
+]
 
 #: The share of a GPU's memory the reference's kept outputs and oracles may take there (the
 #: candidate shares the device: its inputs, outputs and workspace need the rest).
@@ -77,8 +84,7 @@ class KeptTrials:
         if self.spares.get("audit") is self.inputs:
             self.inputs = []
         self.spares.clear()
-        if getattr(self.device, "type", "cpu") == "cuda":
-            torch.cuda.empty_cache()
+        release(self.device)
 
     def keep_copy(self, value: Any) -> Any:
         """A detached copy of outputs the reference keeps for comparisons (a trial's outputs
@@ -92,14 +98,9 @@ class KeptTrials:
         """
         if getattr(self.device, "type", "cpu") != "cuda":
             return to_cpu(value)
-        size = sum(t.numel() * t.element_size() for t in flatten_tensors(value))
+        size = nbytes(flatten_tensors(value))
         free, total = torch.cuda.mem_get_info(self.device)
-        kept = sum(
-            t.numel() * t.element_size()
-            for entry in self.expected.values()
-            for t in flatten_tensors(list(entry.values()))
-            if t.device.type == "cuda"
-        )
+        kept, _ = self.kept_sizes()
         on_device = size <= KEEP_FREE_SHARE * free and kept + size <= KEEP_DEVICE_SHARE * total
         return to_cpu(value, keep_device=on_device)
 
@@ -137,14 +138,10 @@ class KeptTrials:
     def kept_sizes(self) -> tuple[int, int]:
         """Bytes of the kept trials' tensors ``(on the GPU, on the host)``: outputs, oracles
         and held inputs."""
-        tensors = [
-            t for entry in self.expected.values() for t in flatten_tensors(list(entry.values()))
-        ]
+        tensors = flatten_tensors([list(entry.values()) for entry in self.expected.values()])
         tensors += flatten_tensors([h for h in self.held.values() if not isinstance(h, Redraw)])
-        sizes = [0, 0]
-        for t in tensors:
-            sizes[t.device.type == "cpu"] += t.numel() * t.element_size()
-        return sizes[0], sizes[1]
+        on_device = nbytes([t for t in tensors if t.device.type != "cpu"])
+        return on_device, nbytes(tensors) - on_device
 
     def room_for_another(self, key: str, budget: int = 0) -> bool:
         """Whether another trial as large as the one kept under ``key`` would still fit: with a
@@ -155,23 +152,22 @@ class KeptTrials:
         GPU the outputs and oracle count (inputs held on the host do not), and a copy must also
         take at most :data:`KEEP_FREE_SHARE` of what is free there, as :meth:`keep_copy` asks.
         The supervisor runs the trials after one that has no room only when they are compared."""
-        mine = flatten_tensors(list(self.expected[key].values()))
+        kept = flatten_tensors(list(self.expected[key].values()))
         held = self.held.get(key)
-        mine += flatten_tensors(held) if isinstance(held, list) else []
-        size = sum(t.numel() * t.element_size() for t in mine)
+        size = nbytes(kept)  # its outputs and oracle, and below its inputs held on the host
+        held_bytes = nbytes(flatten_tensors(held)) if isinstance(held, list) else 0
         on_device, on_host = self.kept_sizes()
         if budget > 0:
-            return on_device + on_host + size <= budget
+            return on_device + on_host + size + held_bytes <= budget
         if getattr(self.device, "type", "cpu") == "cuda":
-            kept = flatten_tensors(list(self.expected[key].values()))
             if any(t.device.type == "cpu" for t in kept):  # spilled: the device had no room
                 return False
-            size = sum(t.numel() * t.element_size() for t in kept)
             free, total = torch.cuda.mem_get_info(self.device)
             return size <= KEEP_FREE_SHARE * free and on_device + size <= KEEP_DEVICE_SHARE * total
         from kerneljudge.check.memory import available_bytes
 
         available = available_bytes()
+        size += held_bytes
         return available is None or on_host + size <= KEEP_HOST_SHARE * (available + on_host)
 
     def _reference_only(self, table: dict[str, Any], key: Any) -> Any:
@@ -256,8 +252,8 @@ class KeptTrials:
                 self.device, lambda device: self._digests(outputs, kinds, device)
             )
         kept, outputs = {}, None  # a dropped trial's blocks go back to the device with the cache
-        if msg.get("forget") and getattr(self.device, "type", "cpu") == "cuda":
-            torch.cuda.empty_cache()
+        if msg.get("forget"):
+            release(self.device)
         return {**reply, **extra}
 
     @staticmethod
@@ -286,6 +282,13 @@ class KeptTrials:
             self.held.pop(key, None)
         self._drop_spares()  # last: the cached blocks given back include the trials'
         return {}
+
+
+def release(device: Any) -> None:
+    """On a GPU worker, give the caching allocator's free blocks back to the device (the other
+    worker shares it: ``torch.cuda.empty_cache``); nothing on a CPU worker."""
+    if getattr(device, "type", "cpu") == "cuda":
+        torch.cuda.empty_cache()
 
 
 def _on_host(value: Any) -> Any:

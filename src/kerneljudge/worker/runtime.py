@@ -47,7 +47,7 @@ from kerneljudge.worker.forward import (
     to_device,
 )
 from kerneljudge.worker.graphs import CapturedCalls
-from kerneljudge.worker.kept_trials import KeptTrials
+from kerneljudge.worker.kept_trials import KeptTrials, release
 from kerneljudge.worker.protocol import Channel
 from kerneljudge.worker.sandbox import (
     Sandbox,
@@ -291,8 +291,7 @@ class Worker(KeptTrials, CapturedCalls):
         outputs = self.keep_copy(out) if kept else to_cpu(out)
         del out, args
         oracle = self._oracle(kept, audit) if msg.get("oracle") else None
-        if self.device.type == "cuda":  # what the call and the oracle freed: the GPU is shared
-            torch.cuda.empty_cache()
+        release(self.device)  # what the call and the oracle freed: the GPU is shared
         if kept:
             key = str(msg["expect"])
             self.expected[key] = {"outputs": outputs, "oracle": oracle}
@@ -399,12 +398,10 @@ class Worker(KeptTrials, CapturedCalls):
                 candidate_lineno(exc, self.source_path),
             ) from None
         self.snapshots.update(kept)
-        if self.device.type == "cuda":  # what the loop freed, given back: the other side is next
-            torch.cuda.empty_cache()
+        release(self.device)  # what the loop freed, given back: the other side is timed next
         between = link.between_cpu_ms if link is not None else []
-        return {"times_ms": times, "wall_s": wall, "n_sets": len(self.sets)} | {
-            "between_cpu_ms": between
-        }
+        reply = {"times_ms": times, "wall_s": wall, "n_sets": len(self.sets)}
+        return {**reply, "between_cpu_ms": between}
 
     def op_pin(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Move every thread of this process onto the CPU cores ``cpus`` (a list) for timing,
