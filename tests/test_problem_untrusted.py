@@ -7,6 +7,7 @@ import io
 from pathlib import Path
 
 import pytest
+import torch
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -100,3 +101,28 @@ def test_a_reference_failing_on_its_own_is_a_problem_error_not_the_candidates(
     text = str(err.value)
     assert "\n" not in text and "the reference is broken" in text
     assert "before the candidate ran" in text
+
+
+def test_where_cuda_is_visible_the_probe_draws_on_the_meta_device(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The supervisor of a GPU judge draws no inputs: 10 GiB of them, made on the meta device,
+    # pass a 3 GiB limit that stops the same draw on the CPU (the test above).
+    import kerneljudge.problem.probe
+
+    monkeypatch.setattr(kerneljudge.problem.probe, "_cuda_visible", lambda: True)
+    probe = kerneljudge.problem.probe.probe_problem
+    assert probe(PROBLEMS / "huge_inputs.py", memory_bytes=3 << 30)
+    # A draw that needs real tensors is made on the CPU, under the same limits.
+    assert probe(PROBLEMS / "needs_real_inputs.py", memory_bytes=3 << 30)
+    with pytest.raises(ProblemError) as err:
+        probe(PROBLEMS / "exits_at_import.py")
+    assert "exited with status 7 while importing the problem" in str(err.value)
+
+
+def test_a_meta_draw_has_the_shapes_of_the_real_one() -> None:
+    problem = Problem.load(PROBLEMS / "huge_inputs.py", probe=False)
+    (x,) = problem.make_inputs(0, "meta", on_device=True)
+    assert x.is_meta and x.shape == (10 * 2**28,) and x.dtype == torch.float32
+    model = problem.make_model(0, [], "meta")
+    assert model(x).is_meta

@@ -158,8 +158,8 @@ class Problem:
         A problem file is untrusted input: unless it is bundled, it is first run in a probe child
         under a time and a memory limit (:func:`kerneljudge.problem.probe.probe_problem`: import,
         metadata, ``get_init_inputs``, ``Model``, ``get_inputs`` and the first reference call of
-        every shape set; once per process and file content), then executed here from the same
-        text, on every load.
+        every shape set, the last three on the ``meta`` device where CUDA is visible; once per
+        process and file content), then executed here from the same text, on every load.
         Here it must still run: its metadata (shape sets, dtype, tolerance, policy), and the inputs
         and weights :meth:`make_inputs` and :meth:`make_model` draw.
 
@@ -307,25 +307,31 @@ class Problem:
         torch's default device and its generator seeded by ``seed``: tensors its factory
         functions make (``torch.rand`` and the like) are drawn there, not on the host (a draw
         of gigabytes takes seconds with the CPU generator, milliseconds there). The same seed
-        gives the same inputs on the same kind of device, not the values of the CPU draw.
+        gives the same inputs on the same kind of device, not the values of the CPU draw. With
+        ``on_device`` and the ``meta`` device, they are made there: shapes and dtypes, no data.
 
         Raises:
             whatever ``get_inputs`` raises (on the device: a draw that needs the host, such as
             an explicit CPU generator, raises there; the caller may draw on the CPU instead).
         """
         dev = torch.device(device)
-        there = on_device and dev.type == "cuda"
+        there = on_device and dev.type in ("cuda", "meta")
         default = dev if there else contextlib.nullcontext()
-        with torch.random.fork_rng(devices=[dev] if there else []), default:
+        with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" and there else []), default:
             torch.manual_seed(seed)
             raw = list(self.module.get_inputs())
         return [x.to(dev) if isinstance(x, torch.Tensor) else x for x in raw]
 
-    def make_model(self, seed: int, init_inputs: list[Any] | None = None) -> torch.nn.Module:
-        """The reference ``Model``, parameters drawn from ``seed``, in ``eval()`` mode, on CPU."""
+    def make_model(
+        self, seed: int, init_inputs: list[Any] | None = None, device: str = "cpu"
+    ) -> torch.nn.Module:
+        """The reference ``Model``, parameters drawn from ``seed``, in ``eval()`` mode, on CPU
+        (``device="meta"``: constructed with the ``meta`` device as torch's default, its
+        parameters shapes without data)."""
         if init_inputs is None:
             init_inputs = self.make_init_inputs(seed)
-        with torch.random.fork_rng(devices=[]):
+        where = torch.device(device) if device != "cpu" else contextlib.nullcontext()
+        with torch.random.fork_rng(devices=[]), where:
             torch.manual_seed(seed)
             model = self.module.Model(*init_inputs)
         return model.eval()

@@ -13,14 +13,20 @@ Memory: ``RLIMIT_DATA`` (the child's private writable memory: heap and anonymous
 torch's CPU tensors among them) is capped at ``MEMORY_BYTES``; an allocation past it fails at
 once (``MemoryError`` or torch's "can't allocate memory"), without the memory being touched.
 
-Where CUDA is visible, a reference call that fails on the CPU is not held against the problem
-(its forward may need a GPU); the reference worker's first run on the judging device decides,
-and a failure there is a :class:`~kerneljudge.errors.ProblemError` too (see
+Where CUDA is visible, the judge's supervisor runs no more of the problem than its import, its
+metadata and ``get_init_inputs`` (``Model`` it constructs only on the ``meta`` device; the workers
+draw the inputs and run the reference on the GPU), so the probe constructs ``Model`` and calls
+``get_inputs`` on the ``meta`` device (tensors with shapes and no data: a draw of gigabytes costs
+nothing) and makes the first reference call on those; a step that fails there (code that needs
+real tensors) is done again on the CPU. A reference call that fails is then not held against the
+problem (its forward may need a GPU); the reference worker's first run on the judging device
+decides, and a failure there is a :class:`~kerneljudge.errors.ProblemError` too (see
 :meth:`kerneljudge.judge.Judge.evaluate`).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -29,8 +35,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kerneljudge.errors import ProblemError
 
@@ -41,6 +48,7 @@ PROBE_TIMEOUT_S = 120.0
 #: Largest file (bytes) the probed problem may write.
 _FSIZE_LIMIT = 16 << 20
 _SRC_DIR = str(Path(__file__).resolve().parents[2])
+T = TypeVar("T")
 
 
 def default_probe_memory() -> int:
@@ -181,6 +189,22 @@ def _out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, MemoryError) or "can't allocate memory" in str(exc)
 
 
+def _on_meta(make: Callable[[str], T], cuda: bool) -> T:
+    """``make("meta")`` where CUDA is visible (see the module docstring), else, or where that
+    raises, ``make("cpu")``."""
+    if cuda:
+        try:
+            return make("meta")
+        except Exception:  # noqa: BLE001 - code that needs real tensors: made on the CPU below
+            pass
+    return make("cpu")
+
+
+def _device_of(out: Any) -> str:
+    first = out[0] if isinstance(out, (tuple, list)) and out else out
+    return str(getattr(first, "device", "cpu"))
+
+
 def _run(problem_path: str, report: _Report, cuda: bool) -> dict[str, Any]:
     """The probe's steps; returns the success report (raises on the first failure)."""
     import torch
@@ -192,16 +216,16 @@ def _run(problem_path: str, report: _Report, cuda: bool) -> dict[str, Any]:
     problem = Problem.load(problem_path, probe=False)
     report.step("reading its metadata (DTYPE, TOLERANCE, POLICY, SHAPE_SETS)")
     _ = problem.dtype, problem.tolerance, problem.policy
-    forward = "cpu"
+    forward = []
     for name in list(problem.shape_sets) or ["public"]:
         problem.use_shape_set(name)
         where = f" (shape set {name!r})" if problem.shape_sets else ""
         report.step(f"calling get_init_inputs{where}")
         init_inputs = problem.make_init_inputs(0)
         report.step(f"constructing Model{where}")
-        model = problem.make_model(0, init_inputs)
+        model = _on_meta(functools.partial(problem.make_model, 0, init_inputs), cuda)
         report.step(f"calling get_inputs{where}")
-        inputs = problem.make_inputs(0)
+        inputs = _on_meta(lambda dev: problem.make_inputs(0, dev, on_device=True), cuda)
         report.step(f"the first reference call{where}")
         try:
             with torch.no_grad():
@@ -209,8 +233,9 @@ def _run(problem_path: str, report: _Report, cuda: bool) -> dict[str, Any]:
         except Exception:
             if not cuda:
                 raise
-            forward = "left to the reference worker (failed on the CPU, CUDA is visible)"
+            forward.append("left to the reference worker (CUDA is visible)")
             continue
+        forward.append(_device_of(out))
         outs = out if isinstance(out, (tuple, list)) else [out]
         if not outs or not all(isinstance(t, torch.Tensor) for t in outs):
             raise ProblemError(
