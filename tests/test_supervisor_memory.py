@@ -205,3 +205,35 @@ def test_trials_without_room_to_keep_are_run_when_compared(
         assert judge.evaluate(candidate).status.value == "correct"
         (held,) = made[0].values()
         assert not any(h.deferred for h in held)  # the host's share holds all five
+
+
+def test_a_deferred_trial_whose_reference_run_fails_is_not_the_candidates_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reference worker dies (killed from outside, as the OOM killer would) on its run of
+    a deferred trial, the candidate's worker waiting: the judge raises a one-line
+    ProblemError naming the trial, no verdict is charged to the candidate, and the next
+    verdict, with a fresh reference worker, is correct."""
+    from kerneljudge.check.reference import ReferenceSession
+
+    run_trial = ReferenceSession.run_trial
+    killed: list[str] = []
+
+    def dies_once(self, key, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if str(key) == "1" and not killed:  # trial 2, the first deferred one
+            killed.append(str(key))
+            self.worker.kill()
+        return run_trial(self, key, *args, **kwargs)
+
+    monkeypatch.setattr(ReferenceSession, "run_trial", dies_once)
+    problem, candidate = _files(tmp_path, 1)
+    config = JudgeConfig(device="cpu", timing=False, cache_dir=tmp_path, seed=5)
+    with Judge(problem, config) as judge:
+        judge.reference.keep_bytes = 1
+        with pytest.raises(ProblemError) as err:
+            judge.evaluate(candidate)
+        text = str(err.value)
+        assert killed == ["1"] and "\n" not in text
+        assert "trial 2, deferred" in text and "the reference ran alone" in text
+        verdict = judge.evaluate(candidate)
+    assert verdict.status.value == "correct", verdict.reason

@@ -14,7 +14,8 @@ from typing import Any
 from kerneljudge.candidate.policy import forbidden_ops_used, ops_reason, requires_custom_kernel
 from kerneljudge.check.beside import OutputsLost, outputs_beside
 from kerneljudge.check.limits import SetLimits
-from kerneljudge.check.reference import HeldTrial, ReferenceSession
+from kerneljudge.check.reference import HeldTrial, ReferenceFailed, ReferenceSession
+from kerneljudge.errors import ProblemError
 from kerneljudge.verdict import CheckResult, TrialResult
 from kerneljudge.worker import CandidateFault, WorkerProcess
 from kerneljudge.worker.replies import MalformedReply, RunReply
@@ -95,8 +96,9 @@ def run_trials(
     Raises:
         TrialRejected: the candidate changed or aliased its inputs, or called a forbidden op.
         CandidateFault, WorkerDied, WorkerTimeout: the candidate failed.
-        ReferenceFailed: the reference worker failed meanwhile (a deferred trial's run too).
-        ProblemError: the problem's ``get_inputs`` raised on a deferred trial's seed.
+        ReferenceFailed: the reference worker failed meanwhile.
+        ProblemError: the reference's run of a deferred trial failed, or the problem's
+            ``get_inputs`` raised on its seed.
     """
     record_ops = requires_custom_kernel(policy)
     total = sum(map(len, prepared.values()))
@@ -110,7 +112,7 @@ def run_trials(
         for i, held in enumerate(held_trials):
             say(f"trial {len(done) + 1}/{total}")
             if held.deferred:  # the reference worker had no room to keep it ahead: run now
-                held = ref.run_trial(held.key, held.seed, ref_s, bool(held.reply.get("oracle")))
+                held = _run_deferred(ref, held, ref_s, len(done) + 1)
                 held_trials[i] = held  # as if prepared so: the timing reads its layouts
             limit_s, got, trial = first_s if i == 0 else run_s, None, None
             compare = {"atol": atol, "rtol": rtol, "mode": mode, "index": len(done)}
@@ -153,6 +155,23 @@ def run_trials(
         passed=all(t.passed for t in done), trials=tuple(done), mode=mode, atol=atol, rtol=rtol
     )
     return Trials(check, sessions)
+
+
+def _run_deferred(ref: ReferenceSession, held: HeldTrial, ref_s: float, number: int) -> HeldTrial:
+    """The reference's run of a deferred trial (``number``: its place among the verdict's).
+
+    Raises:
+        ProblemError: that run failed (its worker raised, died or hung): the reference ran
+            alone, the candidate's worker waiting for its next request, so its failure is not
+            charged to the candidate; the reference session is replaced for the next verdict.
+    """
+    try:
+        return ref.run_trial(held.key, held.seed, ref_s, bool(held.reply.get("oracle")))
+    except ReferenceFailed as exc:
+        raise ProblemError(
+            f"{exc} (trial {number}, deferred for want of room to keep it: the reference ran "
+            "alone, the candidate's worker waiting)"
+        ) from None
 
 
 def run_compared(
