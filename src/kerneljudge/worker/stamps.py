@@ -86,7 +86,7 @@ def output_digest(t: torch.Tensor, kind: int | None = None) -> tuple[int, bytes]
         flat = t.detach().contiguous().reshape(-1).cpu()
         # Hashed through the buffer protocol: no copy of the bytes (a 256 MiB output's copy
         # took 0.23 s on a 2-core host, more than the hash).
-        data = memoryview(flat.view(torch.uint8).numpy()) if flat.numel() else memoryview(b"")
+        data = flat.view(torch.uint8).numpy().data if flat.numel() else memoryview(b"")
         return kind, hashlib.sha256(data).digest()[:16]
     if kind == KIND_TREE:
         a, b = tree_digest(t)
