@@ -158,8 +158,9 @@ class Problem:
         A problem file is untrusted input: unless it is bundled, it is first run in a probe child
         under a time and a memory limit (:func:`kerneljudge.problem.probe.probe_problem`: import,
         metadata, ``get_init_inputs``, ``Model``, ``get_inputs`` and the first reference call of
-        every shape set, the last three on the ``meta`` device where CUDA is visible; once per
-        process and file content), then executed here from the same text, on every load.
+        every shape set; where CUDA is visible, ``Model`` and ``get_inputs`` on the ``meta``
+        device and no reference call; once per process and file content), then executed here
+        from the same text, on every load.
         Here it must still run: its metadata (shape sets, dtype, tolerance, policy), and the inputs
         and weights :meth:`make_inputs` and :meth:`make_model` draw.
 

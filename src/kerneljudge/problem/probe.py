@@ -17,11 +17,10 @@ Where CUDA is visible, the judge's supervisor runs no more of the problem than i
 metadata and ``get_init_inputs`` (``Model`` it constructs only on the ``meta`` device; the workers
 draw the inputs and run the reference on the GPU), so the probe constructs ``Model`` and calls
 ``get_inputs`` on the ``meta`` device (tensors with shapes and no data: a draw of gigabytes costs
-nothing) and makes the first reference call on those; a step that fails there (code that needs
-real tensors) is done again on the CPU. A reference call that fails is then not held against the
-problem (its forward may need a GPU); the reference worker's first run on the judging device
-decides, and a failure there is a :class:`~kerneljudge.errors.ProblemError` too (see
-:meth:`kerneljudge.judge.Judge.evaluate`).
+nothing; a step that fails there, code that needs real tensors, is done again on the CPU) and
+makes no reference call: its forward may need a GPU, and the reference worker's first run on
+the judging device decides, a failure there being a :class:`~kerneljudge.errors.ProblemError`
+too (see :meth:`kerneljudge.judge.Judge.evaluate`).
 """
 
 from __future__ import annotations
@@ -200,11 +199,6 @@ def _on_meta(make: Callable[[str], T], cuda: bool) -> T:
     return make("cpu")
 
 
-def _device_of(out: Any) -> str:
-    first = out[0] if isinstance(out, (tuple, list)) and out else out
-    return str(getattr(first, "device", "cpu"))
-
-
 def _run(problem_path: str, report: _Report, cuda: bool) -> dict[str, Any]:
     """The probe's steps; returns the success report (raises on the first failure)."""
     import torch
@@ -216,7 +210,6 @@ def _run(problem_path: str, report: _Report, cuda: bool) -> dict[str, Any]:
     problem = Problem.load(problem_path, probe=False)
     report.step("reading its metadata (DTYPE, TOLERANCE, POLICY, SHAPE_SETS)")
     _ = problem.dtype, problem.tolerance, problem.policy
-    forward = []
     for name in list(problem.shape_sets) or ["public"]:
         problem.use_shape_set(name)
         where = f" (shape set {name!r})" if problem.shape_sets else ""
@@ -226,22 +219,18 @@ def _run(problem_path: str, report: _Report, cuda: bool) -> dict[str, Any]:
         model = _on_meta(functools.partial(problem.make_model, 0, init_inputs), cuda)
         report.step(f"calling get_inputs{where}")
         inputs = _on_meta(lambda dev: problem.make_inputs(0, dev, on_device=True), cuda)
-        report.step(f"the first reference call{where}")
-        try:
-            with torch.no_grad():
-                out = model(*inputs)
-        except Exception:
-            if not cuda:
-                raise
-            forward.append("left to the reference worker (CUDA is visible)")
+        if cuda:  # the first call: the reference worker's, on the judging device
             continue
-        forward.append(_device_of(out))
+        report.step(f"the first reference call{where}")
+        with torch.no_grad():
+            out = model(*inputs)
         outs = out if isinstance(out, (tuple, list)) else [out]
         if not outs or not all(isinstance(t, torch.Tensor) for t in outs):
             raise ProblemError(
                 f"Model.forward{where} returns {type(out).__name__}, not a tensor or a tuple "
                 "of tensors"
             )
+    forward = "left to the reference worker" if cuda else "cpu"
     return {"ok": True, "sha256": hashlib.sha256(text).hexdigest(), "forward": forward}
 
 
