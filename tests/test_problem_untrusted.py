@@ -126,3 +126,42 @@ def test_a_meta_draw_has_the_shapes_of_the_real_one() -> None:
     assert x.is_meta and x.shape == (10 * 2**28,) and x.dtype == torch.float32
     model = problem.make_model(0, [], "meta")
     assert model(x).is_meta
+
+
+def test_the_workers_started_beside_the_probe_end_when_it_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # With a named device the judge starts its reference and candidate workers while the
+    # problem is probed; a probe that fails ends them with it.
+    import os
+
+    from kerneljudge.worker import WorkerProcess
+    from kerneljudge.worker.sandbox import child_pids
+
+    started: list[WorkerProcess] = []
+    init = WorkerProcess.__init__
+
+    def spied(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        init(self, *args, **kwargs)
+        started.append(self)
+
+    monkeypatch.setattr(WorkerProcess, "__init__", spied)
+    before = set(child_pids(os.getpid()))
+    with pytest.raises(ProblemError):
+        Judge(PROBLEMS / "exits_at_import.py", JudgeConfig(device="cpu"))
+    assert sorted(w.role for w in started) == ["candidate", "reference"]
+    assert not any(w.alive() for w in started)
+    assert set(child_pids(os.getpid())) <= before
+
+
+def test_a_judge_of_a_problem_file_hands_its_early_workers_to_the_first_verdict(
+    tmp_path: Path,
+) -> None:
+    config = JudgeConfig(device="cpu", timing=False, cache_dir=tmp_path, trials=1)
+    smoke = PROBLEMS.parent / "smoke"
+    with Judge(smoke / "problem.py", config) as judge:
+        early = judge.reference.early["cpu"]
+        verdict = judge.evaluate(smoke / "candidate.py")
+        assert verdict.status.value == "correct", verdict.reason
+        (session,) = judge.reference.sessions.values()
+        assert session.worker is early and not judge.reference.early

@@ -12,7 +12,7 @@ from kerneljudge.candidate.backends import REGISTRY
 from kerneljudge.errors import DeviceError
 from kerneljudge.verdict import DeviceInfo
 
-__all__ = ["build_arch", "describe_device", "resolve_device"]
+__all__ = ["build_arch", "describe_device", "named_device", "resolve_device"]
 
 #: The GPU backends' names as the messages write them (``cuda/triton``).
 _GPU_NAMES = "/".join(b.name for b in REGISTRY if b.needs_gpu)
@@ -51,6 +51,17 @@ def resolve_device(requested: str, needs_gpu: bool) -> str:
             )
         return f"cuda:{index}"
     raise DeviceError(f"unknown device {requested!r} (use auto, cpu, cuda or cuda:N)")
+
+
+def named_device(requested: str) -> str | None:
+    """The device :func:`resolve_device` gives every candidate for ``requested`` when that does
+    not depend on the candidate's backend (not ``auto``) and is visible here; else None."""
+    if requested == "auto":
+        return None
+    try:
+        return resolve_device(requested, needs_gpu=False)
+    except DeviceError:
+        return None
 
 
 def describe_device(device: str) -> DeviceInfo:

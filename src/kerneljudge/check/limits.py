@@ -22,13 +22,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from kerneljudge.verdict import RequestLimits
 
+if TYPE_CHECKING:
+    from kerneljudge.problem import Problem
+
 __all__ = [
+    "meta_weight_bytes",
     "CAP_S",
     "FACTOR",
     "FIRST_CALL_FLOOR_S",
@@ -90,6 +94,17 @@ def tensor_bytes(value: Any) -> int:
     if isinstance(value, list | tuple):
         return sum(tensor_bytes(v) for v in value)
     return 0
+
+
+def meta_weight_bytes(problem: Problem, init_inputs: list[Any]) -> int:
+    """Bytes of the state dict of ``problem``'s ``Model(*init_inputs)`` constructed on the
+    ``meta`` device (no memory, no data); 0 when that construction raises."""
+    try:
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):
+            model = problem.module.Model(*init_inputs)
+        return tensor_bytes(list(model.state_dict().values()))
+    except Exception:  # noqa: BLE001 - problem code that needs real tensors: no estimate
+        return 0
 
 
 @dataclass(frozen=True)

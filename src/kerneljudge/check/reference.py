@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from kerneljudge.check.beside import OutputsLost
-from kerneljudge.check.limits import tensor_bytes
+from kerneljudge.check.limits import meta_weight_bytes, tensor_bytes
 from kerneljudge.errors import ProblemError, WorkerError
 from kerneljudge.problem import Problem
 from kerneljudge.verdict import Mismatch, TrialResult
@@ -37,17 +37,6 @@ COMPILE_TIMEOUT_S = 600.0
 def first_line(text: str) -> str:
     """The first non-blank line of ``text``, stripped."""
     return next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
-
-
-def meta_weight_bytes(problem: Problem, init_inputs: list[Any]) -> int:
-    """Bytes of the state dict of ``problem``'s ``Model(*init_inputs)`` constructed on the
-    ``meta`` device (no memory, no data); 0 when that construction raises."""
-    try:
-        with torch.random.fork_rng(devices=[]), torch.device("meta"):
-            model = problem.module.Model(*init_inputs)
-        return tensor_bytes(list(model.state_dict().values()))
-    except Exception:  # noqa: BLE001 - problem code that needs real tensors: no estimate
-        return 0
 
 
 class ReferenceFailed(WorkerError):
@@ -128,10 +117,18 @@ class ReferenceSession:
     """The trusted reference worker for one shape set: fixed weights, reference runs, baselines."""
 
     def __init__(
-        self, problem: Problem, shape_set: str, device: str, weight_seed: int, threads: int
+        self,
+        problem: Problem,
+        shape_set: str,
+        device: str,
+        weight_seed: int,
+        threads: int,
+        worker: WorkerProcess | None = None,
     ) -> None:
         """Draw the constructor's arguments here from a fresh copy of ``problem`` (same text,
-        own globals); the weights are drawn from ``weight_seed`` by the workers.
+        own globals); the weights are drawn from ``weight_seed`` by the workers. ``worker``: a
+        reference worker of ``device`` with ``threads`` started earlier, that has loaded no
+        problem (None: one is started here).
 
         Raises:
             ProblemError: the problem's ``get_init_inputs`` raised here.
@@ -151,7 +148,7 @@ class ReferenceSession:
         self.weights: str | None = None
         self._weight_bytes = meta_weight_bytes(self.problem, self.init_inputs)
         self._device, self._threads = device, threads
-        self.worker = WorkerProcess("reference", device, threads=threads)
+        self.worker = worker or WorkerProcess("reference", device, threads=threads)
         self._ready = False
         self.failed = False
         self.answered = False

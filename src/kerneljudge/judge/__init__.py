@@ -13,8 +13,9 @@ one trial's inputs or outputs at a time, and checks before the trials that it ca
 Modules: :mod:`~kerneljudge.judge.config` (:class:`JudgeConfig`, the defaults and the checks
 of its fields), :mod:`~kerneljudge.judge.reference_side` (the reference's workers and its part
 of a verdict, prepared on a thread while the candidate builds),
-:mod:`~kerneljudge.judge.pipeline` (:class:`Judge`: the stages of one verdict) and
-:mod:`~kerneljudge.judge.outcome` (the stage clock and how failures become verdicts). The trial
+:mod:`~kerneljudge.judge.pipeline` (:class:`Judge`: the stages of one verdict),
+:mod:`~kerneljudge.judge.outcome` (the stage clock and how failures become verdicts) and
+:mod:`~kerneljudge.judge.profiling` (:meth:`Judge.profile`). The trial
 loop is :mod:`kerneljudge.check.trials`, the timing stage :mod:`kerneljudge.timing.stage`.
 """
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import secrets
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,11 +27,11 @@ from kerneljudge.build.log import shape_log
 from kerneljudge.candidate import Candidate
 from kerneljudge.candidate.backends import IMPORT_ONLY_BACKENDS
 from kerneljudge.candidate.policy import requires_custom_kernel, static_issues, static_reason
-from kerneljudge.check.limits import RunLimits, SetLimits, tensor_bytes
+from kerneljudge.check.limits import RunLimits, SetLimits
 from kerneljudge.check.memory import check_budget, reply_limit
 from kerneljudge.check.reference import first_line
-from kerneljudge.check.trials import Trials, run_trials, set_up_candidate
-from kerneljudge.device import build_arch, describe_device, resolve_device
+from kerneljudge.check.trials import Trials, run_trials
+from kerneljudge.device import build_arch, describe_device, named_device, resolve_device
 from kerneljudge.errors import WorkerError
 from kerneljudge.judge.config import JudgeConfig
 from kerneljudge.judge.outcome import (
@@ -43,7 +42,7 @@ from kerneljudge.judge.outcome import (
     build_failure,
     versions,
 )
-from kerneljudge.judge.reference_side import Prepared, ReferenceSide, derive_seed
+from kerneljudge.judge.reference_side import Prepared, ReferenceSide
 from kerneljudge.problem import Problem
 from kerneljudge.timing.stage import time_candidate
 from kerneljudge.verdict import (
@@ -77,12 +76,33 @@ class Judge:
     """
 
     def __init__(self, problem: Problem | str | Path, config: JudgeConfig | None = None) -> None:
-        self.problem = problem if isinstance(problem, Problem) else Problem.load(problem)
         self.config = config or JudgeConfig()
         self.cache = BuildCache(self.config.cache_dir)
-        self.reference = ReferenceSide(self.problem, self.config.seed, self.config.threads)
         self._pools: dict[str, WorkerPool] = {}
         self._devices: dict[str, DeviceInfo] = {}
+        # A problem file is probed first (a fresh interpreter, seconds): where the device is
+        # named, the workers a first verdict needs start meanwhile. They load nothing before
+        # the problem has passed its probe.
+        early = None if isinstance(problem, Problem) else named_device(self.config.device)
+        started: dict[str, WorkerProcess] = {}
+        try:
+            if early is not None:
+                started[early] = WorkerProcess("reference", early, threads=self.config.threads)
+                self._new_pool(early, record_ops=False).prestart()
+            self.problem = problem if isinstance(problem, Problem) else Problem.load(problem)
+        except BaseException:
+            for worker in started.values():
+                worker.close()
+            for pool in self._pools.values():
+                pool.close()
+            raise
+        record_ops = requires_custom_kernel(self.problem.policy)
+        for pool in self._pools.values():
+            if record_ops:  # its workers lack the recording's warm-up: started again at need
+                pool.close()
+            pool.record_ops = record_ops
+        self.reference = ReferenceSide(self.problem, self.config.seed, self.config.threads)
+        self.reference.early.update(started)
         #: A lock held by everything that runs on the judging device and is shared with other
         #: judges on it (see :class:`kerneljudge.env.KernelEnv`); work this judge does ahead
         #: of need takes it first. None: this judge has the device to itself.
@@ -112,19 +132,23 @@ class Judge:
         if self.reference.closed:
             raise WorkerError("the judge was closed")
         if device not in self._pools:
-            home = toolchain.cuda_home()
-            env = {"CUDA_HOME": home} if home else {}
-            # Two ahead on a GPU: a worker needs seconds to import torch and create its context,
-            # is stopped while a verdict is timed, and an agent's calls can come back to back.
-            size = 2 if device.startswith("cuda") else 1
-            self._pools[device] = WorkerPool(
-                device,
-                env,
-                size=size,
-                threads=self.config.threads,
-                record_ops=requires_custom_kernel(self.problem.policy),
-                writable=(str(self.cache.root / "builds"),),
-            )
+            self._new_pool(device, requires_custom_kernel(self.problem.policy))
+        return self._pools[device]
+
+    def _new_pool(self, device: str, record_ops: bool) -> WorkerPool:
+        home = toolchain.cuda_home()
+        env = {"CUDA_HOME": home} if home else {}
+        # Two ahead on a GPU: a worker needs seconds to import torch and create its context,
+        # is stopped while a verdict is timed, and an agent's calls can come back to back.
+        size = 2 if device.startswith("cuda") else 1
+        self._pools[device] = WorkerPool(
+            device,
+            env,
+            size=size,
+            threads=self.config.threads,
+            record_ops=record_ops,
+            writable=(str(self.cache.root / "builds"),),
+        )
         return self._pools[device]
 
     def device_info(self, device: str) -> DeviceInfo:
@@ -400,45 +424,10 @@ class Judge:
     def profile(
         self, candidate: Candidate | str | Path, *, calls: int = 5, seed: int | None = None
     ) -> list[dict[str, Any]]:
-        """Profile the candidate's forward with torch.profiler, on the timed shape set's inputs.
+        """:func:`kerneljudge.judge.profiling.profile_candidate` with this judge."""
+        from kerneljudge.judge.profiling import profile_candidate
 
-        The candidate is built (a cache hit after :meth:`evaluate`), loaded in a fresh worker
-        with the reference's weights, run once, then ``calls`` times under the profiler. On CUDA
-        the rows are GPU kernels and copies; on the CPU, operators by self time, the forward's
-        own Python and extension code being ``ModelNew.forward``.
-
-        Returns:
-            Rows ``{"name", "device_time_ms", "calls", "share"}``, largest first: time per
-            forward call (ms), runs per forward call, fraction of the profiled time. Empty when
-            the candidate does not build or import.
-
-        Raises:
-            CandidateFault, WorkerDied, WorkerTimeout: the candidate failed while profiled.
-            WorkerError: the profiler or the reference worker failed (``ReferenceFailed``).
-            ProblemError: the problem's ``Model`` raised in the reference worker.
-            DeviceError: the candidate needs a GPU and none is visible.
-        """
-        cand = _as_candidate(candidate)
-        device = resolve_device(self.config.device, cand.needs_gpu)
-        result = self.build(cand, device)
-        if not result.ok:
-            return []
-        shape_set = self.config.ordered_shape_sets()[-1]
-        self.reference.settle()
-        ref = self.reference.session(device, shape_set)
-        run_seed = seed if seed is not None else secrets.randbits(62)
-        worker = self._pool(device).take()
-        try:
-            inputs = ref.problem.make_inputs(derive_seed(run_seed, shape_set, "profile"))
-            moved = tensor_bytes([inputs, ref.init_inputs]) + ref.weight_bytes  # none measured
-            timeout = RunLimits(self.config.run_timeout_s).reference_s(moved)
-            if self._load(worker, cand, result, device, timeout) is not None:
-                return []
-            set_up_candidate(worker, ref, timeout, timeout)
-            worker.request("run", timeout, inputs=inputs)
-            return list(worker.request("profile", timeout, calls=calls)["rows"])
-        finally:
-            worker.close()
+        return profile_candidate(self, _as_candidate(candidate), calls=calls, seed=seed)
 
     def _load(
         self,

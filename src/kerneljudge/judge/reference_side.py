@@ -30,6 +30,7 @@ from kerneljudge.check.reference import (
 from kerneljudge.errors import ProblemError, WorkerError
 from kerneljudge.judge.config import JudgeConfig
 from kerneljudge.problem import Problem
+from kerneljudge.worker import WorkerProcess
 
 __all__ = [
     "Prepared",
@@ -180,6 +181,9 @@ class ReferenceSide:
         #: Bytes each reference worker's kept trials may take before the trials left are
         #: deferred (0: its share of its device's memory; :meth:`prepare`).
         self.keep_bytes = 0
+        #: Reference workers started before the problem was loaded (by the judge, beside the
+        #: problem's probe), by device: the first session on that device takes its one.
+        self.early: dict[str, WorkerProcess] = {}
 
     @property
     def sessions(self) -> Mapping[tuple[str, str], ReferenceSession]:
@@ -201,7 +205,12 @@ class ReferenceSide:
                 self._sessions.pop(key).close()
             if key not in self._sessions:
                 self._sessions[key] = ReferenceSession(
-                    self.problem, shape_set, device, self.weight_seed, self.threads
+                    self.problem,
+                    shape_set,
+                    device,
+                    self.weight_seed,
+                    self.threads,
+                    self.early.pop(device, None),
                 )
             return self._sessions[key]
 
@@ -346,6 +355,9 @@ class ReferenceSide:
         workers are killed) and is waited for, and every session ends."""
         with self._lock:
             self.closed = True
+            early, self.early = list(self.early.values()), {}
+        for worker in early:
+            worker.close()
         if self.pending is not None:
             self.pending.drop()
         with self._lock:
