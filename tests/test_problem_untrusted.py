@@ -112,11 +112,15 @@ def test_where_cuda_is_visible_the_probe_draws_on_the_meta_device(
 
     monkeypatch.setattr(kerneljudge.problem.probe, "_cuda_visible", lambda: True)
     probe = kerneljudge.problem.probe.probe_problem
-    assert probe(PROBLEMS / "huge_inputs.py", memory_bytes=3 << 30)
+    assert probe(PROBLEMS / "huge_inputs.py", memory_bytes=3 << 30, gpu_judge=True)[1]
     # A draw that needs real tensors is made on the CPU, under the same limits.
-    assert probe(PROBLEMS / "needs_real_inputs.py", memory_bytes=3 << 30)
+    assert probe(PROBLEMS / "needs_real_inputs.py", memory_bytes=3 << 30, gpu_judge=True)
+    # Any other load draws in its own process: probed on the CPU, CUDA visible or not.
     with pytest.raises(ProblemError) as err:
-        probe(PROBLEMS / "exits_at_import.py")
+        probe(PROBLEMS / "huge_inputs.py", memory_bytes=3 << 30)
+    assert "calling get_inputs needs more than 3.0 GiB" in str(err.value)
+    with pytest.raises(ProblemError) as err:
+        probe(PROBLEMS / "exits_at_import.py", gpu_judge=True)
     assert "exited with status 7 while importing the problem" in str(err.value)
 
 
@@ -165,3 +169,27 @@ def test_a_judge_of_a_problem_file_hands_its_early_workers_to_the_first_verdict(
         assert verdict.status.value == "correct", verdict.reason
         (session,) = judge.reference.sessions.values()
         assert session.worker is early and not judge.reference.early
+
+
+def test_an_early_reference_worker_outlives_a_session_that_fails_to_start(
+    tmp_path: Path,
+) -> None:
+    # get_init_inputs raises for any seed but the probe's: the session's construction fails,
+    # and the worker started for it stays the judge's, ended when the judge closes.
+    problem = tmp_path / "init_fails.py"
+    problem.write_text(
+        (PROBLEMS / "huge_inputs.py")
+        .read_text()
+        .replace("[torch.randn(10 * 2**28)]", "[torch.randn(8)]")
+        .replace(
+            "def get_init_inputs():\n    return []",
+            "def get_init_inputs():\n    assert torch.initial_seed() == 0, 'seeded'\n    return []",
+        )
+    )
+    judge = Judge(problem, JudgeConfig(device="cpu", timing=False, cache_dir=tmp_path))
+    early = judge.reference.early["cpu"]
+    with pytest.raises(ProblemError, match="get_init_inputs"):
+        judge.reference.session("cpu", "public")
+    assert judge.reference.early["cpu"] is early and early.alive()
+    judge.close()
+    assert not early.alive()

@@ -207,13 +207,13 @@ def test_trials_without_room_to_keep_are_run_when_compared(
         assert not any(h.deferred for h in held)  # the host's share holds all five
 
 
-def test_a_deferred_trial_whose_reference_run_fails_is_not_the_candidates_failure(
+def test_a_deferred_trials_failed_reference_run_is_named_in_the_verdict(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The reference worker dies (killed from outside, as the OOM killer would) on its run of
-    a deferred trial, the candidate's worker waiting: the judge raises a one-line
-    ProblemError naming the trial, no verdict is charged to the candidate, and the next
-    verdict, with a fresh reference worker, is correct."""
+    a deferred trial, the candidate's worker beside it: a runtime_error whose reason names the
+    deferred trial (the candidate ran beside the reference), and the next verdict, with a
+    fresh reference worker, is correct."""
     from kerneljudge.check.reference import ReferenceSession
 
     run_trial = ReferenceSession.run_trial
@@ -230,10 +230,9 @@ def test_a_deferred_trial_whose_reference_run_fails_is_not_the_candidates_failur
     config = JudgeConfig(device="cpu", timing=False, cache_dir=tmp_path, seed=5)
     with Judge(problem, config) as judge:
         judge.reference.keep_bytes = 1
-        with pytest.raises(ProblemError) as err:
-            judge.evaluate(candidate)
-        text = str(err.value)
-        assert killed == ["1"] and "\n" not in text
-        assert "trial 2, deferred" in text and "the reference ran alone" in text
+        failed = judge.evaluate(candidate)
+        assert killed == ["1"]
+        assert failed.status.value == "runtime_error"
+        assert "trial 2, deferred" in failed.reason and "\n" not in failed.reason
         verdict = judge.evaluate(candidate)
     assert verdict.status.value == "correct", verdict.reason

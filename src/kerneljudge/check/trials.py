@@ -15,7 +15,6 @@ from kerneljudge.candidate.policy import forbidden_ops_used, ops_reason, require
 from kerneljudge.check.beside import OutputsLost, outputs_beside
 from kerneljudge.check.limits import SetLimits
 from kerneljudge.check.reference import HeldTrial, ReferenceFailed, ReferenceSession
-from kerneljudge.errors import ProblemError
 from kerneljudge.verdict import CheckResult, TrialResult
 from kerneljudge.worker import CandidateFault, WorkerProcess
 from kerneljudge.worker.replies import MalformedReply, RunReply
@@ -96,9 +95,8 @@ def run_trials(
     Raises:
         TrialRejected: the candidate changed or aliased its inputs, or called a forbidden op.
         CandidateFault, WorkerDied, WorkerTimeout: the candidate failed.
-        ReferenceFailed: the reference worker failed meanwhile.
-        ProblemError: the reference's run of a deferred trial failed, or the problem's
-            ``get_inputs`` raised on its seed.
+        ReferenceFailed: the reference worker failed meanwhile (a deferred trial's run too).
+        ProblemError: the problem's ``get_inputs`` raised on a deferred trial's seed.
     """
     record_ops = requires_custom_kernel(policy)
     total = sum(map(len, prepared.values()))
@@ -161,16 +159,17 @@ def _run_deferred(ref: ReferenceSession, held: HeldTrial, ref_s: float, number: 
     """The reference's run of a deferred trial (``number``: its place among the verdict's).
 
     Raises:
-        ProblemError: that run failed (its worker raised, died or hung): the reference ran
-            alone, the candidate's worker waiting for its next request, so its failure is not
-            charged to the candidate; the reference session is replaced for the next verdict.
+        ReferenceFailed: that run failed. The candidate's worker, waiting for its next request,
+            had run beside the reference (it may hold the device's memory or have work still
+            running), so the failure counts as one while it was judged
+            (:meth:`kerneljudge.judge.outcome.VerdictWriter.failure`); the message names the
+            trial.
     """
     try:
         return ref.run_trial(held.key, held.seed, ref_s, bool(held.reply.get("oracle")))
     except ReferenceFailed as exc:
-        raise ProblemError(
-            f"{exc} (trial {number}, deferred for want of room to keep it: the reference ran "
-            "alone, the candidate's worker waiting)"
+        raise ReferenceFailed(
+            f"{exc} (trial {number}, deferred for want of room to keep it ahead)", exc.had_answered
         ) from None
 
 

@@ -85,24 +85,28 @@ class Judge:
         # the problem has passed its probe.
         early = None if isinstance(problem, Problem) else named_device(self.config.device)
         started: dict[str, WorkerProcess] = {}
+        gpu = early is not None and early.startswith("cuda")
         try:
             if early is not None:
                 started[early] = WorkerProcess("reference", early, threads=self.config.threads)
                 self._new_pool(early, record_ops=False).prestart()
-            self.problem = problem if isinstance(problem, Problem) else Problem.load(problem)
-        except BaseException:
-            for worker in started.values():
-                worker.close()
+            self.problem = (
+                problem if isinstance(problem, Problem) else Problem.load(problem, gpu_judge=gpu)
+            )
+            record_ops = requires_custom_kernel(self.problem.policy)
             for pool in self._pools.values():
-                pool.close()
+                if record_ops:  # its workers lack the recording's warm-up: started again at need
+                    pool.close()
+                pool.record_ops = record_ops
+            self.reference = ReferenceSide(self.problem, self.config.seed, self.config.threads)
+            self.reference.early.update(started)
+        except BaseException:
+            with contextlib.ExitStack() as ending:  # every one ended, even if one raises
+                for end in [w.close for w in started.values()]:
+                    ending.callback(end)
+                for end in [p.close for p in self._pools.values()]:
+                    ending.callback(end)
             raise
-        record_ops = requires_custom_kernel(self.problem.policy)
-        for pool in self._pools.values():
-            if record_ops:  # its workers lack the recording's warm-up: started again at need
-                pool.close()
-            pool.record_ops = record_ops
-        self.reference = ReferenceSide(self.problem, self.config.seed, self.config.threads)
-        self.reference.early.update(started)
         #: A lock held by everything that runs on the judging device and is shared with other
         #: judges on it (see :class:`kerneljudge.env.KernelEnv`); work this judge does ahead
         #: of need takes it first. None: this judge has the device to itself.

@@ -9,6 +9,7 @@ from kerneljudge.check.limits import RunLimits, tensor_bytes
 from kerneljudge.check.trials import set_up_candidate
 from kerneljudge.device import resolve_device
 from kerneljudge.judge.reference_side import derive_seed
+from kerneljudge.problem import Problem
 
 if TYPE_CHECKING:
     from kerneljudge.candidate import Candidate
@@ -38,6 +39,8 @@ def profile_candidate(
         ProblemError: the problem's ``Model`` raised in the reference worker.
         DeviceError: the candidate needs a GPU and none is visible.
     """
+    # Drawn below in this process: the problem probed as for a CPU judge (once per process).
+    Problem.load(judge.problem.path)
     device = resolve_device(judge.config.device, cand.needs_gpu)
     result = judge.build(cand, device)
     if not result.ok:

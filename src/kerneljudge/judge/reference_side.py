@@ -204,14 +204,15 @@ class ReferenceSide:
             if key in self._sessions and self._sessions[key].failed:
                 self._sessions.pop(key).close()
             if key not in self._sessions:
-                self._sessions[key] = ReferenceSession(
-                    self.problem,
-                    shape_set,
-                    device,
-                    self.weight_seed,
-                    self.threads,
-                    self.early.pop(device, None),
-                )
+                early = self.early.pop(device, None)
+                try:
+                    self._sessions[key] = ReferenceSession(
+                        self.problem, shape_set, device, self.weight_seed, self.threads, early
+                    )
+                except BaseException:
+                    if early is not None:  # it has loaded nothing: kept for the next session
+                        self.early[device] = early
+                    raise
             return self._sessions[key]
 
     def claim(self, config: JudgeConfig, device: str, seed: int | None) -> tuple[int, bool, bool]:

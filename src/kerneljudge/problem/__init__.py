@@ -122,8 +122,9 @@ def is_bundled(path: Path) -> bool:
     return path.resolve().parent == bundled_problems_dir()
 
 
-#: Problem files probed by this process: path -> SHA-256 of the text the probe ran.
-_PROBED: dict[Path, str] = {}
+#: Problem files probed by this process.
+#: path -> (SHA-256 of the probed text, whether that probe drew on the ``meta`` device only).
+_PROBED: dict[Path, tuple[str, bool]] = {}
 
 
 @dataclass
@@ -152,15 +153,17 @@ class Problem:
         probe: bool | None = None,
         probe_timeout_s: float | None = None,
         probe_memory_bytes: int | None = None,
+        gpu_judge: bool = False,
     ) -> Problem:
         """Load a problem by bundled name or by path.
 
         A problem file is untrusted input: unless it is bundled, it is first run in a probe child
         under a time and a memory limit (:func:`kerneljudge.problem.probe.probe_problem`: import,
         metadata, ``get_init_inputs``, ``Model``, ``get_inputs`` and the first reference call of
-        every shape set; where CUDA is visible, ``Model`` and ``get_inputs`` on the ``meta``
-        device and no reference call; once per process and file content), then executed here
-        from the same text, on every load.
+        every shape set; with ``gpu_judge`` where CUDA is visible, ``Model`` and
+        ``get_inputs`` on the ``meta`` device and no reference call; once per process and file
+        content, a probe on the CPU serving either kind of load), then executed here from the
+        same text, on every load.
         Here it must still run: its metadata (shape sets, dtype, tolerance, policy), and the inputs
         and weights :meth:`make_inputs` and :meth:`make_model` draw.
 
@@ -170,6 +173,8 @@ class Problem:
                 that is itself the problem's process passes False).
             probe_timeout_s: the probe's limit (seconds; None: ``PROBE_TIMEOUT_S``).
             probe_memory_bytes: the probe's memory limit (None: its default).
+            gpu_judge: the load is a GPU judge's, whose process draws no inputs and runs no
+                forward (:mod:`kerneljudge.problem.probe`); False for every other use.
 
         Raises:
             ProblemError: missing file, unknown name, a failure of the probe (one line naming
@@ -182,17 +187,20 @@ class Problem:
         except (OSError, UnicodeDecodeError) as exc:
             raise ProblemError(f"cannot read problem file {path}: {exc}") from None
         digest = hashlib.sha256(raw).hexdigest()
-        if (probe if probe is not None else not is_bundled(path)) and _PROBED.get(path) != digest:
+        done = _PROBED.get(path)
+        probed = done is not None and done[0] == digest and (gpu_judge or not done[1])
+        if (probe if probe is not None else not is_bundled(path)) and not probed:
             from kerneljudge.problem.probe import PROBE_TIMEOUT_S, probe_problem
 
-            ran = probe_problem(
+            ran, meta_only = probe_problem(
                 path,
                 PROBE_TIMEOUT_S if probe_timeout_s is None else probe_timeout_s,
                 probe_memory_bytes,
+                gpu_judge,
             )
             if ran != digest:
                 raise ProblemError(f"{path}: the file changed while it was being loaded")
-            _PROBED[path] = digest
+            _PROBED[path] = (digest, meta_only)
         return cls._from_source(path, source)
 
     @classmethod

@@ -13,14 +13,16 @@ Memory: ``RLIMIT_DATA`` (the child's private writable memory: heap and anonymous
 torch's CPU tensors among them) is capped at ``MEMORY_BYTES``; an allocation past it fails at
 once (``MemoryError`` or torch's "can't allocate memory"), without the memory being touched.
 
-Where CUDA is visible, the judge's supervisor runs no more of the problem than its import, its
-metadata and ``get_init_inputs`` (``Model`` it constructs only on the ``meta`` device; the workers
-draw the inputs and run the reference on the GPU), so the probe constructs ``Model`` and calls
-``get_inputs`` on the ``meta`` device (tensors with shapes and no data: a draw of gigabytes costs
-nothing; a step that fails there, code that needs real tensors, is done again on the CPU) and
-makes no reference call: its forward may need a GPU, and the reference worker's first run on
-the judging device decides, a failure there being a :class:`~kerneljudge.errors.ProblemError`
-too (see :meth:`kerneljudge.judge.Judge.evaluate`).
+A GPU judge's supervisor (``gpu_judge``, where CUDA is visible) runs no more of the problem
+than its import, its metadata and ``get_init_inputs`` (``Model`` it constructs only on the
+``meta`` device; the workers draw the inputs and run the reference on the GPU), so for it the
+probe constructs ``Model`` and calls ``get_inputs`` on the ``meta`` device (tensors with shapes
+and no data: a draw of gigabytes costs nothing; a step that fails there, code that needs real
+tensors, is done again on the CPU) and makes no reference call: its forward may need a GPU, and
+the reference worker's first run on the judging device decides, a failure there being a
+:class:`~kerneljudge.errors.ProblemError` too (see :meth:`kerneljudge.judge.Judge.evaluate`).
+Every other load (a CPU judge's, whose supervisor draws the first trial's inputs; the lint's;
+``kerneljudge profile``'s) is probed on the CPU as described above.
 """
 
 from __future__ import annotations
@@ -61,17 +63,22 @@ def default_probe_memory() -> int:
 
 
 def probe_problem(
-    path: Path, timeout_s: float = PROBE_TIMEOUT_S, memory_bytes: int | None = None
-) -> str:
+    path: Path,
+    timeout_s: float = PROBE_TIMEOUT_S,
+    memory_bytes: int | None = None,
+    gpu_judge: bool = False,
+) -> tuple[str, bool]:
     """Run the problem at ``path`` in a probe child (see the module docstring).
 
     Args:
         path: the problem file.
         timeout_s: wall-clock limit of the whole probe (seconds).
         memory_bytes: the child's ``RLIMIT_DATA`` (None: :func:`default_probe_memory`).
+        gpu_judge: for a GPU judge, whose process draws no inputs: on the ``meta`` device where
+            CUDA is visible (else, and for every other use, as its process will: on the CPU).
 
     Returns:
-        The SHA-256 of the source the child ran.
+        ``(the SHA-256 of the source the child ran, whether it drew on the meta device)``.
 
     Raises:
         ProblemError: one line naming ``path`` and the step that failed: an exception, an exit,
@@ -84,7 +91,7 @@ def probe_problem(
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_SRC_DIR, env.get("PYTHONPATH")]))
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         env["TMPDIR"] = scratch
-        cuda = _cuda_visible()
+        cuda = gpu_judge and _cuda_visible()
         proc = subprocess.Popen(
             [
                 sys.executable,
@@ -117,7 +124,7 @@ def probe_problem(
         raise ProblemError(error if error.startswith(str(path)) else f"{path}: {error}")
     if code != 0 or not report.get("ok"):
         raise ProblemError(f"{path}: the problem {_ending(code)} while {stage}")
-    return str(report.get("sha256", ""))
+    return str(report.get("sha256", "")), cuda
 
 
 def _cuda_visible() -> bool:
