@@ -12,12 +12,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_one(cmd: list[str], timeout_s: float) -> dict[str, Any]:
-    """Run ``cmd`` with this checkout's ``src`` first on ``PYTHONPATH`` and return the JSON of
-    its last ``RESULT`` line; without one, ``{"seconds": None, "status": ..., "reason": ...}``
-    (``timeout`` after ``timeout_s`` seconds, else ``exit N`` and its output's last lines)."""
+def run_one(
+    cmd: list[str], timeout_s: float, extra_env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Run ``cmd`` with this checkout's ``src`` first on ``PYTHONPATH`` (and ``extra_env``)
+    and return the JSON of its last ``RESULT`` line; without one, ``{"seconds": None,
+    "status": ..., "reason": ...}`` (``timeout`` after ``timeout_s`` seconds, else ``exit N``
+    and its output's last lines)."""
     path = os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
-    env = {**os.environ, "PYTHONPATH": path}
+    env = {**os.environ, "PYTHONPATH": path, **(extra_env or {})}
     try:
         proc = subprocess.run(
             cmd, capture_output=True, text=True, timeout=timeout_s, env=env, check=False

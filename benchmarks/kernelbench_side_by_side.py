@@ -21,7 +21,9 @@ recorded up to 2026-12-03). Printed per problem: seconds per verdict of each, th
 (kerneljudge / KernelBench), both speedups (KernelBench's ``ref_runtime / runtime``;
 kerneljudge's median over eager with its 95% interval), the seconds kerneljudge's ``Judge``
 took to construct (the problem's probe) and its stage times, and where ``--requests`` is
-given, kerneljudge's supervisor time per worker request kind (seconds and count). Results go
+given, kerneljudge's supervisor time per worker request kind (seconds and count); with the
+side ``kj-host`` in ``--sides``, kerneljudge once more with every candidate output sent
+through the host (``KERNELJUDGE_OUTPUTS_THROUGH_HOST=1``), and its time against ``kj``'s. Results go
 to ``--json`` after every problem (a run cut short keeps what it measured).
 
 KernelBench's harness imports ``pydantic``, ``requests``, ``dotenv`` (and ``tqdm``,
@@ -48,6 +50,8 @@ from pathlib import Path
 from typing import Any
 
 from _oneshot import run_one
+
+from kerneljudge.check.beside import THROUGH_HOST_ENV
 
 #: The default problems: 22 across the three levels, from 4 MB to several GB of input.
 DEFAULT_PROBLEMS = (
@@ -195,14 +199,22 @@ def _one(args: argparse.Namespace) -> None:
 
 
 def _side(args: argparse.Namespace, side: str, problem: Path) -> dict[str, Any]:
+    """One side's result in a fresh process: ``kb``, ``kj``, or ``kj-host`` (kerneljudge with
+    every candidate output sent through the host, none on the device)."""
+    env = {THROUGH_HOST_ENV: "1"} if side == "kj-host" else {}
+    side = "kj" if side.startswith("kj") else side
     cmd = [sys.executable, __file__, "--one", side, "--one-problem", str(problem)]
     cmd += ["--kernelbench", str(args.kernelbench), "--kb-perf-trials", str(args.kb_perf_trials)]
     cmd += ["--requests"] if args.requests else []
     cmd += ["--again"] if args.again else []
     t0 = time.perf_counter()
-    out = run_one(cmd, args.timeout)
+    out = run_one(cmd, args.timeout, env)
     out["process_s"] = time.perf_counter() - t0
     return out
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
 
 
 def _fmt(x: float | None, spec: str = ".2f") -> str:
@@ -220,7 +232,7 @@ def main() -> None:
         "--again", action="store_true", help="kerneljudge: a second verdict in the same judge"
     )
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per side")
-    parser.add_argument("--sides", default="kb,kj", help="which sides, in order")
+    parser.add_argument("--sides", default="kb,kj", help="which sides, in order (kb, kj, kj-host)")
     parser.add_argument("--one", choices=("kj", "kb"), help=argparse.SUPPRESS)
     parser.add_argument("--one-problem", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -262,7 +274,18 @@ def main() -> None:
         if kj.get("requests"):
             reqs = " ".join(f"{op} {t}s/{n}" for op, (t, n) in kj["requests"].items())
             print(f"    kj requests: {reqs}", flush=True)
-        for side in ("kb", "kj"):
+        if host := row.get("kj-host"):
+            again = (host.get("again") or {}).get("seconds")
+            print(
+                f"    kj outputs through the host: {_fmt(host.get('seconds'), '.1f')} s"
+                f" {host.get('status')} (again {_fmt(again, '.1f')} s), on the device /"
+                f" through the host: {_fmt(_ratio(kj.get('seconds'), host.get('seconds')))}",
+                flush=True,
+            )
+            if host.get("requests"):
+                reqs = " ".join(f"{op} {t}s/{n}" for op, (t, n) in host["requests"].items())
+                print(f"    kj-host requests: {reqs}", flush=True)
+        for side in ("kb", "kj", "kj-host"):
             if row.get(side, {}).get("status") not in (None, "correct"):
                 print(f"    {side}: {row[side].get('reason', '')}", flush=True)
         if args.json:

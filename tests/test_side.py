@@ -56,8 +56,8 @@ def test_outputs_cross_whole_and_a_finished_pipe_answers_at_once() -> None:
         thread.start()
         send_outputs(writer.end, pipe.token, outputs)
         thread.join()
-    received, why = got["r"]  # type: ignore[misc]
-    assert why == "" and all(torch.equal(a, b) for a, b in zip(received, outputs))
+    received, why, failed = got["r"]  # type: ignore[misc]
+    assert why == "" and not failed and all(torch.equal(a, b) for a, b in zip(received, outputs))
 
     # Nothing written: the supervisor's closing message ends the wait, as "no outputs".
     with SidePipe(reader, writer) as pipe:
@@ -69,7 +69,7 @@ def test_outputs_cross_whole_and_a_finished_pipe_answers_at_once() -> None:
         pipe.finish()
         thread.join(timeout=10)
     assert not thread.is_alive()
-    assert got["r"] == (None, "it sent no outputs")
+    assert got["r"] == (None, "it sent no outputs", False)
 
 
 def test_cut_corrupt_large_and_late_outputs_are_not_outputs() -> None:
@@ -82,8 +82,8 @@ def test_cut_corrupt_large_and_late_outputs_are_not_outputs() -> None:
         os.close(r)
         os.write(w, payload)
         os.close(w)
-        received, why = recv_outputs(reader.end, token, timeout_s, max_bytes)
-        assert received is None
+        received, why, failed = recv_outputs(reader.end, token, timeout_s, max_bytes)
+        assert received is None and not failed
         return why
 
     whole = _message({"outputs": [torch.ones(4)]})

@@ -5,6 +5,8 @@ worker straight to the reference worker instead of through the supervisor.
 
 from __future__ import annotations
 
+import functools
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -14,15 +16,22 @@ from kerneljudge.worker import WorkerProcess
 from kerneljudge.worker.faults import CandidateFault
 from kerneljudge.worker.side import HandOverFailed, SidePipe
 
-__all__ = ["OutputsLost", "beside", "outputs_beside", "side_fields"]
+__all__ = ["THROUGH_HOST_ENV", "OutputsLost", "beside", "outputs_beside", "side_fields"]
+
+#: With this set to ``1`` in the supervisor's environment, a candidate's outputs always go
+#: through the host, never on the device (:func:`outputs_beside`).
+THROUGH_HOST_ENV = "KERNELJUDGE_OUTPUTS_THROUGH_HOST"
 
 
 class OutputsLost(CandidateFault):
     """The candidate's worker answered, but its outputs did not reach the reference worker
-    whole (nothing sent, cut short, corrupt, too large or late)."""
+    whole (nothing sent, cut short, corrupt, too large or late). ``device_failed``: they were
+    sent on the device and the reference worker's driver would not take them (worth one more
+    request through the host: :func:`outputs_beside`)."""
 
-    def __init__(self, why: str) -> None:
+    def __init__(self, why: str, device_failed: bool = False) -> None:
         super().__init__(f"the outputs did not reach the reference worker: {why}")
+        self.device_failed = device_failed
 
 
 def side_fields(token: str, timeout_s: float) -> dict[str, Any]:
@@ -94,7 +103,11 @@ def outputs_beside(
     request that reads them (``side``: :func:`side_fields` of the pipe, waiting at most ``run_s``),
     made at once (:func:`beside`): ``(the candidate's reply, what read returned)``, or the
     :class:`OutputsLost` it raised in place of the latter (the caller decides whether that
-    counts: a candidate that ran nothing sent nothing).
+    counts: a candidate that ran nothing sent nothing). Outputs that the candidate's worker
+    sent on the device and the reference worker's driver would not take are asked for once
+    more, the candidate's request made again with ``side_host`` (through the host); with
+    :data:`THROUGH_HOST_ENV` set to ``1`` every request says ``side_host`` (to measure one way
+    against the other).
 
     Raises:
         as :func:`beside`.
@@ -106,8 +119,16 @@ def outputs_beside(
         except OutputsLost as exc:
             return {"found": exc}
 
-    def ask_candidate(token: str) -> dict[str, Any]:
-        return candidate.request(op, run_s, side=token, **fields)
+    def ask_candidate(token: str, **how: Any) -> dict[str, Any]:
+        if os.environ.get(THROUGH_HOST_ENV) == "1":
+            how["side_host"] = True
+        return candidate.request(op, run_s, side=token, **fields, **how)
 
     got, answer = beside(reference, candidate, ask_reference, ask_candidate)
-    return got, answer["found"]
+    found = answer["found"]
+    if isinstance(found, OutputsLost) and found.device_failed:
+        # Nothing the candidate sent caused it: the same request once more, through the host.
+        through_host = functools.partial(ask_candidate, side_host=True)
+        got, answer = beside(reference, candidate, ask_reference, through_host)
+        found = answer["found"]
+    return got, found

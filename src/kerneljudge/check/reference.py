@@ -421,7 +421,7 @@ class ReferenceSession:
         limit_s = timeout_s + float(given.get("side_timeout_s", 0.0))
         reply = self.request("compare", limit_s, **fields, **given)
         if "side_error" in reply:
-            raise OutputsLost(str(reply["side_error"]))
+            raise OutputsLost(str(reply["side_error"]), bool(reply.get("side_device_failed")))
         return reply
 
     def forget(self, timeout_s: float) -> None:

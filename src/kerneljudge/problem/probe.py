@@ -36,6 +36,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -168,15 +169,19 @@ class _Report:
     def __init__(self, path: str) -> None:
         self.path = path
         self.stage = "starting the probe"
+        self.started = time.perf_counter()
+        #: ``[stage, seconds since the child started]`` of each step as it began.
+        self.steps: list[list[Any]] = []
 
     def write(self, **fields: Any) -> None:
         tmp = self.path + ".tmp"
         with open(tmp, "w") as f:
-            json.dump({"stage": self.stage, **fields}, f)
+            json.dump({"stage": self.stage, "steps": self.steps, **fields}, f)
         os.replace(tmp, self.path)
 
     def step(self, stage: str) -> None:
         self.stage = stage
+        self.steps.append([stage, round(time.perf_counter() - self.started, 4)])
         self.write()
 
 
@@ -237,6 +242,7 @@ def _run(problem_path: str, report: _Report, cuda: bool) -> dict[str, Any]:
                 f"Model.forward{where} returns {type(out).__name__}, not a tensor or a tuple "
                 "of tensors"
             )
+    report.step("done")
     forward = "left to the reference worker" if cuda else "cpu"
     return {"ok": True, "sha256": hashlib.sha256(text).hexdigest(), "forward": forward}
 

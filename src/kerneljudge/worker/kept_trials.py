@@ -212,10 +212,13 @@ class KeptTrials:
         With ``side`` (a token's hex) instead of ``outputs``, the outputs are read from the pipe
         handed over under that token (:func:`kerneljudge.worker.side.recv_outputs`), within
         ``side_timeout_s`` seconds and twice the kept outputs' bytes plus 1 MiB (at most
-        ``side_max_bytes`` where the request sets it); when none came the reply is ``{"side_error":
-        why}`` and nothing is dropped. The reply then also says whether they were a list of
-        plain tensors (``tensors``; only then are their ``digests`` computed) and how many
-        (``n_outputs``; -1 when they were not)."""
+        ``side_max_bytes`` where the request sets it), those sent on the device copied onto this
+        worker's; when none came the reply is ``{"side_error": why, "side_device_failed": ...}``
+        (True: they were sent on the device and the driver would not hand them over) and
+        nothing is dropped. The reply then also says whether they were a list of
+        plain tensors (``tensors``; only then are their ``digests`` computed), how many
+        (``n_outputs``; -1 when they were not), and whether any came on the device
+        (``on_device``)."""
         from kerneljudge.check import compare_outputs
 
         kept = self._reference_only(self.expected, msg["key"])
@@ -223,13 +226,13 @@ class KeptTrials:
         if msg.get("side"):
             limit = 2 * sum(t.numel() * t.element_size() for t in flatten_tensors(kept["outputs"]))
             limit = min(limit + (1 << 20), int(msg.get("side_max_bytes") or MAX_MESSAGE_BYTES))
-            outputs, why = recv_outputs(
-                self.handoff, bytes.fromhex(str(msg["side"])), float(msg["side_timeout_s"]), limit
-            )
+            token, wait_s = bytes.fromhex(str(msg["side"])), float(msg["side_timeout_s"])
+            outputs, why, failed = recv_outputs(self.handoff, token, wait_s, limit, self.device)
             if why:
-                return {"side_error": why}
+                return {"side_error": why, "side_device_failed": failed}
             plain = isinstance(outputs, list) and all(type(t) is torch.Tensor for t in outputs)
             extra = {"tensors": plain, "n_outputs": len(outputs) if plain else -1}
+            extra["on_device"] = any(t.is_cuda for t in flatten_tensors(outputs))
         if msg.get("forget"):
             del self.expected[str(msg["key"])]
 

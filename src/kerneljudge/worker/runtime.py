@@ -288,7 +288,8 @@ class Worker(KeptTrials, CapturedCalls):
         effects = {} if "from_held" in msg else input_effects(args, self.inputs, out)
         self.poison_bytes = max(self.poison_bytes, nbytes(measure.flatten_tensors(out)))
         kept = msg.get("expect") is not None and self.role == "reference"
-        outputs = self.keep_copy(out) if kept else to_cpu(out)
+        # Sent on a pipe of their own, they leave the device only if they cannot go on it.
+        outputs = self.keep_copy(out) if kept else out if msg.get("side") else to_cpu(out)
         del out, args
         oracle = self._oracle(kept, audit) if msg.get("oracle") else None
         release(self.device)  # what the call and the oracle freed: the GPU is shared
@@ -301,8 +302,8 @@ class Worker(KeptTrials, CapturedCalls):
                 described.update(self.hold(key, received, msg.get("seed"), on_device))
             described["room"] = self.room_for_another(key, int(msg.get("keep_bytes") or 0))
             return described
-        reply: dict[str, Any] = {**outputs_reply(self.handoff, msg, outputs), "ops": self.ops}
-        reply.update(effects)
+        reply: dict[str, Any] = {**outputs_reply(self.handoff, msg, outputs, to_cpu), **effects}
+        reply["ops"] = self.ops
         if msg.get("oracle"):
             reply["oracle"] = oracle
         return reply
@@ -427,16 +428,18 @@ class Worker(KeptTrials, CapturedCalls):
         try:
             slots: dict[int, Any] = {}
             for s, outs in self.snapshots.items():
+                check_cpu_copyable(list(outs))
                 if wanted is None or int(s) in wanted:
-                    slots[int(s)] = to_cpu(list(outs))
+                    slots[int(s)] = list(outs)
                 else:
                     int(s)
-                    check_cpu_copyable(list(outs))
+            if not (msg.get("side") and len(slots) == 1):
+                slots = {s: to_cpu(outs) for s, outs in slots.items()}
         except (TypeError, ValueError):  # the record was replaced by code under test
             return {"slots": None, "n_sets": len(self.sets)}
         if msg.get("side") and len(slots) == 1:
             ((s, outs),) = slots.items()
-            outputs_reply(self.handoff, msg, outs)
+            outputs_reply(self.handoff, msg, outs, to_cpu)  # on the device where it can
             slots = {s: len(outs)}
         return {"slots": slots, "n_sets": len(self.sets)}
 

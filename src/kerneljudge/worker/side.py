@@ -17,7 +17,17 @@ there where the pipe has room (:meth:`SidePipe.finish`), so that a reference wor
 waiting for a message (nothing was written) gets an answer at once instead of waiting out its
 limit; it then closes it, so that one cut short ends when the candidate's worker's end closes.
 
-Imports only the standard library, torch and :mod:`kerneljudge.worker.protocol`.
+Between two GPU workers, outputs of a megabyte or more need not cross the host at all: beside
+the pipe each worker gets one end of a socket pair, the candidate's worker copies those outputs
+into device memory it exports (:mod:`kerneljudge.worker.vmm`), sends its descriptor on the
+socket and a placeholder for each in the message, and the reference worker copies them out
+device to device, its close of the socket telling the writer it may free them. Where the
+driver cannot export, the outputs go through the host as before; where the reference worker's
+driver will not import them, its answer says so and the supervisor asks again through the host
+(:func:`kerneljudge.check.beside.outputs_beside`).
+
+Imports only the standard library, torch, :mod:`kerneljudge.worker.protocol` and
+:mod:`kerneljudge.worker.vmm`.
 """
 
 from __future__ import annotations
@@ -28,14 +38,18 @@ import os
 import secrets
 import select
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from kerneljudge.worker.protocol import Channel, ChannelClosed, ChannelTimeout, MessageTooLarge
+from kerneljudge.worker.vmm import HandoffError, device_message, from_device
 
 __all__ = [
+    "COPY_WAIT_S",
     "HandOverFailed",
     "SidePipe",
     "hand_over",
+    "link_label",
     "outputs_reply",
     "recv_outputs",
     "send_outputs",
@@ -44,6 +58,9 @@ __all__ = [
 
 #: The key of the message the supervisor writes once the candidate's worker answered.
 _CLOSING = "__kerneljudge_side_closed__"
+#: The longest a writer waits for the reader to copy its outputs off the device (seconds);
+#: past it the memory is released and a reader that had not mapped it yet fails to.
+COPY_WAIT_S = 60.0
 
 
 def hand_over(sock: socket.socket, fd: int, token: bytes) -> None:
@@ -87,53 +104,126 @@ def take_handed(sock: socket.socket | None, token: bytes) -> int:
             return keep
 
 
-def send_outputs(sock: socket.socket | None, token: bytes, outputs: Any) -> None:
+def send_outputs(
+    sock: socket.socket | None,
+    token: bytes,
+    outputs: Any,
+    to_host: Callable[[Any], Any] | None = None,
+    on_device: bool = True,
+) -> None:
     """Write ``{"outputs": outputs}`` as one message to the pipe handed over on ``sock`` as
-    ``token``, then close it.
+    ``token``, then close it. With ``to_host`` (what makes a value fit to send: a host copy of
+    a tensor, a Fault for a value that is none), each CUDA tensor of at least
+    :data:`kerneljudge.worker.vmm.DEVICE_MIN_BYTES` stays on the device where ``on_device``
+    and the socket handed over beside the pipe (:func:`link_label`) allow it
+    (:func:`kerneljudge.worker.vmm.device_message`), the rest goes through ``to_host``; this
+    then returns once the reader copied them or let go (at most :data:`COPY_WAIT_S` seconds
+    later), and the device memory is released.
 
     Raises:
         RuntimeError: no pipe was handed over.
         ChannelClosed: the reader is gone.
+        whatever ``to_host`` raises.
     """
     fd = take_handed(sock, token)
+    link = _take_link(sock, token)
+    export = None
     try:
-        Channel(-1, fd).send({"outputs": outputs})
+        message: dict[str, Any] | None = None
+        if to_host is not None and on_device and link is not None:
+            message, export = device_message(outputs, to_host)
+        if export is not None and link is not None:
+            rights = (socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [export.fd]))
+            try:
+                link.sendmsg([b"m"], [rights])
+            except OSError:
+                message = None
+        if message is None:
+            message = {"outputs": to_host(outputs) if to_host is not None else outputs}
+        Channel(-1, fd).send(message)
+        if link is not None and "device_bytes" in message:
+            link.settimeout(COPY_WAIT_S)
+            try:
+                link.recv(1)  # the reader closes its end once it copied them (or gave up)
+            except OSError:
+                pass
     finally:
         os.close(fd)
+        if link is not None:
+            link.close()
+        if export is not None:
+            export.close()
 
 
 def recv_outputs(
-    sock: socket.socket | None, token: bytes, timeout_s: float, max_bytes: int
-) -> tuple[Any, str]:
+    sock: socket.socket | None,
+    token: bytes,
+    timeout_s: float,
+    max_bytes: int,
+    device: Any = None,
+) -> tuple[Any, str, bool]:
     """Read the outputs a candidate's worker wrote to the pipe handed over on ``sock`` as
-    ``token``, within
-    ``timeout_s`` seconds and ``max_bytes`` bytes: ``(outputs, "")``, or ``(None, why)`` when
-    none came (the pipe closed, the supervisor's closing message came first, the message was
-    corrupt, too long or late).
+    ``token``, within ``timeout_s`` seconds and ``max_bytes`` bytes (those sent on the device
+    counted), the ones sent on the device copied onto ``device`` (this worker's CUDA device;
+    :func:`kerneljudge.worker.vmm.from_device`): ``(outputs, "", False)``, or
+    ``(None, why, failed)`` when none came (the pipe closed, the supervisor's closing message
+    came first, the message was corrupt, too long or late); ``failed`` is True when they were
+    sent on the device and the driver would not hand them over, which no message of the
+    candidate's causes: worth asking again through the host.
 
     Raises:
         RuntimeError: no pipe was handed over (a harness error).
     """
     fd = take_handed(sock, token)
+    link = _take_link(sock, token)
     chan = Channel(fd, -1)
     chan.max_bytes = max_bytes
     try:
-        message = chan.recv(timeout_s=timeout_s)
-    except MessageTooLarge as exc:
-        mib = float(1 << 20)
-        return None, (
-            f"its outputs of {exc.length / mib:.0f} MiB exceed the {exc.limit / mib:.0f} MiB "
-            "the judge reads"
-        )
-    except ChannelTimeout:
-        return None, f"its outputs did not arrive within {timeout_s:.0f} s"
-    except ChannelClosed as exc:
-        return None, f"its outputs did not arrive whole ({exc})"
+        try:
+            message = chan.recv(timeout_s=timeout_s)
+        except MessageTooLarge as exc:
+            return None, _too_large(exc.length, exc.limit), False
+        except ChannelTimeout:
+            return None, f"its outputs did not arrive within {timeout_s:.0f} s", False
+        except ChannelClosed as exc:
+            return None, f"its outputs did not arrive whole ({exc})", False
+        finally:
+            chan.close()
+        if _CLOSING in message or "outputs" not in message:
+            return None, "it sent no outputs", False
+        if "device_bytes" not in message:
+            return message["outputs"], "", False
+        try:
+            return from_device(message, link, max_bytes, device), "", False
+        except HandoffError as exc:
+            return None, f"its outputs could not be taken from the device: {exc}", True
+        except MessageTooLarge as exc:
+            return None, _too_large(exc.length, exc.limit), False
+        except ValueError as exc:
+            return None, str(exc), False
     finally:
-        chan.close()
-    if _CLOSING in message or "outputs" not in message:
-        return None, "it sent no outputs"
-    return message["outputs"], ""
+        if link is not None:
+            link.close()  # the writer's wait ends: its device memory may go
+
+
+def _too_large(length: int, limit: int) -> str:
+    mib = float(1 << 20)
+    return f"its outputs of {length / mib:.0f} MiB exceed the {limit / mib:.0f} MiB the judge reads"
+
+
+def link_label(token: bytes) -> bytes:
+    """The label of the socket handed over beside the pipe labelled ``token``: the descriptor
+    of the outputs' device memory crosses it, and the reader's close of it tells the writer
+    that they were copied."""
+    return token + b"+"
+
+
+def _take_link(sock: socket.socket | None, token: bytes) -> socket.socket | None:
+    """The socket handed over beside the pipe ``token`` labels, or None where none was."""
+    try:
+        return socket.socket(fileno=take_handed(sock, link_label(token)))
+    except (RuntimeError, OSError):
+        return None
 
 
 @functools.cache
@@ -190,6 +280,19 @@ class SidePipe:
                 reader.hand_over(read_end, self.token)
             except OSError as exc:
                 raise HandOverFailed("reference", exc) from None
+            # Beside it, a socket between the two workers only: the outputs' device memory
+            # crosses it, and the reader's close of it ends the writer's wait.
+            ends = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            try:
+                pairs = (("candidate", writer, ends[0]), ("reference", reader, ends[1]))
+                for role, worker, end in pairs:
+                    try:
+                        worker.hand_over(end.fileno(), link_label(self.token))
+                    except OSError as exc:
+                        raise HandOverFailed(role, exc) from None
+            finally:
+                for end in ends:
+                    end.close()
         except BaseException:
             self.finish()
             raise
@@ -218,19 +321,24 @@ class SidePipe:
         self.finish()
 
 
-def outputs_reply(sock: socket.socket | None, msg: dict[str, Any], outputs: Any) -> dict[str, Any]:
-    """The part of a candidate worker's reply that carries ``outputs``: ``{"outputs": ...}``,
-    or, when the request names a pipe (``side``: a token's hex), ``{"side": True}`` once they
-    were written there (:func:`send_outputs`; a reader that stopped reading, say at a message
-    longer than it reads, answers the supervisor why itself).
+def outputs_reply(
+    sock: socket.socket | None, msg: dict[str, Any], outputs: Any, to_host: Callable[[Any], Any]
+) -> dict[str, Any]:
+    """The part of a candidate worker's reply that carries ``outputs``: ``{"outputs":
+    to_host(outputs)}``, or, when the request names a pipe (``side``: a token's hex),
+    ``{"side": True}`` once they were written there (:func:`send_outputs`, on the device unless
+    the request says ``side_host``; a reader that stopped reading, say at a message longer than
+    it reads, answers the supervisor why itself).
 
     Raises:
         RuntimeError: no pipe was handed over.
+        whatever ``to_host`` raises.
     """
     if not msg.get("side"):
-        return {"outputs": outputs}
+        return {"outputs": to_host(outputs)}
     try:
-        send_outputs(sock, bytes.fromhex(str(msg["side"])), outputs)
+        on_device = not msg.get("side_host")
+        send_outputs(sock, bytes.fromhex(str(msg["side"])), outputs, to_host, on_device)
     except ChannelClosed:
         pass
     return {"side": True}

@@ -71,7 +71,7 @@ def _patched_timed_outputs(original):
     runtime = sys.modules.get("kerneljudge.worker.runtime")
     send = getattr(runtime, "outputs_reply", None)
     if send is not None:  # outputs sent on a pipe of their own: rewritten on the way there
-        runtime.outputs_reply = lambda sock, msg, outs: send(sock, msg, _rewritten(outs))
+        runtime.outputs_reply = lambda sock, msg, outs, *a: send(sock, msg, _rewritten(outs), *a)
 
     def timed_outputs(msg):
         reply = original(msg)

@@ -1,0 +1,156 @@
+"""Outputs handed over on the device between two processes (kerneljudge.worker.vmm,
+kerneljudge.worker.side): the exporter's bytes arrive whole in memory of the importer's own,
+they stay whole once the exporter freed its allocation, and a judge on the GPU reaches the same
+verdicts with its outputs on the device as through the host."""
+
+from __future__ import annotations
+
+import array
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from kerneljudge.worker.side import SidePipe, hand_over, recv_outputs, send_outputs
+from kerneljudge.worker.vmm import import_tensors
+
+pytestmark = pytest.mark.gpu
+
+_EXPORTER = textwrap.dedent(
+    """
+    import array, socket, sys
+    import torch
+    from kerneljudge.worker.vmm import Export
+    link = socket.socket(fileno=int(sys.argv[1]))
+    g = torch.Generator(device="cuda").manual_seed(7)
+    x = torch.randn(3 << 20, device="cuda", generator=g)
+    y = torch.randn(1000, 1000, device="cuda", generator=g).half()[:, ::2]  # not contiguous
+    export = Export([x, y])
+    rights = (socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [export.fd]))
+    link.sendmsg([repr((export.offsets, export.size)).encode()], [rights])
+    link.recv(1)  # the importer's close: it copied them
+    export.close()
+    """
+)
+
+
+def test_an_exported_allocation_crosses_to_another_process_and_is_copied_whole() -> None:
+    near, far = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
+    child = subprocess.Popen(
+        [sys.executable, "-c", _EXPORTER, str(far.fileno())], pass_fds=[far.fileno()], env=env
+    )
+    far.close()
+    fds = array.array("i")
+    data, ancillary, _, _ = near.recvmsg(4096, socket.CMSG_SPACE(4 * fds.itemsize))
+    for _, _, chunk in ancillary:
+        fds.frombytes(chunk)
+    offsets, size = eval(data.decode())  # noqa: S307 - our own child's repr of ints
+    specs = [(torch.float32, [3 << 20], offsets[0]), (torch.float16, [1000, 500], offsets[1])]
+    try:
+        got = import_tensors(fds[0], size, specs, torch.device("cuda"))
+    finally:
+        os.close(fds[0])
+        near.close()
+    assert child.wait(timeout=60) == 0
+    g = torch.Generator(device="cuda").manual_seed(7)
+    x = torch.randn(3 << 20, device="cuda", generator=g)
+    y = torch.randn(1000, 1000, device="cuda", generator=g).half()[:, ::2]
+    # The exporter is gone and its allocation with it: these are the importer's own copies.
+    assert all(t.is_cuda for t in got)
+    assert torch.equal(got[0], x) and torch.equal(got[1], y)
+
+
+def _to_host(value: object) -> object:
+    return value.cpu() if isinstance(value, torch.Tensor) else value
+
+
+def test_large_outputs_go_on_the_device_and_small_ones_through_the_host() -> None:
+    class _Worker:
+        def __init__(self) -> None:
+            self.sup, self.end = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+
+        def hand_over(self, fd: int, token: bytes) -> None:
+            hand_over(self.sup, fd, token)
+
+    reader, writer = _Worker(), _Worker()
+    big = torch.randn(4 << 20, device="cuda")
+    small = torch.arange(10, device="cuda")
+    got: dict[str, object] = {}
+    with SidePipe(reader, writer) as pipe:
+        thread = threading.Thread(
+            target=lambda: got.update(
+                r=recv_outputs(reader.end, pipe.token, 30.0, 1 << 30, torch.device("cuda"))
+            )
+        )
+        thread.start()
+        send_outputs(writer.end, pipe.token, [big, (small, None)], to_host=_to_host)
+        thread.join()
+    received, why, failed = got["r"]  # type: ignore[misc]
+    assert why == "" and not failed
+    assert received[0].is_cuda and torch.equal(received[0], big)
+    assert not received[1][0].is_cuda and torch.equal(received[1][0], small.cpu())
+    assert received[1][1] is None
+
+
+PROBLEM = """
+import torch
+import torch.nn as nn
+
+SHAPE_SETS = {"public": {}}
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.tanh(x) * 2
+
+
+def get_inputs():
+    return [torch.rand(1024, 2048)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.parametrize("through_host", [False, True])
+def test_a_gpu_judge_decides_the_same_with_outputs_on_the_device_or_through_the_host(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, through_host: bool
+) -> None:
+    from kerneljudge import Judge, JudgeConfig, Status
+    from kerneljudge.check.beside import THROUGH_HOST_ENV
+    from kerneljudge.check.reference import ReferenceSession
+
+    if through_host:
+        monkeypatch.setenv(THROUGH_HOST_ENV, "1")
+    came: list[bool] = []
+    request = ReferenceSession.request
+
+    def spied(self, op, timeout_s, **fields):  # type: ignore[no-untyped-def]
+        reply = request(self, op, timeout_s, **fields)
+        if op == "compare" and "on_device" in reply:
+            came.append(bool(reply["on_device"]))
+        return reply
+
+    monkeypatch.setattr(ReferenceSession, "request", spied)
+    path = tmp_path / "p.py"
+    path.write_text(PROBLEM)
+    right = tmp_path / "right.py"
+    right.write_text(PROBLEM.replace("class Model(", "class ModelNew("))
+    wrong = tmp_path / "wrong.py"
+    off = "y = torch.tanh(x) * 2\n        y[7, 9] += 0.5\n        return y"
+    wrong.write_text(right.read_text().replace("return torch.tanh(x) * 2", off))
+    config = JudgeConfig(device="cuda", cache_dir=tmp_path / "cache", graph_timing=False)
+    with Judge(path, config) as judge:
+        ok = judge.evaluate(right)
+        bad = judge.evaluate(wrong)
+    assert ok.status is Status.CORRECT, ok.reason
+    assert bad.status is Status.INCORRECT, bad.reason
+    assert came and set(came) == {not through_host}  # trials and audits alike

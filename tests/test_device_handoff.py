@@ -1,0 +1,173 @@
+"""Outputs handed over on the device (kerneljudge.worker.vmm through kerneljudge.worker.side):
+what the reference worker accepts of a message that says its outputs lie in device memory, what
+it answers when the driver refuses them, and the supervisor's second request through the host.
+The driver's part runs on the GPU (tests/gpu/test_vmm_gpu.py); here, with no GPU, every path
+that decides something without it."""
+
+from __future__ import annotations
+
+import array
+import os
+import socket
+import threading
+from typing import Any
+
+import pytest
+import torch
+
+from kerneljudge.check.beside import OutputsLost, outputs_beside
+from kerneljudge.worker.protocol import Channel
+from kerneljudge.worker.side import (
+    SidePipe,
+    hand_over,
+    link_label,
+    recv_outputs,
+    send_outputs,
+    take_handed,
+)
+from kerneljudge.worker.vmm import ALIGN, DEVICE_MIN_BYTES, device_message, span
+
+_KEY = "__kerneljudge_device_tensor__"
+
+
+class _Worker:
+    """A hand-over socket as a worker has one: the supervisor's end and the worker's."""
+
+    def __init__(self) -> None:
+        self.sup, self.end = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+
+    def hand_over(self, fd: int, token: bytes) -> None:
+        hand_over(self.sup, fd, token)
+
+
+def test_tensors_are_placed_one_after_another_each_aligned() -> None:
+    offsets, end = span([1, ALIGN, ALIGN + 1, 0, 3])
+    assert offsets == [0, ALIGN, 2 * ALIGN, 4 * ALIGN, 4 * ALIGN]
+    assert end == 5 * ALIGN
+    assert all(o % ALIGN == 0 for o in offsets)
+
+
+def test_host_tensors_never_take_the_device_path() -> None:
+    big = torch.zeros(DEVICE_MIN_BYTES // 4 + 1)
+    assert device_message([big, None, 3], lambda v: v) == (None, None)
+
+
+def test_a_pipe_carries_a_socket_for_device_memory_beside_it_and_host_outputs_still_cross() -> None:
+    reader, writer = _Worker(), _Worker()
+    outputs = [torch.randn(2000), 7, None]
+    got: dict[str, Any] = {}
+    with SidePipe(reader, writer) as pipe:
+        thread = threading.Thread(
+            target=lambda: got.update(r=recv_outputs(reader.end, pipe.token, 30.0, 1 << 30))
+        )
+        thread.start()
+        # With a host copy given: no CUDA tensor here, so the message goes through the host.
+        send_outputs(writer.end, pipe.token, outputs, to_host=lambda v: v)
+        thread.join()
+    received, why, failed = got["r"]
+    assert why == "" and not failed
+    assert torch.equal(received[0], outputs[0]) and received[1:] == [7, None]
+    # Both ends of both descriptors were taken: nothing is left in either worker's queue.
+    for worker in (reader, writer):
+        with pytest.raises(RuntimeError):
+            take_handed(worker.end, b"anything")
+
+
+def _forged(message: dict[str, Any], fd: int | None = None, device: Any = "cuda") -> tuple:
+    """What a reference worker on ``device`` answers to ``message`` written on a pipe, with
+    ``fd`` sent on the socket beside it."""
+    reader = _Worker()
+    token = os.urandom(8)
+    r, w = os.pipe()
+    near, far = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    reader.hand_over(r, token)
+    reader.hand_over(far.fileno(), link_label(token))
+    os.close(r)
+    far.close()
+    if fd is not None:
+        near.sendmsg([b"m"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
+    Channel(-1, w).send(message)
+    os.close(w)
+    dev = torch.device(device) if device is not None else None
+    try:
+        return recv_outputs(reader.end, token, 5.0, 1 << 30, dev)
+    finally:
+        near.close()
+
+
+def _spec(i: int = 0, **change: Any) -> dict[str, Any]:
+    spec = {_KEY: i, "dtype": "float32", "shape": [1 << 20], "offset": 0}
+    spec.update(change)
+    return spec
+
+
+def test_malformed_device_placeholders_are_the_candidates_doing_never_a_driver_failure() -> None:
+    size = 4 << 20
+    r, w = os.pipe()
+    try:
+        cases = {
+            "malformed": {"outputs": [_spec(dtype="object")], "device_bytes": size},
+            "malformed ": {"outputs": [_spec(shape=[-1])], "device_bytes": size},
+            "malformed  ": {"outputs": [_spec(extra=1)], "device_bytes": size},
+            "out of place": {"outputs": [_spec(offset=ALIGN)], "device_bytes": size},
+            "out of place ": {"outputs": [_spec(), _spec(1, offset=0)], "device_bytes": size},
+            "allocation size": {"outputs": [_spec()], "device_bytes": 1 << 40},
+            "allocation size ": {"outputs": [_spec()], "device_bytes": "4194304"},
+            "exceed": {"outputs": [_spec(shape=[1 << 40])], "device_bytes": 1 << 42},
+        }
+        for expected, message in cases.items():
+            received, why, failed = _forged(message, fd=r)
+            assert received is None and not failed, expected
+            assert expected.strip() in why, (expected, why)
+        # No descriptor came beside the message.
+        received, why, failed = _forged({"outputs": [_spec()], "device_bytes": size})
+        assert (received, failed) == (None, False) and "no device memory came" in why
+        # Device memory sent to a reference worker without a GPU.
+        received, why, failed = _forged({"outputs": [_spec()], "device_bytes": size}, r, None)
+        assert (received, failed) == (None, False) and "without a GPU" in why
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_a_descriptor_the_driver_refuses_is_a_device_failure_worth_asking_again() -> None:
+    # A pipe is no exported allocation: the driver refuses it, or (no GPU here) there is no
+    # device to import it on; either way nothing the message did wrong.
+    r, w = os.pipe()
+    try:
+        message = {"outputs": [_spec(), 5], "device_bytes": 4 << 20}
+        received, why, failed = _forged(message, fd=r, device="cuda:0")
+    finally:
+        os.close(r)
+        os.close(w)
+    assert received is None and failed
+    assert "could not be taken from the device" in why
+
+
+def test_a_device_failure_is_asked_for_once_more_through_the_host() -> None:
+    reference = _Worker()
+    asked: list[dict[str, Any]] = []
+    answers = [OutputsLost("refused", device_failed=True), [torch.ones(3)]]
+
+    class _Candidate(_Worker):
+        def request(self, op: str, timeout_s: float, **fields: Any) -> dict[str, Any]:
+            asked.append({"op": op, **fields})
+            return {"side": True}
+
+    def read(side: dict[str, Any]) -> Any:
+        found = answers.pop(0)
+        if isinstance(found, OutputsLost):
+            raise found
+        return found
+
+    cand = _Candidate()
+    got, found = outputs_beside(reference, cand, "run", 5.0, {"seed": 1}, read)  # type: ignore[arg-type]
+    assert got == {"side": True} and torch.equal(found[0], torch.ones(3))
+    assert [a.get("side_host") for a in asked] == [None, True]
+    assert all(a["op"] == "run" and a["seed"] == 1 for a in asked)
+
+    # A loss that is the candidate's own is not asked for again.
+    asked.clear()
+    answers[:] = [OutputsLost("it sent no outputs")]
+    _, found = outputs_beside(reference, cand, "run", 5.0, {}, read)  # type: ignore[arg-type]
+    assert isinstance(found, OutputsLost) and len(asked) == 1
