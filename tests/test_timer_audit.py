@@ -163,6 +163,31 @@ def test_a_borderline_difference_is_inconclusive_not_rejected() -> None:
     assert found.status == "inconclusive"
 
 
+def _stalled_reference(stalls: int, calls: int = 16) -> list[Batch]:
+    """A reference of ``calls`` 5 ms calls in batches of 4, ``e`` alternating 0.02 and 0.05 ms,
+    of which ``stalls`` calls were preempted for 6 ms between a stamp and a clock read."""
+    e = np.array([0.02, 0.05] * (calls // 2))
+    e[np.linspace(0, calls - 1, stalls).astype(int)] += 6.0
+    return [
+        Batch(4, 1, 0.0, (5.0,) * 4, tuple(5.0 + e[i : i + 4]), (0.3,) * 3)
+        for i in range(0, calls, 4)
+    ]
+
+
+def test_a_clock_slowed_100x_is_not_passed_by_a_few_stalled_reference_calls() -> None:
+    """Three stalls among the reference's 16 calls lift the upper bound of its median ``e`` to
+    6 ms: a 100x slowed clock in 5 ms calls would pass that rule. It is measured again instead,
+    and against the reference's calls of both attempts it is rejected."""
+    slowed = [Batch(100, 1, 0.0, (0.05,) * 100, (5.03,) * 100, (0.3,) * 99) for _ in range(4)]
+    first = timer_check({"eager": _stalled_reference(3), "candidate": slowed})
+    assert first.status == "inconclusive" and "stalled" in first.reason, first
+    pooled = _stalled_reference(3) + _stalled_reference(3)
+    found = timer_check({"eager": pooled, "candidate": slowed})
+    assert found.status == "rejected" and "clock running slow" in found.reason, found
+    honest = [Batch(100, 1, 0.0, (5.0,) * 100, (5.04,) * 100, (0.3,) * 99) for _ in range(4)]
+    assert timer_check({"eager": _stalled_reference(3), "candidate": honest}).status == "ok"
+
+
 def test_median_bounds_hold_the_median() -> None:
     lo, med, hi = median_bounds(list(range(101)))
     assert lo < med == 50 < hi

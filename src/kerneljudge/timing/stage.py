@@ -217,7 +217,8 @@ def measure_checked(
     """Measure ``names`` alternately through ``sampling``'s samplers
     (:func:`kerneljudge.timing.measure_judged`, the host's load read meanwhile), then audit the
     reported times against the stamps (:func:`kerneljudge.timing.timer_rule.timer_check`): an
-    inconclusive answer measures everything again once, a second one is accepted with a note.
+    inconclusive answer measures everything again once (the candidate then judged on its new
+    batches, the reference on its batches of both), a second one is accepted with a note.
     A rejection is added to ``sampling.tampered``.
 
     Args:
@@ -252,7 +253,9 @@ def measure_checked(
         if found.status != "inconclusive":
             break
         if attempt == 0:
-            sampling.seen.clear()  # measured again: judged on the new batches alone
+            # measured again: the candidate judged on its new batches alone, against the
+            # reference's (trusted) batches of both attempts
+            sampling.seen.pop("candidate", None)
         else:
             note = f"inconclusive, measured again and accepted: {found.reason}"
     if sampling.unstamped:

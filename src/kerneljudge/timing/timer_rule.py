@@ -50,6 +50,16 @@ Medians, with distribution-free confidence bounds from order statistics (:func:`
 ignore stalls of fewer than half the calls. When the point estimate is past a bound but the
 interval is not, the answer is ``inconclusive``: the caller measures again and, if it stays
 undecided, accepts with a note. Noise widens the intervals; it does not move them apart.
+
+The bounds need calls: with ``m`` reference calls, ``U`` is about the ``m/2 + 1.5 sqrt(m)``-th
+smallest ``e``, so with 16 calls three stalled ones (a loaded host preempting the reference
+between a stamp and a clock read, for milliseconds) lift ``U`` to a stall's length, and a clock
+slowed 100x passes in calls shorter than that. A candidate that reports very short calls leaves
+the reference few. So when ``U`` is above :data:`LEVEL_FACTOR` times the reference's median
+``e`` plus the slack, the rescale rule is also applied against that level, and past it the
+answer is ``inconclusive`` (never ``rejected``): the caller measures again, keeping the
+reference's batches, so the second answer sees twice its calls (it takes eight stalls among 32
+to lift ``U`` again).
 """
 
 from __future__ import annotations
@@ -77,6 +87,9 @@ Z = 3.0
 #: Calls (or gaps) each side needs before a rule decides anything. With few, the bounds are
 #: the sample's extremes: every candidate value must be past every reference value.
 MIN_CALLS = 3
+#: The rescale rule's second level: this many times the reference's median ``e``, plus the
+#: slack; only ever makes the answer ``inconclusive``.
+LEVEL_FACTOR = 2.0
 
 
 @dataclass(frozen=True)
@@ -183,6 +196,13 @@ def timer_check(batches: dict[str, list[Batch]], candidate: str = "candidate") -
             return TimerCheck("rejected", why)
         if med_c > RESCALE_FRACTION:
             undecided.append(why)
+        elif hi_r > (level := LEVEL_FACTOR * med_r + RESCALE_SLACK_MS):
+            # A few stalled reference calls (preempted between a stamp and a clock read) lift
+            # ``U`` when the reference has few calls; against twice its median instead, the
+            # same rule is only enough to measure again (then with the reference's calls pooled).
+            lo_q = median_bounds((e_c - level - RESCALE_SLACK_MS) / np.maximum(w_c, 1e-9))[0]
+            if lo_q > RESCALE_FRACTION:
+                undecided.append(f"{why} (the reference's few calls stalled)")
     window = float(np.median(w_c)) if len(w_c) else 0.0
     cpu_ref = [x for bs in ref_batches.values() for b in bs for x in b.between_cpu_ms]
     counted = all(b.tree_cpu_ms is not None for b in cand) and len(cpu_ref) >= MIN_CALLS
