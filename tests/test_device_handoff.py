@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from kerneljudge.check.beside import OutputsLost, outputs_beside
+from kerneljudge.check.beside import OutputsLost, outputs_beside, with_first_record
 from kerneljudge.worker.protocol import Channel
 from kerneljudge.worker.side import (
     SidePipe,
@@ -130,16 +130,31 @@ def test_malformed_device_placeholders_are_the_candidates_doing_never_a_driver_f
         os.close(w)
 
 
-def test_a_descriptor_the_driver_refuses_is_a_device_failure_worth_asking_again() -> None:
-    # A pipe is no exported allocation: the driver refuses it, or (no GPU here) there is no
-    # device to import it on; either way nothing the message did wrong.
+def test_a_descriptor_of_no_device_is_the_senders_doing() -> None:
+    # A pipe, a socket or a regular file is no exported allocation, and is refused before the
+    # driver sees it: no second request.
     r, w = os.pipe()
+    a, b = socket.socketpair()
+    message = {"outputs": [_spec(), 5], "device_bytes": 4 << 20}
     try:
-        message = {"outputs": [_spec(), 5], "device_bytes": 4 << 20}
-        received, why, failed = _forged(message, fd=r, device="cuda:0")
+        with open(__file__, "rb") as plain:
+            for fd in (r, a.fileno(), plain.fileno()):
+                received, why, failed = _forged(message, fd=fd, device="cuda:0")
+                assert received is None and not failed, why
+                assert "descriptor of no device" in why
     finally:
-        os.close(r)
-        os.close(w)
+        for fd in (r, w):
+            os.close(fd)
+        a.close()
+        b.close()
+
+
+def test_a_device_descriptor_the_driver_refuses_is_a_device_failure_worth_asking_again() -> None:
+    # A character device is what the driver's descriptors are; this one is no allocation, and
+    # (no GPU here) there is no device to import it on: the driver's part failed.
+    message = {"outputs": [_spec(), 5], "device_bytes": 4 << 20}
+    with open(os.devnull, "rb") as null:
+        received, why, failed = _forged(message, fd=null.fileno(), device="cuda:0")
     assert received is None and failed
     assert "could not be taken from the device" in why
 
@@ -165,9 +180,52 @@ def test_a_device_failure_is_asked_for_once_more_through_the_host() -> None:
     assert got == {"side": True} and torch.equal(found[0], torch.ones(3))
     assert [a.get("side_host") for a in asked] == [None, True]
     assert all(a["op"] == "run" and a["seed"] == 1 for a in asked)
+    # The worker kept the trial's inputs at the first request: not a second time.
+    assert [a.get("keep") for a in asked] == [None, False]
+
+    # A caller's own ``keep`` is overridden on the second request, not passed twice.
+    asked.clear()
+    answers[:] = [OutputsLost("refused", device_failed=True), [torch.ones(3)]]
+    outputs_beside(reference, cand, "run", 5.0, {"keep": True}, read)  # type: ignore[arg-type]
+    assert [a.get("keep") for a in asked] == [True, False]
 
     # A loss that is the candidate's own is not asked for again.
     asked.clear()
     answers[:] = [OutputsLost("it sent no outputs")]
     _, found = outputs_beside(reference, cand, "run", 5.0, {}, read)  # type: ignore[arg-type]
     assert isinstance(found, OutputsLost) and len(asked) == 1
+
+
+def test_the_second_requests_reply_keeps_what_the_first_recorded_of_the_call() -> None:
+    """A candidate that made the driver refuse its outputs (a descriptor of no allocation) and
+    ran differently the second time is still held to the operators its first call ran and the
+    inputs it changed or aliased."""
+    reference = _Worker()
+    replies = [
+        {"side": True, "ops": ["aten::mm", "aten::relu"], "modified_inputs": [1],
+         "aliases_input": True},
+        {"side": True, "ops": ["aten::relu"], "modified_inputs": [], "aliases_input": False},
+    ]  # fmt: skip
+    answers = [OutputsLost("refused", device_failed=True), [torch.ones(3)]]
+
+    class _Candidate(_Worker):
+        def request(self, op: str, timeout_s: float, **fields: Any) -> dict[str, Any]:
+            return replies.pop(0)
+
+    def read(side: dict[str, Any]) -> Any:
+        found = answers.pop(0)
+        if isinstance(found, OutputsLost):
+            raise found
+        return found
+
+    got, _ = outputs_beside(reference, _Candidate(), "run", 5.0, {}, read)  # type: ignore[arg-type]
+    assert got["ops"] == ["aten::mm", "aten::relu"]
+    assert got["modified_inputs"] == [1] and got["aliases_input"] is True
+
+
+def test_a_malformed_record_in_either_reply_is_left_for_the_callers_checks() -> None:
+    first = {"ops": ["aten::mm"], "modified_inputs": [0]}
+    assert with_first_record(first, {"ops": "aten::relu"})["ops"] == "aten::relu"
+    assert with_first_record(first, {"ops": [{"x": 1}]})["ops"] == [{"x": 1}]
+    assert with_first_record(first, {})["ops"] == ["aten::mm"]
+    assert with_first_record({"ops": 3}, {"ops": ["aten::relu"]})["ops"] == ["aten::relu"]

@@ -177,15 +177,34 @@ def _stalled_reference(stalls: int, calls: int = 16) -> list[Batch]:
 def test_a_clock_slowed_100x_is_not_passed_by_a_few_stalled_reference_calls() -> None:
     """Three stalls among the reference's 16 calls lift the upper bound of its median ``e`` to
     6 ms: a 100x slowed clock in 5 ms calls would pass that rule. It is measured again instead,
-    and against the reference's calls of both attempts it is rejected."""
+    and against the reference's calls of both timings it is rejected."""
     slowed = [Batch(100, 1, 0.0, (0.05,) * 100, (5.03,) * 100, (0.3,) * 99) for _ in range(4)]
     first = timer_check({"eager": _stalled_reference(3), "candidate": slowed})
     assert first.status == "inconclusive" and "stalled" in first.reason, first
-    pooled = _stalled_reference(3) + _stalled_reference(3)
-    found = timer_check({"eager": pooled, "candidate": slowed})
+    earlier = {"eager": _stalled_reference(3)}
+    found = timer_check({"eager": _stalled_reference(3), "candidate": slowed}, earlier=earlier)
     assert found.status == "rejected" and "clock running slow" in found.reason, found
     honest = [Batch(100, 1, 0.0, (5.0,) * 100, (5.04,) * 100, (0.3,) * 99) for _ in range(4)]
     assert timer_check({"eager": _stalled_reference(3), "candidate": honest}).status == "ok"
+    again = timer_check({"eager": _stalled_reference(3), "candidate": honest}, earlier=earlier)
+    assert again.status == "ok", again
+
+
+def test_an_earlier_timings_reference_calls_decide_nothing_where_the_new_ones_did_not_stall() -> (
+    None
+):
+    """The first timing's reference batches are read only by the rescale rule, and only where
+    the new reference calls stalled: quiet earlier calls (an ``e`` and a gap of a hundredth of
+    the new ones') change no answer about a candidate measured beside a slower reference loop."""
+    loop = [Batch(4, 1, 0.0, (5.0,) * 4, (5.4,) * 4, (1.0,) * 3) for _ in range(4)]
+    quiet = [Batch(4, 1, 0.0, (5.0,) * 4, (5.004,) * 4, (0.01,) * 3) for _ in range(4)]
+    honest = [Batch(100, 1, 0.0, (5.0,) * 100, (5.4,) * 100, (1.0,) * 99) for _ in range(4)]
+    assert timer_check({"eager": loop, "candidate": honest}).status == "ok"
+    found = timer_check({"eager": loop, "candidate": honest}, earlier={"eager": quiet})
+    assert found.status == "ok", found
+    # the same candidate against the quiet loop is refused on both rules: the earlier calls
+    # would have decided had they been read
+    assert timer_check({"eager": quiet, "candidate": honest}).status != "ok"
 
 
 def test_median_bounds_hold_the_median() -> None:

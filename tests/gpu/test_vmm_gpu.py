@@ -154,3 +154,41 @@ def test_a_gpu_judge_decides_the_same_with_outputs_on_the_device_or_through_the_
     assert ok.status is Status.CORRECT, ok.reason
     assert bad.status is Status.INCORRECT, bad.reason
     assert came and set(came) == {not through_host}  # trials and audits alike
+
+
+def test_what_a_sender_forges_is_its_own_doing_unless_the_driver_refuses_a_device_descriptor(
+    tmp_path: Path,
+) -> None:
+    """The importer refuses, as the sender's doing (ValueError), a descriptor of a regular file
+    or pipe and a size of no whole number of allocation grains; an allocation smaller than the
+    size announced, or a device file that is no allocation, the driver refuses
+    (HandoffError). An exported descriptor itself is a device file, never refused unread."""
+    from kerneljudge.worker.vmm import Export, HandoffError
+
+    cuda = torch.device("cuda")
+    export = Export([torch.ones(1 << 18, device="cuda")])  # 1 MiB: one grain
+    spec = [(torch.float32, [1 << 18], 0)]
+    plain = tmp_path / "plain"
+    plain.write_bytes(b"\0" * 4096)
+    r, w = os.pipe()
+    try:
+        mode = os.fstat(export.fd).st_mode
+        print(f"an exported descriptor's st_mode: {oct(mode)}")
+        assert torch.equal(import_tensors(export.fd, export.size, spec, cuda)[0].cpu(),
+                           torch.ones(1 << 18))  # fmt: skip
+        with open(plain, "rb") as f:
+            with pytest.raises(ValueError, match="no device"):
+                import_tensors(f.fileno(), export.size, spec, cuda)
+        with pytest.raises(ValueError, match="no device"):
+            import_tensors(r, export.size, spec, cuda)
+        with pytest.raises(ValueError, match="grains"):
+            import_tensors(export.fd, export.size + 512, spec, cuda)
+        with pytest.raises(HandoffError):
+            import_tensors(export.fd, 4 * export.size, spec, cuda)
+        with open(os.devnull, "rb") as null:
+            with pytest.raises(HandoffError):
+                import_tensors(null.fileno(), export.size, spec, cuda)
+    finally:
+        os.close(r)
+        os.close(w)
+        export.close()

@@ -16,7 +16,14 @@ from kerneljudge.worker import WorkerProcess
 from kerneljudge.worker.faults import CandidateFault
 from kerneljudge.worker.side import HandOverFailed, SidePipe
 
-__all__ = ["THROUGH_HOST_ENV", "OutputsLost", "beside", "outputs_beside", "side_fields"]
+__all__ = [
+    "THROUGH_HOST_ENV",
+    "OutputsLost",
+    "beside",
+    "outputs_beside",
+    "side_fields",
+    "with_first_record",
+]
 
 #: With this set to ``1`` in the supervisor's environment, a candidate's outputs always go
 #: through the host, never on the device (:func:`outputs_beside`).
@@ -105,7 +112,9 @@ def outputs_beside(
     :class:`OutputsLost` it raised in place of the latter (the caller decides whether that
     counts: a candidate that ran nothing sent nothing). Outputs that the candidate's worker
     sent on the device and the reference worker's driver would not take are asked for once
-    more, the candidate's request made again with ``side_host`` (through the host); with
+    more, the candidate's request made again with ``side_host`` (through the host) and
+    ``keep`` false (a trial's inputs are kept once); the reply returned then still carries what
+    the first one recorded of the call (:func:`with_first_record`). With
     :data:`THROUGH_HOST_ENV` set to ``1`` every request says ``side_host`` (to measure one way
     against the other).
 
@@ -122,13 +131,36 @@ def outputs_beside(
     def ask_candidate(token: str, **how: Any) -> dict[str, Any]:
         if os.environ.get(THROUGH_HOST_ENV) == "1":
             how["side_host"] = True
-        return candidate.request(op, run_s, side=token, **fields, **how)
+        return candidate.request(op, run_s, side=token, **{**fields, **how})
 
     got, answer = beside(reference, candidate, ask_reference, ask_candidate)
     found = answer["found"]
     if isinstance(found, OutputsLost) and found.device_failed:
-        # Nothing the candidate sent caused it: the same request once more, through the host.
-        through_host = functools.partial(ask_candidate, side_host=True)
+        # The same request once more, through the host. A candidate could have made the driver
+        # refuse (a descriptor of no such allocation): it gains nothing by the second call, whose
+        # reply keeps what the first recorded.
+        first = got
+        through_host = functools.partial(ask_candidate, side_host=True, keep=False)
         got, answer = beside(reference, candidate, ask_reference, through_host)
-        found = answer["found"]
+        got, found = with_first_record(first, got), answer["found"]
     return got, found
+
+
+def with_first_record(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
+    """``second``, a reply to a request made again, with what ``first`` recorded of the same
+    call added: the operators it ran (``ops``) and the inputs it changed in place
+    (``modified_inputs``), each the sorted union of both lists, and ``aliases_input`` true
+    when either says so. A field that is no list of strings (``ops``) or integers
+    (``modified_inputs``) in either reply is left as ``second`` has it, for the caller's
+    checks to refuse."""
+    merged = dict(second)
+    for name, kind in (("ops", str), ("modified_inputs", int)):
+        a, b = first.get(name), second.get(name)
+        if a is None or not isinstance(a, list) or not isinstance(b, (list, type(None))):
+            continue
+        both = a + (b or [])
+        if all(type(x) is kind for x in both):
+            merged[name] = sorted(set(both))
+    if first.get("aliases_input") is True:
+        merged["aliases_input"] = True
+    return merged

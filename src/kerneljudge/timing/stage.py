@@ -217,8 +217,8 @@ def measure_checked(
     """Measure ``names`` alternately through ``sampling``'s samplers
     (:func:`kerneljudge.timing.measure_judged`, the host's load read meanwhile), then audit the
     reported times against the stamps (:func:`kerneljudge.timing.timer_rule.timer_check`): an
-    inconclusive answer measures everything again once (the candidate then judged on its new
-    batches, the reference on its batches of both), a second one is accepted with a note.
+    inconclusive answer measures everything again once (judged on the new batches, the first
+    timing's reference batches passed as ``earlier``), a second one is accepted with a note.
     A rejection is added to ``sampling.tampered``.
 
     Args:
@@ -246,16 +246,20 @@ def measure_checked(
             )
     monitor = LoadMonitor([ref.worker.worker_pid(), worker.worker_pid()], cores)
     note = ""
+    earlier: dict[str, list[Batch]] = {}
     for attempt in range(2):
         knobs = timing_config or cfg.timing_config
         judged = measure_judged(contestants, knobs, monitor, cores, threads)
-        found = timer_check(sampling.seen) if not sampling.tampered else TimerCheck("ok")
+        found = TimerCheck("ok")
+        if not sampling.tampered:
+            found = timer_check(sampling.seen, earlier=earlier)
         if found.status != "inconclusive":
             break
         if attempt == 0:
-            # measured again: the candidate judged on its new batches alone, against the
-            # reference's (trusted) batches of both attempts
-            sampling.seen.pop("candidate", None)
+            # measured again: judged on the new batches (the reference's first ones kept for
+            # the rescale rule where its new calls stall)
+            earlier = {n: bs for n, bs in sampling.seen.items() if n != "candidate"}
+            sampling.seen.clear()
         else:
             note = f"inconclusive, measured again and accepted: {found.reason}"
     if sampling.unstamped:

@@ -57,9 +57,11 @@ between a stamp and a clock read, for milliseconds) lift ``U`` to a stall's leng
 slowed 100x passes in calls shorter than that. A candidate that reports very short calls leaves
 the reference few. So when ``U`` is above :data:`LEVEL_FACTOR` times the reference's median
 ``e`` plus the slack, the rescale rule is also applied against that level, and past it the
-answer is ``inconclusive`` (never ``rejected``): the caller measures again, keeping the
-reference's batches, so the second answer sees twice its calls (it takes eight stalls among 32
-to lift ``U`` again).
+answer is ``inconclusive`` (never ``rejected``): the caller measures again and passes the first
+timing's reference batches as ``earlier``. Where the new reference calls stall the same way, the
+rule is taken on the reference's calls of both timings (the same loop, twice the calls: it takes
+eight stalls among 32 to lift ``U`` again); only where that clears the stall does it decide,
+and only this rule: every other rule reads the reference's calls of the timing being judged.
 """
 
 from __future__ import annotations
@@ -168,9 +170,15 @@ def _gap_cpu_floor(b: Batch, ref_batches: dict[str, list[Batch]]) -> float:
     return (float(b.tree_cpu_ms or 0.0) - b.cores * rest) / max(1, b.n + b.warmup - 1)
 
 
-def timer_check(batches: dict[str, list[Batch]], candidate: str = "candidate") -> TimerCheck:
+def timer_check(
+    batches: dict[str, list[Batch]],
+    candidate: str = "candidate",
+    earlier: dict[str, list[Batch]] | None = None,
+) -> TimerCheck:
     """Judge the candidate's reported times against its stamped windows, next to the other
-    contestants' (the reference's worker, pooled); see the module's description."""
+    contestants' (the reference's worker, pooled); see the module's description. ``earlier``:
+    the reference's batches of a timing before this one, read only by the rescale rule where
+    this timing's reference calls stalled."""
     refs = [b for name, bs in batches.items() if name != candidate for b in bs]
     cand = batches.get(candidate, [])
     if not refs or not cand:
@@ -182,6 +190,12 @@ def timer_check(batches: dict[str, list[Batch]], candidate: str = "candidate") -
     undecided: list[str] = []
     if len(e_c) >= MIN_CALLS and len(e_ref) >= MIN_CALLS:
         _, med_r, hi_r = median_bounds(e_ref)
+        stalled = hi_r > LEVEL_FACTOR * med_r + RESCALE_SLACK_MS
+        e_old = [_pool(bs, "excess") for name, bs in (earlier or {}).items() if name != candidate]
+        if stalled and e_old:
+            _, med_both, hi_both = median_bounds(np.concatenate([e_ref, *e_old]))
+            if hi_both <= LEVEL_FACTOR * med_both + RESCALE_SLACK_MS:
+                med_r, hi_r, stalled = med_both, hi_both, False
         # per call: the share of the window not covered by the reported time beyond the loop's
         # own cost (the reference's, at its upper bound, plus the slack); a slowed clock makes
         # it 1 - 1/s on every call, whatever the call's length under load
@@ -196,10 +210,11 @@ def timer_check(batches: dict[str, list[Batch]], candidate: str = "candidate") -
             return TimerCheck("rejected", why)
         if med_c > RESCALE_FRACTION:
             undecided.append(why)
-        elif hi_r > (level := LEVEL_FACTOR * med_r + RESCALE_SLACK_MS):
+        elif stalled:
             # A few stalled reference calls (preempted between a stamp and a clock read) lift
-            # ``U`` when the reference has few calls; against twice its median instead, the
-            # same rule is only enough to measure again (then with the reference's calls pooled).
+            # ``U`` when the reference has few calls; against twice its median (plus the slack)
+            # in its place, the same rule is only enough to measure again.
+            level = LEVEL_FACTOR * med_r + RESCALE_SLACK_MS
             lo_q = median_bounds((e_c - level - RESCALE_SLACK_MS) / np.maximum(w_c, 1e-9))[0]
             if lo_q > RESCALE_FRACTION:
                 undecided.append(f"{why} (the reference's few calls stalled)")

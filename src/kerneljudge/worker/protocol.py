@@ -85,6 +85,8 @@ class Channel:
         self._incoming: _Incoming | None = None
         #: Longest message this end reads (bytes); at most :data:`MAX_MESSAGE_BYTES`.
         self.max_bytes = MAX_MESSAGE_BYTES
+        #: The length of the last message read whole (bytes, its header included).
+        self.last_length = 0
         for fd in (read_fd, write_fd):
             _widen_pipe(fd)
 
@@ -194,6 +196,7 @@ class Channel:
                 incoming.next_raw()
             if incoming.stage == "done":
                 self._incoming = None
+                self.last_length = incoming.length
                 return _put_raw(incoming.message, incoming.raws)
 
     def close(self) -> None:

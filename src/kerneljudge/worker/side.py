@@ -168,8 +168,10 @@ def recv_outputs(
     :func:`kerneljudge.worker.vmm.from_device`): ``(outputs, "", False)``, or
     ``(None, why, failed)`` when none came (the pipe closed, the supervisor's closing message
     came first, the message was corrupt, too long or late); ``failed`` is True when they were
-    sent on the device and the driver would not hand them over, which no message of the
-    candidate's causes: worth asking again through the host.
+    sent on the device, well formed and on a descriptor of a device file, and the driver would
+    not import, map or copy them: worth asking again through the host (a sender can cause this
+    too, with a descriptor of no allocation of that size: the caller keeps what the first
+    request recorded).
 
     Raises:
         RuntimeError: no pipe was handed over (a harness error).
@@ -194,7 +196,8 @@ def recv_outputs(
         if "device_bytes" not in message:
             return message["outputs"], "", False
         try:
-            return from_device(message, link, max_bytes, device), "", False
+            host_bytes = chan.last_length
+            return from_device(message, link, max_bytes, device, host_bytes), "", False
         except HandoffError as exc:
             return None, f"its outputs could not be taken from the device: {exc}", True
         except MessageTooLarge as exc:

@@ -10,10 +10,12 @@ POSIX file descriptor as its shareable handle), exports that descriptor
 out into memory of its own, device to device, before anything reads them. A descriptor crosses
 PID namespaces, as the workers' sandboxes need; CUDA's older IPC handles do not.
 
-Nothing here trusts the exporter: the importer maps only the bytes the message announced (the
-driver refuses a mapping longer than the allocation, and a descriptor that is no exported
-allocation), copies them once, and drops the mapping; what the candidate could do to those bytes
-meanwhile it could do to the bytes it writes to a pipe.
+Nothing here trusts the exporter: the importer takes only a descriptor of a device file (a
+regular file, pipe, socket or directory is refused before the driver sees it), maps only the
+bytes the message announced, read-only (the driver refuses a mapping longer than the
+allocation, and a descriptor that is no exported allocation), copies them once, and drops the
+mapping; what the candidate could do to those bytes meanwhile it could do to the bytes it writes
+to a pipe.
 
 The driver is reached through ``ctypes`` (``libcuda.so.1``); every call is checked and a failure
 raises :class:`HandoffError` naming the call and the driver's error name. Imports only the
@@ -30,6 +32,7 @@ import functools
 import math
 import os
 import socket
+import stat
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -57,8 +60,8 @@ DEVICE_MIN_BYTES = 1 << 20
 _DEVICE_KEY = "__kerneljudge_device_tensor__"
 # CUDA driver enums (cuda.h): CU_MEM_ALLOCATION_TYPE_PINNED, CU_MEM_HANDLE_TYPE_POSIX_FILE_
 # DESCRIPTOR, CU_MEM_LOCATION_TYPE_DEVICE, CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-# CU_MEM_ALLOC_GRANULARITY_MINIMUM.
-_PINNED, _POSIX_FD, _ON_DEVICE, _READ_WRITE, _MINIMUM = 1, 1, 1, 3, 0
+# CU_MEM_ALLOC_GRANULARITY_MINIMUM, CU_MEM_ACCESS_FLAGS_PROT_READ.
+_PINNED, _POSIX_FD, _ON_DEVICE, _READ_WRITE, _MINIMUM, _READ = 1, 1, 1, 3, 0, 1
 
 
 class HandoffError(RuntimeError):
@@ -190,10 +193,10 @@ def span(nbytes: Sequence[int]) -> tuple[list[int], int]:
 
 class _Mapping:
     """``size`` bytes of the allocation ``handle`` mapped at :attr:`ptr` for ``ordinal``'s
-    reads and writes; :meth:`close` unmaps, frees the range and releases the handle (each
-    once, whatever failed before)."""
+    reads and writes (reads only with ``read_only``); :meth:`close` unmaps, frees the range
+    and releases the handle (each once, whatever failed before)."""
 
-    def __init__(self, handle: int, size: int, ordinal: int) -> None:
+    def __init__(self, handle: int, size: int, ordinal: int, read_only: bool = False) -> None:
         self.handle, self.size, self.ptr = handle, size, 0
         try:
             ptr = _U64(0)
@@ -204,7 +207,7 @@ class _Mapping:
             self._mapped = True
             access = _AccessDesc()
             access.location.type, access.location.id = _ON_DEVICE, ordinal
-            access.flags = _READ_WRITE
+            access.flags = _READ if read_only else _READ_WRITE
             _call("cuMemSetAccess", self.ptr, size, ctypes.byref(access), 1)
         except BaseException:
             self.close()
@@ -214,10 +217,12 @@ class _Mapping:
         ptr, self.ptr = self.ptr, 0
         handle, self.handle = self.handle, 0
         try:
-            if ptr and getattr(self, "_mapped", False):
-                _call("cuMemUnmap", ptr, self.size)
-            if ptr:
-                _call("cuMemAddressFree", ptr, self.size)
+            try:
+                if ptr and getattr(self, "_mapped", False):
+                    _call("cuMemUnmap", ptr, self.size)
+            finally:
+                if ptr:
+                    _call("cuMemAddressFree", ptr, self.size)
         finally:
             if handle:
                 _call("cuMemRelease", handle)
@@ -276,20 +281,30 @@ def import_tensors(
     fd: int, size: int, specs: Sequence[tuple[torch.dtype, list[int], int]], device: torch.device
 ) -> list[torch.Tensor]:
     """Tensors of ``specs`` (``(dtype, shape, offset)`` each, validated by the caller to lie
-    within ``size`` bytes) copied out of the allocation exported as ``fd``, into memory of
-    this process on ``device``; where the device has no room for them, into host memory. The
-    mapping is dropped before this returns; ``fd`` is the caller's to close.
+    within ``size`` bytes) copied out of the allocation exported as ``fd``, mapped read-only,
+    into memory of this process on ``device``; where the device has no room for them, into
+    host memory. The mapping is dropped, after the copies are done, before this returns;
+    ``fd`` is the caller's to close.
 
     Raises:
-        HandoffError: the descriptor is no exported allocation of at least ``size`` bytes on
-            this device, or a copy failed.
+        ValueError: ``fd`` is a regular file, pipe, socket or directory, or ``size`` is no
+            whole number of the driver's allocation grains: the sender's doing.
+        HandoffError: the driver refused the descriptor (no exported allocation of at least
+            ``size`` bytes on this device), or a copy or an allocation for it failed.
     """
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError as exc:
+        raise ValueError(f"its device memory came as no open descriptor ({exc})") from None
+    if stat.S_ISREG(mode) or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISDIR(mode):
+        raise ValueError("its device memory came as a descriptor of no device (a file or pipe)")
     ordinal = _ordinal(device)
     if size <= 0 or size % _granularity(ordinal):
-        raise HandoffError(f"{size} bytes is no whole number of the driver's allocation grains")
+        raise ValueError(f"{size} bytes of device memory is no whole number of allocation grains")
     handle = _U64(0)
     _call("cuMemImportFromShareableHandle", ctypes.byref(handle), _PTR(fd), _POSIX_FD)
-    mapping = _Mapping(handle.value, size, ordinal)
+    mapping = _Mapping(handle.value, size, ordinal, read_only=True)
+    stream = None
     try:
         stream = torch.cuda.current_stream(device)
         out: list[torch.Tensor] = []
@@ -310,7 +325,16 @@ def import_tensors(
             out.append(t)
         stream.synchronize()
         return out
+    except RuntimeError as exc:  # no host memory for a copy, a CUDA error while copying
+        if isinstance(exc, HandoffError):
+            raise
+        raise HandoffError(f"its device memory could not be copied: {exc}") from None
     finally:
+        try:
+            if stream is not None:
+                stream.synchronize()  # no copy still reads the mapping when it goes
+        except RuntimeError:
+            pass
         mapping.close()
 
 
@@ -379,19 +403,23 @@ def _device_specs(value: Any) -> list[dict[str, Any]]:
 
 
 def from_device(
-    message: dict[str, Any], link: socket.socket | None, max_bytes: int, device: Any
+    message: dict[str, Any],
+    link: socket.socket | None,
+    max_bytes: int,
+    device: Any,
+    host_bytes: int = 0,
 ) -> Any:
     """``message["outputs"]`` with each device placeholder replaced by a copy of its bytes in
     the allocation whose descriptor came on ``link`` (:func:`import_tensors`). The
     placeholders are checked as the channel checks its own (numbered in order, known element
-    types, at most ``max_bytes`` in all), each must lie where :func:`span` puts it, and the
-    allocation's size must cover them (with at most 64 MiB to spare for the driver's
-    granularity).
+    types, at most ``max_bytes`` in all with the ``host_bytes`` of the message that carried
+    them), each must lie where :func:`span` puts it, and the allocation's size must cover them
+    (with at most 64 MiB to spare for the driver's granularity).
 
     Raises:
         MessageTooLarge: more than ``max_bytes``.
-        ValueError: malformed placeholders, no descriptor, or no CUDA ``device`` to put them
-            on: the sender's doing.
+        ValueError: malformed placeholders, no descriptor or one of no device, or no CUDA
+            ``device`` to put them on: the sender's doing.
         HandoffError: the driver refused the descriptor or a copy.
     """
     specs = _device_specs(message["outputs"])
@@ -413,8 +441,8 @@ def from_device(
             raise ValueError("its outputs did not arrive whole (a malformed device placeholder)")
         parsed.append((dtype, shape, offset))
     nbytes = [math.prod(shape) * dtype.itemsize for dtype, shape, _ in parsed]
-    if sum(nbytes) > max_bytes:
-        raise MessageTooLarge(sum(nbytes), max_bytes)
+    if sum(nbytes) + host_bytes > max_bytes:
+        raise MessageTooLarge(sum(nbytes) + host_bytes, max_bytes)
     offsets, end = span(nbytes)
     if not parsed or [o for _, _, o in parsed] != offsets:
         raise ValueError("its outputs did not arrive whole (device placeholders out of place)")
