@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -263,7 +264,7 @@ def test_digest_covers_length_and_layout() -> None:
 
 
 # ------------------------------------------------------------------ the loop and the observer
-def _observe(fn, sets, n: int, warmup: int, keep, threads_before=None):  # type: ignore[no-untyped-def]
+def _observe(fn, sets, n: int, warmup: int, keep, threads_before=None, kept_before=None):  # type: ignore[no-untyped-def]
     sup, wrk = socket_pair()
     box: dict = {}
 
@@ -280,6 +281,7 @@ def _observe(fn, sets, n: int, warmup: int, keep, threads_before=None):  # type:
             link=measure.Link(wrk, link["batch"]),
             seed=link["seed"],
             threads_before=threads_before,
+            kept_before=kept_before,
         )
         return {"times_ms": box["result"][0]}
 
@@ -289,6 +291,18 @@ def _observe(fn, sets, n: int, warmup: int, keep, threads_before=None):  # type:
         sup.close()
         wrk.close()
     return box["result"], obs
+
+
+def test_a_slot_kept_anew_drops_the_earlier_batchs_outputs_of_that_slot() -> None:
+    """An earlier batch's kept outputs of a slot this batch keeps again are given up when the new
+    ones are kept (on a GPU their memory is then free for the new ones); other slots stay."""
+    sets = [[torch.randn(16, 8)]]
+    old = {0: [torch.zeros(3)], 1: [torch.ones(3)]}
+    (_, kept, _), obs = _observe(torch.tanh, sets, 6, 1, lambda i: 0 if i == 3 else -1,
+                                 kept_before=old)  # fmt: skip
+    assert set(kept) == {0} and set(old) == {1}
+    args = measure.perturb(sets[0], [True], obs.calls[1 + 3].seed)
+    assert torch.equal(kept[0][0], torch.tanh(args[0]))
 
 
 def test_observed_calls_hold_their_reported_times_and_kept_outputs_bind() -> None:
@@ -503,3 +517,54 @@ def test_the_tree_digest_is_the_same_made_in_blocks(nbytes: int) -> None:
         y = x.clone()
         y[-1] ^= 1
         assert digest(y, chunk_words=8) != whole
+
+
+def _cpu_kernel(kind: str, lane: int) -> Callable[..., torch.Tensor]:
+    """The fused kernels' arithmetic in torch's int64 ops on the CPU (the driver around them
+    is what these tests check; tests/gpu/test_stamps_gpu.py runs the kernels themselves)."""
+    import kerneljudge.worker.digest as tree
+
+    a, b, m1, m2, c = tree._CONSTANTS[lane]
+    p = tree.P
+
+    def leaf(w: torch.Tensor) -> torch.Tensor:
+        u = w.to(torch.int64) & 0xFFFFFFFF
+        return ((u >> 16) * a + (u & 0xFFFF) + b) % p
+
+    def node(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+        x = (left * m1 + right * m2 + c) % p
+        x2 = x * x % p
+        return x2 * x2 % p * x % p
+
+    def run(*columns: torch.Tensor) -> torch.Tensor:
+        v = [leaf(x) if kind == "leaf" else x.to(torch.int64) for x in columns]
+        while len(v) > 1:
+            v = [node(v[i], v[i + 1]) for i in range(0, len(v), 2)]
+        return v[0].to(torch.int32)
+
+    return run
+
+
+@pytest.mark.parametrize(
+    "nbytes", [3, 31, 32, 33, 256, 260, 288, 1000, 4096 * 9 + 5, 32 * 8**4, 32 * 8**4 + 3]
+)
+def test_the_fused_digest_is_the_tree_digest(nbytes: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whole groups of eight words reduced eight at a time, the partial last group, the padding
+    of each level and the top levels in Python's integers: the same two lanes as the tree made
+    level by level, for sizes around every boundary, from an aligned or an unaligned start."""
+    import kerneljudge.worker.digest as tree
+
+    monkeypatch.setattr(tree, "_kernel", _cpu_kernel)
+    g = torch.Generator().manual_seed(nbytes)
+    base = torch.randint(0, 256, (nbytes + 1,), dtype=torch.uint8, generator=g)
+    for raw in (base[:nbytes], base[1:]):
+        assert tree._fused_digest(raw) == digest(raw, fused=False)
+    y = base[:nbytes].clone()
+    y[nbytes // 2] ^= 0x10
+    assert tree._fused_digest(y) != digest(base[:nbytes], fused=False)
+
+
+def test_the_audited_calls_the_supervisor_sizes_fit_the_workers_device_room() -> None:
+    from kerneljudge.timing.stage import AUDIT_KEEP_SHARE
+
+    assert measure.SNAPSHOT_DEVICE_SHARE >= AUDIT_KEEP_SHARE

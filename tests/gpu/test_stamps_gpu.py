@@ -50,6 +50,24 @@ def test_the_digest_of_a_large_output_is_fast_on_the_gpu() -> None:
     assert per_ms < 1000
 
 
+@pytest.mark.parametrize(
+    "nbytes", [32 << 20, (32 << 20) + 4, (32 << 20) + 3, (40 << 20) + 40, 8 * 8**7 * 4 + 36]
+)
+def test_the_fused_digest_on_the_gpu_is_the_tree_digest(nbytes: int) -> None:
+    """The kernels compiled at run time give the lanes of the tree made with torch's ops, from
+    an aligned and an unaligned start, and a flipped bit changes both."""
+    from kerneljudge.worker.digest import digest
+
+    g = torch.Generator(device="cuda").manual_seed(nbytes)
+    base = torch.randint(0, 256, (nbytes + 1,), dtype=torch.uint8, device="cuda", generator=g)
+    for raw in (base[:nbytes], base[1:]):
+        assert digest(raw, fused=True) == digest(raw, fused=False)
+    flipped = base[:nbytes].clone()
+    flipped[nbytes // 3] ^= 4
+    one, other = digest(flipped, fused=True), digest(base[:nbytes], fused=True)
+    assert one[0] != other[0] and one[1] != other[1]
+
+
 def test_cuda_calls_are_marked_committed_and_kept() -> None:
     dev = torch.device("cuda")
     sets = [[torch.randn(512, 512, device=dev)]]

@@ -85,8 +85,11 @@ _MAX_OUTPUTS = MAX_OUTPUTS
 #: Committed calls whose outputs the loop holds while their audit slot is on its way.
 PIPELINE_DEPTH = 2
 #: The share of a GPU's memory the kept outputs of audited calls may take there; the ones past
-#: it are copied to the host when their slot arrives (between calls, outside any window).
-SNAPSHOT_DEVICE_SHARE = 1 / 16
+#: it are copied to the host when their slot arrives (between calls, outside any window). The
+#: supervisor sizes the number of audited calls to the same share
+#: (:data:`kerneljudge.timing.stage.AUDIT_KEEP_SHARE`), so they all stay on the device: a 6 GiB
+#: output's copy to the host took 4.7 s on the H200 (``benchmarks/timed_loop_steps.py``).
+SNAPSHOT_DEVICE_SHARE = 1 / 8
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 #: GPU clock cycles the device spins before a replay's start event (10-20 us at 1-2 GHz): the
 #: host has the graph's launch queued by the time the device reaches the event, so the launch's
@@ -373,7 +376,8 @@ def time_calls(
             device-wide synchronisation. The replay is called through the C-level function, so
             no Python code runs in the window.
         kept_before: the kept outputs of earlier batches (by slot), held meanwhile: their bytes
-            on the device count against :data:`SNAPSHOT_DEVICE_SHARE`.
+            on the device count against :data:`SNAPSHOT_DEVICE_SHARE`. A slot this batch keeps
+            anew is removed from it when its new outputs are kept (its memory given back then).
 
     Returns:
         ``(times_ms, kept, wall_s)``: one time per timed call in milliseconds; by audit slot,
@@ -486,6 +490,8 @@ def time_calls(
                 slot = link.slot(j)
                 if slot >= 0:
                     room += _device_bytes(kept.get(slot, []))  # replaced: given back
+                    if kept_before is not None and slot in kept_before:
+                        room += _device_bytes(kept_before.pop(slot))
                     size = _device_bytes(held)
                     kept[slot] = held if size <= room else [t.cpu() for t in held]
                     room -= size if size <= room else 0
