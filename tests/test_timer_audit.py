@@ -568,3 +568,55 @@ def test_the_audited_calls_the_supervisor_sizes_fit_the_workers_device_room() ->
     from kerneljudge.timing.stage import AUDIT_KEEP_SHARE
 
     assert measure.SNAPSHOT_DEVICE_SHARE >= AUDIT_KEEP_SHARE
+
+
+def test_the_fused_kernels_source_computes_the_trees_residues(tmp_path: Path) -> None:
+    """The fused kernels' source, compiled here by the host's C++ compiler (the same 64-bit
+    arithmetic as on the device): for words and nodes at the edges of their ranges, each
+    entry gives the residue of the eight-leaf subtree that Python's exact integers give, and
+    its reduction gives the residue of values around multiples of ``P`` up to ``2**62``."""
+    import shutil
+    import subprocess
+
+    import kerneljudge.worker.digest as tree
+
+    compiler = shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        pytest.skip("no C++ compiler on this host")
+    rng = np.random.default_rng(3)
+    edges = [0, 1, 0xFFFF, 0x10000, tree.P - 1, tree.P, 0x7FFFFFFF, -1, -(2**31)]
+    words = [edges[:8], edges[-8:], *rng.integers(-(2**31), 2**31, (20, 8)).tolist()]
+    nodes = [[tree.P - 1] * 8, [0] * 8, *rng.integers(0, tree.P, (20, 8)).tolist()]
+    program = ["#include <cstdio>"]
+    calls = []
+    for lane in (0, 1):
+        a, b, m1, m2, c = tree._CONSTANTS[lane]
+        for kind, rows in (("leaf", words), ("node", nodes)):
+            f = "kj_leaf<W>" if kind == "leaf" else "(W)"
+            body = tree._FUSED_COMMON.format(a=a, b=b, m1=m1, m2=m2, c=c)
+            body += tree._FUSED_ENTRY.format(kind=kind, lane=lane, f=f)
+            program.append(f"namespace {kind}{lane} {{ {body} }}")
+            for row in rows:
+                args = ", ".join(f"{v}" for v in row)
+                calls.append(
+                    f'std::printf("%d\\n", {kind}{lane}::kj_digest_{kind}_{lane}<int>({args}));'
+                )
+                u = [v & 0xFFFFFFFF for v in row]
+                level = [tree._leaf(lane, v) for v in u] if kind == "leaf" else list(row)
+                while len(level) > 1:
+                    level = [
+                        tree._node(lane, level[i], level[i + 1]) for i in range(0, len(level), 2)
+                    ]
+                calls[-1] += f" // {level[0]}"
+    p = tree.P
+    reduced = [0, 1, p - 1, p, p + 1, 2 * p - 1, 2 * p, 2 * p + 1, 2**31, 2**32 - 1, 2**62 - 1]
+    reduced += [k * p + d for k in rng.integers(1, 2**31, 12).tolist() for d in (-1, 0, 1)]
+    for x in reduced:
+        calls.append(f'std::printf("%lld\\n", leaf0::kj_mod<long long>({x}LL)); // {x % p}')
+    program.append("int main() {\n" + "\n".join(calls) + "\nreturn 0; }")
+    source = tmp_path / "fused.cpp"
+    source.write_text("\n".join(program))
+    subprocess.run([compiler, "-O1", "-o", str(tmp_path / "fused"), str(source)], check=True)
+    got = subprocess.run([str(tmp_path / "fused")], capture_output=True, text=True, check=True)
+    expected = [int(line.rsplit("// ", 1)[1]) for line in calls]
+    assert [int(v) for v in got.stdout.split()] == expected
