@@ -151,16 +151,18 @@ def with_first_record(first: dict[str, Any], second: dict[str, Any]) -> dict[str
     call added: the operators it ran (``ops``) and the inputs it changed in place
     (``modified_inputs``), each the sorted union of both lists, and ``aliases_input`` true
     when either says so. A field that is no list of strings (``ops``) or integers
-    (``modified_inputs``) in either reply is left as ``second`` has it, for the caller's
-    checks to refuse."""
+    (``modified_inputs``) is kept as the first reply has it where that one is malformed, else
+    as ``second`` has it, for the caller's checks to refuse."""
     merged = dict(second)
     for name, kind in (("ops", str), ("modified_inputs", int)):
         a, b = first.get(name), second.get(name)
-        if a is None or not isinstance(a, list) or not isinstance(b, (list, type(None))):
+        if a is None:
             continue
-        both = a + (b or [])
-        if all(type(x) is kind for x in both):
-            merged[name] = sorted(set(both))
+        if not (isinstance(a, list) and all(type(x) is kind for x in a)):
+            merged[name] = a  # the first reply's malformed record, for the caller to refuse
+            continue
+        if isinstance(b, (list, type(None))) and all(type(x) is kind for x in b or []):
+            merged[name] = sorted(set(a + (b or [])))
     if first.get("aliases_input") is True:
         merged["aliases_input"] = True
     return merged

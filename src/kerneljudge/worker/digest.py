@@ -56,6 +56,8 @@ CHUNK_WORDS = 1 << 24
 #: CUDA tensors of at least this many bytes are digested by the fused kernels (smaller ones
 #: cost a few milliseconds the torch way, less than the kernels' first compilation).
 FUSED_MIN_BYTES = 32 << 20
+#: Not empty once the fused kernels failed to compile in this process.
+_UNCOMPILED: list[bool] = []
 
 # The fused kernels' source: residues kept below P in 64-bit arithmetic (every product of two
 # values below 2**31 stays below 2**62), reduced by two Mersenne folds and a subtraction (a
@@ -116,17 +118,20 @@ def digest(
 
     Raises:
         RuntimeError: ``fused`` true for a tensor not on a CUDA device, or NVRTC could not
-            compile the kernels (with ``fused`` None the torch ops are used then).
+            compile the kernels (with ``fused`` None the torch ops are used then, and for
+            every later digest of this process).
     """
     flat = t.detach().contiguous().reshape(-1)
     nbytes = flat.numel() * flat.element_size()
     if fused is None:
-        fused = flat.is_cuda and nbytes >= FUSED_MIN_BYTES
+        fused = flat.is_cuda and nbytes >= FUSED_MIN_BYTES and not _UNCOMPILED
         if fused:
             try:
                 return _fused_digest(flat.view(torch.uint8))
-            except RuntimeError:  # no NVRTC here: the same digest the slow way
+            except torch.cuda.OutOfMemoryError:  # the same digest the slow way, this once
                 pass
+            except RuntimeError:  # no NVRTC here: not tried again in this process
+                _UNCOMPILED.append(True)
     elif fused:
         if not flat.is_cuda:
             raise RuntimeError("the fused digest needs a CUDA tensor")
@@ -219,7 +224,7 @@ def _kernel(kind: str, lane: int) -> Callable[..., torch.Tensor]:
 def _fused_digest(raw: torch.Tensor) -> tuple[int, int]:
     """:func:`digest` of the bytes ``raw`` (uint8, 1-D, contiguous, on a CUDA device) by the
     fused kernels: the whole groups of eight words on the device, the last partial group
-    (fewer than 32 bytes) and the top levels (fewer than eight nodes) in Python's integers."""
+    (fewer than 32 bytes) and the top levels (at most eight nodes) in Python's integers."""
     nbytes = raw.numel()
     n = -(-nbytes // 4)
     height = max(0, (n - 1).bit_length())  # the tree has 2**height leaves

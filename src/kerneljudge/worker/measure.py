@@ -87,8 +87,9 @@ PIPELINE_DEPTH = 2
 #: The share of a GPU's memory the kept outputs of audited calls may take there; the ones past
 #: it are copied to the host when their slot arrives (between calls, outside any window). The
 #: supervisor sizes the number of audited calls to the same share
-#: (:data:`kerneljudge.timing.stage.AUDIT_KEEP_SHARE`), so they all stay on the device: a 6 GiB
-#: output's copy to the host took 4.7 s on the H200 (``benchmarks/timed_loop_steps.py``).
+#: (:data:`kerneljudge.timing.stage.AUDIT_KEEP_SHARE`; at least two calls, which may exceed it
+#: where an output takes more than a sixteenth of the device), so they stay on the device: a
+#: 6 GiB output's copy to the host took 4.7 s on the H200 (``benchmarks/timed_loop_steps.py``).
 SNAPSHOT_DEVICE_SHARE = 1 / 8
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 #: GPU clock cycles the device spins before a replay's start event (10-20 us at 1-2 GHz): the

@@ -168,10 +168,10 @@ def recv_outputs(
     :func:`kerneljudge.worker.vmm.from_device`): ``(outputs, "", False)``, or
     ``(None, why, failed)`` when none came (the pipe closed, the supervisor's closing message
     came first, the message was corrupt, too long or late); ``failed`` is True when they were
-    sent on the device, well formed and on a descriptor of a device file, and the driver would
-    not import, map or copy them: worth asking again through the host (a sender can cause this
-    too, with a descriptor of no allocation of that size: the caller keeps what the first
-    request recorded).
+    sent on the device, well formed, on a descriptor of no regular file, pipe, socket or
+    directory, and the driver would not import, map or copy them: worth asking again through
+    the host (a sender can cause this too, with a descriptor of no allocation of that size: the
+    caller keeps what the first request recorded).
 
     Raises:
         RuntimeError: no pipe was handed over (a harness error).

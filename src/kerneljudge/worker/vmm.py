@@ -10,12 +10,12 @@ POSIX file descriptor as its shareable handle), exports that descriptor
 out into memory of its own, device to device, before anything reads them. A descriptor crosses
 PID namespaces, as the workers' sandboxes need; CUDA's older IPC handles do not.
 
-Nothing here trusts the exporter: the importer takes only a descriptor of a device file (a
-regular file, pipe, socket or directory is refused before the driver sees it), maps only the
-bytes the message announced, read-only (the driver refuses a mapping longer than the
-allocation, and a descriptor that is no exported allocation), copies them once, and drops the
-mapping; what the candidate could do to those bytes meanwhile it could do to the bytes it writes
-to a pipe.
+Nothing here trusts the exporter: the importer refuses a descriptor of a regular file, pipe,
+socket or directory before the driver sees it (an exported allocation's is a character device),
+maps only the bytes the message announced, read-only (the driver refuses a mapping longer than
+the allocation, and a descriptor that is no exported allocation), copies them once, and drops
+the mapping; what the candidate could do to those bytes meanwhile it could do to the bytes it
+writes to a pipe.
 
 The driver is reached through ``ctypes`` (``libcuda.so.1``); every call is checked and a failure
 raises :class:`HandoffError` naming the call and the driver's error name. Imports only the
