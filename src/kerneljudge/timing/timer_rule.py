@@ -190,12 +190,12 @@ def timer_check(
     undecided: list[str] = []
     if len(e_c) >= MIN_CALLS and len(e_ref) >= MIN_CALLS:
         _, med_r, hi_r = median_bounds(e_ref)
-        stalled = hi_r > LEVEL_FACTOR * med_r + RESCALE_SLACK_MS
         e_old = [_pool(bs, "excess") for name, bs in (earlier or {}).items() if name != candidate]
-        if stalled and e_old:
+        if e_old and hi_r > LEVEL_FACTOR * med_r + RESCALE_SLACK_MS:
             _, med_both, hi_both = median_bounds(np.concatenate([e_ref, *e_old]))
-            if hi_both <= LEVEL_FACTOR * med_both + RESCALE_SLACK_MS:
-                med_r, hi_r, stalled = med_both, hi_both, False
+            if hi_both <= LEVEL_FACTOR * med_both + RESCALE_SLACK_MS:  # pooling clears it
+                med_r, hi_r = med_both, hi_both
+        level = LEVEL_FACTOR * med_r + RESCALE_SLACK_MS
         # per call: the share of the window not covered by the reported time beyond the loop's
         # own cost (the reference's, at its upper bound, plus the slack); a slowed clock makes
         # it 1 - 1/s on every call, whatever the call's length under load
@@ -210,11 +210,10 @@ def timer_check(
             return TimerCheck("rejected", why)
         if med_c > RESCALE_FRACTION:
             undecided.append(why)
-        elif stalled:
+        elif hi_r > level:
             # A few stalled reference calls (preempted between a stamp and a clock read) lift
             # ``U`` when the reference has few calls; against twice its median (plus the slack)
             # in its place, the same rule is only enough to measure again.
-            level = LEVEL_FACTOR * med_r + RESCALE_SLACK_MS
             lo_q = median_bounds((e_c - level - RESCALE_SLACK_MS) / np.maximum(w_c, 1e-9))[0]
             if lo_q > RESCALE_FRACTION:
                 undecided.append(f"{why} (the reference's few calls stalled)")

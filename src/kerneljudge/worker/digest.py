@@ -198,6 +198,12 @@ def _leaf(lane: int, word: int) -> int:
     return ((word >> 16) * a + (word & 0xFFFF) + b) % P
 
 
+def _up(lane: int, nodes: list[int], pad: int) -> list[int]:
+    """The level above ``nodes`` (the first nodes of a level, in order; the rest are ``pad``)."""
+    nodes = nodes + [pad] * (len(nodes) % 2)
+    return [_node(lane, nodes[i], nodes[i + 1]) for i in range(0, len(nodes), 2)]
+
+
 @functools.cache
 def _pad_roots(lane: int, height: int) -> list[int]:
     """The root of an all-padding subtree of ``2**h`` leaves, for ``h`` from 0 to ``height``."""
@@ -242,12 +248,10 @@ def _fused_digest(raw: torch.Tensor) -> tuple[int, int]:
         level = _kernel("leaf", lane)(*columns) if main else words[:0]
         last: list[int] = []
         if tail:
-            leaves = [_leaf(lane, int.from_bytes(tail[i : i + 4], "little"))
-                      for i in range(0, len(tail), 4)]  # fmt: skip
-            leaves += [pads[0]] * (8 - len(leaves))
-            while len(leaves) > 1:
-                leaves = [_node(lane, leaves[i], leaves[i + 1]) for i in range(0, len(leaves), 2)]
-            last = leaves
+            last = [_leaf(lane, int.from_bytes(tail[i : i + 4], "little"))
+                    for i in range(0, len(tail), 4)]  # fmt: skip
+            for k in range(3):
+                last = _up(lane, last, pads[k])
         h = 3  # the height of the nodes in ``level`` and ``last``
         while height - h >= 3 and level.numel() + len(last) > 8:
             if last:
@@ -261,10 +265,8 @@ def _fused_digest(raw: torch.Tensor) -> tuple[int, int]:
             level = _kernel("node", lane)(*level.view(-1, 8).unbind(1))
             h += 3
         nodes = [int(v) for v in level.tolist()] + last
-        while h < height:
-            nodes += [pads[h]] * (len(nodes) % 2)
-            nodes = [_node(lane, nodes[i], nodes[i + 1]) for i in range(0, len(nodes), 2)]
-            h += 1
+        for k in range(h, height):
+            nodes = _up(lane, nodes, pads[k])
         root = nodes[0] if nodes else pads[height]
         lanes.append(_node(lane, root, nbytes % P))
     return lanes[0], lanes[1]

@@ -325,9 +325,9 @@ def import_tensors(
             out.append(t)
         stream.synchronize()
         return out
+    except HandoffError:
+        raise
     except RuntimeError as exc:  # no host memory for a copy, a CUDA error while copying
-        if isinstance(exc, HandoffError):
-            raise
         raise HandoffError(f"its device memory could not be copied: {exc}") from None
     finally:
         try:
