@@ -10,7 +10,8 @@ is judged twice, one right after the other on the same GPU, each in a fresh proc
   work KernelBench's harness does (it times no ``torch.compile`` and no graph replays); the
   seconds count from the judge's construction (its workers start)
   to the verdict; with ``--again``, a second candidate's verdict in the same judge is timed
-  too (its workers and the reference's prepared trials reused);
+  too (its workers and the reference's prepared trials reused: what each verdict after the
+  first costs an RL loop or an agent's episode), with its own ratio to KernelBench's seconds;
 * KernelBench: ``eval_kernel_against_ref(reference, candidate, num_correct_trials=5,
   num_perf_trials=100, measure_performance=True)`` (its CUDA-event timing of the candidate,
   then of the reference for its excessive-speedup check); the seconds count that call.
@@ -112,10 +113,13 @@ def _run_kerneljudge(problem: Path, requests: bool, again: bool) -> dict[str, An
                 cand2.write_text(cand.read_text() + "\n# again\n")
                 t1 = time.perf_counter()
                 second = judge.evaluate(cand2)
+                again_eager = second.timing.speedup("eager") if second.timing else None
                 warm = {
                     "seconds": time.perf_counter() - t1,
                     "status": second.status.value,
                     "stage_s": second.stage_s,
+                    "speedup": again_eager.median if again_eager else None,
+                    "ci95": list(again_eager.ci95) if again_eager else None,
                 }
     eager = verdict.timing.speedup("eager") if verdict.timing else None
     return {
@@ -255,6 +259,8 @@ def main() -> None:
         if kb.get("seconds") and kj.get("seconds"):
             ratio = kj["seconds"] / kb["seconds"]
         row["ratio"] = ratio
+        warm_s = (kj.get("again") or {}).get("seconds")
+        row["ratio_again"] = _ratio(warm_s, kb.get("seconds"))
         rows.append(row)
         print(
             f"{name:58s} kb {_fmt(kb.get('seconds'), '.1f'):>6s} s {kb.get('status', '-'):12s}"
@@ -269,7 +275,11 @@ def main() -> None:
         if kj.get("again"):
             again = kj["again"]
             stages = " ".join(f"{k} {v:.1f}" for k, v in (again.get("stage_s") or {}).items())
-            line = f"    kj again: {again['seconds']:.1f} s {again['status']} ({stages})"
+            line = (
+                f"    kj again: {again['seconds']:.1f} s {again['status']}"
+                f" x{_fmt(again.get('speedup'), '.3f')} {again.get('ci95') or ''}"
+                f" ({stages}) | ratio {_fmt(row['ratio_again'])}"
+            )
             print(line, flush=True)
         if kj.get("requests"):
             reqs = " ".join(f"{op} {t}s/{n}" for op, (t, n) in kj["requests"].items())
@@ -290,12 +300,13 @@ def main() -> None:
                 print(f"    {side}: {row[side].get('reason', '')}", flush=True)
         if args.json:
             args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    ratios = [r["ratio"] for r in rows if r["ratio"] is not None]
-    if ratios:
-        print(
-            f"median ratio {statistics.median(ratios):.2f}, max {max(ratios):.2f}"
-            f" over {len(ratios)} problems"
-        )
+    for key, what in (("ratio", "first verdict"), ("ratio_again", "second verdict")):
+        ratios = [r[key] for r in rows if r.get(key) is not None]
+        if ratios:
+            print(
+                f"{what}: median ratio {statistics.median(ratios):.2f},"
+                f" max {max(ratios):.2f} over {len(ratios)} problems"
+            )
 
 
 if __name__ == "__main__":

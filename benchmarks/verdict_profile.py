@@ -4,11 +4,11 @@ supervisor's own hottest functions.
 The problem and candidate are :mod:`supervisor_memory`'s (``tanh(x) * 0.5`` on ``--mib`` MiB of
 float32, input and output of that size; the candidate the same code as ``ModelNew``), judged
 on its ``public`` shape set. One judge judges it ``--verdicts``
-times (the first is cold: workers start, the reference is prepared); for the last verdict this
-prints the stage seconds (``Verdict.stage_s``), the seconds the supervisor waited on each kind of
-request to each worker (role, request: total seconds and count; a request's time includes
-sending its tensors and receiving the reply), and the supervisor's functions by their own time
-(``cProfile``; the workers' time shows as waiting in ``select``).
+times (the first is cold: workers start, the reference is prepared); it prints each verdict's
+stage seconds (``Verdict.stage_s``) and, for the last verdict, the seconds the supervisor
+waited on each kind of request to each worker (role, request: total seconds and count; a
+request's time includes sending its tensors and receiving the reply), and the supervisor's
+functions by their own time (``cProfile``; the workers' time shows as waiting in ``select``).
 
 Run:  PYTHONPATH=src python3 benchmarks/verdict_profile.py [--mib 64] [--device cpu] [--workers]
       [--verdicts 2] [--top 15] [--no-graph]
@@ -75,7 +75,7 @@ def main() -> None:
                 profile.disable()
                 seconds = time.perf_counter() - t0
                 print(f"verdict {i + 1}: {verdict.status.value} in {seconds:.1f} s", flush=True)
-    print("stages (s):", " ".join(f"{k} {v:.2f}" for k, v in verdict.stage_s.items()))
+                print("  stages (s):", " ".join(f"{k} {v:.2f}" for k, v in verdict.stage_s.items()))
     if verdict.timing is not None:
         t = verdict.timing
         counts = " ".join(f"{m.name} {m.samples}" for m in t.measurements)

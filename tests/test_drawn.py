@@ -261,3 +261,28 @@ def test_inputs_drawn_on_the_device_are_held_as_their_seed_when_a_redraw_matches
     holder.hold("1", drawn, 5, True)
     assert not isinstance(holder.held["1"], Redraw)
     assert torch.equal(holder.held_inputs_of("1")[0], drawn[0])
+
+
+def test_weights_drawn_for_a_device_that_refuses_them_are_the_cpu_draw(tmp_path: Path) -> None:
+    """A construction that raises on the worker's CUDA device (here: no CUDA device at all, or
+    code that needs host tensors) is done again on the CPU, the same weights as a CPU draw."""
+    from kerneljudge.problem import Problem
+    from kerneljudge.worker.drawn import draw_model
+
+    path = _problem(tmp_path, "p")
+    problem = Problem.load(path, probe=False)
+    if torch.cuda.is_available():  # a constructor that needs host tensors raises there
+        problem.module.Model.__init__ = _needs_host(problem.module.Model.__init__)
+    model, reply = draw_model(problem, 5, [16], "cuda")
+    cpu_model, cpu_reply = draw_model(problem, 5, [16], "cpu")
+    assert not model.fc.weight.is_cuda
+    assert reply == cpu_reply
+    assert torch.equal(model.fc.weight, cpu_model.fc.weight)
+
+
+def _needs_host(init):  # type: ignore[no-untyped-def]
+    def wrapped(self, n):  # type: ignore[no-untyped-def]
+        init(self, n)
+        torch.empty(1).numpy()
+
+    return wrapped

@@ -106,3 +106,68 @@ def test_deferred_trials_and_audits_redraw_inputs_drawn_on_the_gpu(
     assert verdict.status is Status.CORRECT, verdict.reason
     assert verdict.timing is not None and verdict.timing.rounds >= 1
     assert deferred[0] == [False] + [True] * (config.trials - 1)
+
+
+WEIGHTED = """
+import torch
+import torch.nn as nn
+
+SHAPE_SETS = {"public": {}}
+
+
+class Model(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.fc = nn.Linear(n, n)
+        self.register_buffer("scale", torch.rand(n))
+        {host_code}
+
+    def forward(self, x):
+        return torch.relu(self.fc(x)) * self.scale
+
+
+def get_inputs():
+    return [torch.randn(64, 256)]
+
+
+def get_init_inputs():
+    return [256]
+"""
+
+
+@pytest.mark.parametrize(
+    ("host_code", "on_gpu"),
+    [("pass", True), ("torch.empty(1).numpy()  # needs a host tensor", False)],
+)
+def test_weights_are_drawn_on_the_gpu_alike_in_both_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, host_code: str, on_gpu: bool
+) -> None:
+    """The weights are drawn by the device's generator (the same seed: the same weights), a
+    constructor that needs host tensors is drawn on the CPU, and in both cases the candidate's
+    worker draws what the reference's did: no state dict is sent."""
+    from kerneljudge.worker.drawn import draw_model
+
+    path = tmp_path / "p.py"
+    path.write_text(WEIGHTED.replace("{host_code}", host_code))
+    problem = Problem.load(path, probe=False)
+    one, first = draw_model(problem, 3, [256], "cuda")
+    other, second = draw_model(problem, 3, [256], "cuda")
+    assert one.fc.weight.is_cuda is on_gpu and one.scale.is_cuda is on_gpu
+    assert first == second and torch.equal(one.fc.weight.cpu(), other.fc.weight.cpu())
+    assert first != draw_model(problem, 4, [256], "cuda")[1]
+
+    sent = []
+    state = ReferenceSession.state_dict
+
+    def counted(self: ReferenceSession, *a, **kw):  # type: ignore[no-untyped-def]
+        sent.append(1)
+        return state(self, *a, **kw)
+
+    monkeypatch.setattr(ReferenceSession, "state_dict", counted)
+    cand = tmp_path / "c.py"
+    cand.write_text(path.read_text().replace("class Model(", "class ModelNew("))
+    config = JudgeConfig(device="cuda", cache_dir=tmp_path / "cache", timing=False)
+    with Judge(path, config) as judge:
+        verdict = judge.evaluate(cand)
+    assert verdict.status is Status.CORRECT, verdict.reason
+    assert sent == []

@@ -51,7 +51,15 @@ def test_the_digest_of_a_large_output_is_fast_on_the_gpu() -> None:
 
 
 @pytest.mark.parametrize(
-    "nbytes", [32 << 20, (32 << 20) + 4, (32 << 20) + 3, (40 << 20) + 40, 8 * 8**7 * 4 + 36]
+    "nbytes",
+    [
+        32 << 20,
+        (32 << 20) + 4,
+        (32 << 20) + 3,
+        (40 << 20) + 40,
+        8 * 8**7 * 4 + 36,
+        (5 << 29) + 44,  # 2.5 GiB: past 2^31 bytes, where torch splits a kernel's 32-bit indices
+    ],
 )
 def test_the_fused_digest_on_the_gpu_is_the_tree_digest(nbytes: int) -> None:
     """The kernels compiled at run time give the lanes of the tree made with torch's ops, from

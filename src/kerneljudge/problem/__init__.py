@@ -334,13 +334,24 @@ class Problem:
     def make_model(
         self, seed: int, init_inputs: list[Any] | None = None, device: str = "cpu"
     ) -> torch.nn.Module:
-        """The reference ``Model``, parameters drawn from ``seed``, in ``eval()`` mode, on CPU
-        (``device="meta"``: constructed with the ``meta`` device as torch's default, its
-        parameters shapes without data)."""
+        """The reference ``Model``, parameters drawn from ``seed``, in ``eval()`` mode.
+
+        ``device="cpu"``: constructed on the CPU, drawn with torch's CPU generator. A CUDA
+        ``device``: constructed with it as torch's default device, so that its parameters are
+        drawn there by that device's generator seeded by ``seed`` (a GiB of weights takes
+        seconds with the CPU generator, which draws on one thread, and milliseconds there); the
+        same seed gives the same weights on the same kind of device, not the values of the CPU
+        draw. ``device="meta"``: its parameters are shapes without data.
+
+        Raises:
+            whatever the constructor raises (on a CUDA device: code that needs host tensors,
+            such as an explicit CPU generator or ``.numpy()``, may raise there only).
+        """
         if init_inputs is None:
             init_inputs = self.make_init_inputs(seed)
-        where = torch.device(device) if device != "cpu" else contextlib.nullcontext()
-        with torch.random.fork_rng(devices=[]), where:
+        dev = torch.device(device)
+        where = dev if dev.type != "cpu" else contextlib.nullcontext()
+        with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []), where:
             torch.manual_seed(seed)
             model = self.module.Model(*init_inputs)
         return model.eval()

@@ -4,8 +4,9 @@ workers drew the same.
 The supervisor sends seeds, not tensors: the reference worker and the candidate's worker each
 draw a trial's inputs (:meth:`kerneljudge.problem.Problem.make_inputs`: on a GPU worker's device
 when the supervisor asks for it, with the CPU generator where that draw fails) and the model's
-weights (:meth:`kerneljudge.problem.Problem.make_model`, with torch's CPU generator), so that no
-tensor of them crosses the channels. The reference worker replies with the :func:`fingerprint`
+weights (:meth:`kerneljudge.problem.Problem.make_model`: on a GPU worker's device by its
+generator, with the CPU generator where that construction fails), so that no tensor of them
+crosses the channels. The reference worker replies with the :func:`fingerprint`
 of what it drew; the candidate's worker compares its own draw's with it before it uses it, and
 answers ``{"drawn": False}`` when they differ or its draw failed (a problem that draws with a
 generator other than torch's, say), and the supervisor then sends the reference's tensors.
@@ -34,6 +35,7 @@ __all__ = [
     "INPUTS_FAILED",
     "SAMPLE_ELEMENTS",
     "WEIGHTS_FAILED",
+    "construct",
     "draw_inputs",
     "draw_model",
     "fingerprint",
@@ -168,24 +170,56 @@ def load_problem(path: str, shape_set: str) -> Any:
     return problem
 
 
-def draw_model(problem: Any, seed: int, init_inputs: list[Any]) -> tuple[torch.nn.Module, dict]:
+def draw_model(
+    problem: Any, seed: int, init_inputs: list[Any], device: torch.device | str = "cpu"
+) -> tuple[torch.nn.Module, dict]:
     """The problem's ``Model(*init_inputs)`` with its parameters drawn from ``seed``
-    (:meth:`kerneljudge.problem.Problem.make_model`, on the CPU) and the reply fields that
-    describe its weights: ``weights`` (the :func:`fingerprint` of its state dict's items) and
-    ``weight_bytes`` (their bytes).
+    (:meth:`kerneljudge.problem.Problem.make_model`: on ``device`` where it is a CUDA device,
+    by its generator; on the CPU where it is the CPU or where that construction raised) and the
+    reply fields that describe its weights: ``weights`` (the :func:`fingerprint` of its state
+    dict's items) and ``weight_bytes`` (their bytes). Both workers run the same code on the
+    same kind of device, so they fall back alike and draw alike.
 
     Raises:
-        RuntimeError: the constructor raised; the message is :data:`WEIGHTS_FAILED`, the
-            exception's type and the first line of its message.
+        RuntimeError: the constructor raised on the CPU; the message is
+            :data:`WEIGHTS_FAILED`, the exception's type and the first line of its message.
     """
+    model = None
+    if torch.device(device).type == "cuda":
+        try:
+            model = problem.make_model(seed, init_inputs, device=str(device))
+        except Exception:  # noqa: BLE001 - code that needs host tensors: drawn on the CPU
+            model = None
     try:
-        model = problem.make_model(seed, init_inputs)
+        if model is None:
+            model = problem.make_model(seed, init_inputs)
     except Exception as exc:  # noqa: BLE001 - the problem's code: its failure, in one line
         detail = next((ln for ln in str(exc).splitlines() if ln.strip()), "")
         raise RuntimeError(f"{WEIGHTS_FAILED}: {type(exc).__name__}: {detail}") from None
     state = model.state_dict()
     weight_bytes = nbytes(list(state.values()))
     return model, {"weights": fingerprint(list(state.items())), "weight_bytes": weight_bytes}
+
+
+def construct(model_cls: type, init_inputs: list[Any], device: torch.device) -> Any:
+    """``model_cls(*init_inputs)`` (a candidate's ``ModelNew``, whose parameters the reference's
+    replace at once); on a GPU with the device as torch's default first, so that the
+    parameters it draws are drawn there (a GiB of them takes seconds on the CPU's one-thread
+    generator), and where that raises (code that needs host tensors), again on the CPU, whose
+    exception is the one raised.
+
+    Raises:
+        whatever the constructor raises on the CPU; :class:`Fault` at once, from either.
+    """
+    if device.type == "cuda":
+        try:
+            with device:
+                return model_cls(*init_inputs)
+        except Fault:
+            raise
+        except Exception:  # noqa: BLE001 - constructed again on the CPU below
+            pass
+    return model_cls(*init_inputs)
 
 
 def seeded_weights(worker: Any, msg: dict[str, Any], init_inputs: list[Any]) -> tuple[Any, Any]:
@@ -210,12 +244,12 @@ def seeded_weights(worker: Any, msg: dict[str, Any], init_inputs: list[Any]) -> 
     if worker.role == "reference":
         if worker.problem is None:
             raise RuntimeError("no problem loaded to draw the weights from")
-        model, reply = draw_model(worker.problem, seed, init_inputs)
+        model, reply = draw_model(worker.problem, seed, init_inputs, worker.device)
         return (model, None), reply
     try:
         with worker._confined():  # the candidate's patches of torch run here too
             worker.problem = load_problem(str(msg["problem"]), str(msg.get("shape_set", "public")))
-            model, reply = draw_model(worker.problem, seed, init_inputs)
+            model, reply = draw_model(worker.problem, seed, init_inputs, worker.device)
     except Fault:
         raise
     except Exception:  # noqa: BLE001 - any failure here: the reference's weights are sent

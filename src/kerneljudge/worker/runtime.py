@@ -37,7 +37,7 @@ from kerneljudge.worker.calls import (
     profile_rows,
     trial_fields,
 )
-from kerneljudge.worker.drawn import inputs_from_seed, seeded_weights
+from kerneljudge.worker.drawn import construct, inputs_from_seed, seeded_weights
 from kerneljudge.worker.forward import (
     Fault,
     OpRecorder,
@@ -187,7 +187,7 @@ class Worker(KeptTrials, CapturedCalls):
         try:
             with self._confined():  # the constructor is candidate code too
                 if model is None:
-                    model = self.model_cls(*init_inputs)
+                    model = construct(self.model_cls, init_inputs, self.device)
                     reply["note"] = align_state_dict(model, state)
                 self.model = model.to(self.device).eval()
         except Fault:
