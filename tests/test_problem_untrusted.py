@@ -193,3 +193,51 @@ def test_an_early_reference_worker_outlives_a_session_that_fails_to_start(
     assert judge.reference.early["cpu"] is early and early.alive()
     judge.close()
     assert not early.alive()
+
+
+WEIGHTED = """
+import torch
+import torch.nn as nn
+
+SHAPE_SETS = {"public": {"n": 8}, "wide": {"n": 32}}
+n = 8
+
+
+class Model(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.fc = nn.Linear(n, 2 * n)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+def get_inputs():
+    return [torch.randn(4, n)]
+
+
+def get_init_inputs():
+    return [n]
+"""
+
+
+@pytest.mark.parametrize("gpu_judge", [False, True])
+def test_the_probe_reports_the_weights_bytes_of_each_shape_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gpu_judge: bool
+) -> None:
+    """The probe's construction (on the CPU, or on ``meta`` for a GPU judge) gives the bytes of
+    the state dict per shape set, so that the judge need not construct ``Model`` again for
+    them; a file changed since its probe has none."""
+    import kerneljudge.problem.probe
+    from kerneljudge.problem import probed_weight_bytes
+
+    monkeypatch.setattr(kerneljudge.problem.probe, "_cuda_visible", lambda: gpu_judge)
+    path = tmp_path / "weighted.py"
+    path.write_text(WEIGHTED)
+    problem = Problem.load(path, gpu_judge=gpu_judge)
+    assert probed_weight_bytes(problem, "public") == (8 * 16 + 16) * 4
+    assert probed_weight_bytes(problem, "wide") == (32 * 64 + 64) * 4
+    assert probed_weight_bytes(problem.fresh(), "wide") == (32 * 64 + 64) * 4
+    assert probed_weight_bytes(problem, "absent") is None
+    path.write_text(WEIGHTED + "\n# changed\n")
+    assert probed_weight_bytes(Problem.load(path, probe=False), "public") is None

@@ -22,7 +22,7 @@ import torch
 from kerneljudge.check.beside import OutputsLost
 from kerneljudge.check.limits import meta_weight_bytes, tensor_bytes
 from kerneljudge.errors import ProblemError, WorkerError
-from kerneljudge.problem import Problem
+from kerneljudge.problem import Problem, probed_weight_bytes
 from kerneljudge.verdict import Mismatch, TrialResult
 from kerneljudge.worker import CandidateFault, WorkerDied, WorkerProcess, WorkerTimeout
 from kerneljudge.worker.drawn import INPUTS_FAILED, WEIGHTS_FAILED
@@ -146,7 +146,8 @@ class ReferenceSession:
             ) from None
         #: The fingerprint of the weights the reference worker drew (None before its setup).
         self.weights: str | None = None
-        self._weight_bytes = meta_weight_bytes(self.problem, self.init_inputs)
+        probed = probed_weight_bytes(self.problem, shape_set)  # None: a bundled problem
+        self._weight_bytes = probed or meta_weight_bytes(self.problem, self.init_inputs)
         self._device, self._threads = device, threads
         self.worker = worker or WorkerProcess("reference", device, threads=threads)
         self._ready = False
@@ -189,7 +190,9 @@ class ReferenceSession:
     @property
     def weight_bytes(self) -> int:
         """Bytes of the model's state dict: as the reference worker drew it once set up; before,
-        as constructed on the ``meta`` device (0 where that fails)."""
+        as the problem's probe constructed it in this process
+        (:func:`kerneljudge.problem.probed_weight_bytes`), else as constructed here on the
+        ``meta`` device (0 where that fails)."""
         return self._weight_bytes
 
     def _set_up(self, timeout_s: float) -> None:

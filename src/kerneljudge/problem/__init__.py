@@ -48,6 +48,7 @@ __all__ = [
     "bundled_problem_names",
     "bundled_problems_dir",
     "is_bundled",
+    "probed_weight_bytes",
     "resolve_problem",
 ]
 
@@ -122,9 +123,20 @@ def is_bundled(path: Path) -> bool:
     return path.resolve().parent == bundled_problems_dir()
 
 
-#: Problem files probed by this process.
-#: path -> (SHA-256 of the probed text, whether that probe drew on the ``meta`` device only).
-_PROBED: dict[Path, tuple[str, bool]] = {}
+#: Problem files probed by this process. path -> (SHA-256 of the probed text, whether that
+#: probe drew on the ``meta`` device only, the bytes of ``Model``'s state dict per shape set).
+_PROBED: dict[Path, tuple[str, bool, dict[str, int]]] = {}
+
+
+def probed_weight_bytes(problem: Problem, shape_set: str) -> int | None:
+    """Bytes of the state dict of ``problem``'s ``Model`` at ``shape_set`` as this process's
+    probe of its file constructed it (on the ``meta`` device or the CPU, the constructor's
+    arguments drawn from seed 0); None when no probe of this text ran here or it did not
+    construct that shape set."""
+    done = _PROBED.get(problem.path)
+    if done is None or done[0] != hashlib.sha256(problem.source.encode("utf-8")).hexdigest():
+        return None
+    return done[2].get(shape_set)
 
 
 @dataclass
@@ -192,7 +204,7 @@ class Problem:
         if (probe if probe is not None else not is_bundled(path)) and not probed:
             from kerneljudge.problem.probe import PROBE_TIMEOUT_S, probe_problem
 
-            ran, meta_only = probe_problem(
+            ran, meta_only, weight_bytes = probe_problem(
                 path,
                 PROBE_TIMEOUT_S if probe_timeout_s is None else probe_timeout_s,
                 probe_memory_bytes,
@@ -200,7 +212,7 @@ class Problem:
             )
             if ran != digest:
                 raise ProblemError(f"{path}: the file changed while it was being loaded")
-            _PROBED[path] = (digest, meta_only)
+            _PROBED[path] = (digest, meta_only, weight_bytes)
         return cls._from_source(path, source)
 
     @classmethod

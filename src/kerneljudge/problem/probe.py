@@ -68,7 +68,7 @@ def probe_problem(
     timeout_s: float = PROBE_TIMEOUT_S,
     memory_bytes: int | None = None,
     gpu_judge: bool = False,
-) -> tuple[str, bool]:
+) -> tuple[str, bool, dict[str, int]]:
     """Run the problem at ``path`` in a probe child (see the module docstring).
 
     Args:
@@ -79,7 +79,8 @@ def probe_problem(
             CUDA is visible (else, and for every other use, as its process will: on the CPU).
 
     Returns:
-        ``(the SHA-256 of the source the child ran, whether it drew on the meta device)``.
+        ``(the SHA-256 of the source the child ran, whether it drew on the meta device, the
+        bytes of the state dict of ``Model`` as the child constructed it per shape set)``.
 
     Raises:
         ProblemError: one line naming ``path`` and the step that failed: an exception, an exit,
@@ -125,7 +126,13 @@ def probe_problem(
         raise ProblemError(error if error.startswith(str(path)) else f"{path}: {error}")
     if code != 0 or not report.get("ok"):
         raise ProblemError(f"{path}: the problem {_ending(code)} while {stage}")
-    return str(report.get("sha256", "")), cuda
+    weights = report.get("weight_bytes")
+    weight_bytes = {
+        str(k): int(v)
+        for k, v in (weights.items() if isinstance(weights, dict) else ())
+        if isinstance(v, int) and v >= 0
+    }
+    return str(report.get("sha256", "")), cuda, weight_bytes
 
 
 def _cuda_visible() -> bool:
@@ -218,6 +225,7 @@ def _run(problem_path: str, report: _Report, cuda: bool) -> dict[str, Any]:
     from kerneljudge.problem import Problem
 
     text = Path(problem_path).read_bytes()
+    weight_bytes: dict[str, int] = {}
     report.step("importing the problem")
     problem = Problem.load(problem_path, probe=False)
     report.step("reading its metadata (DTYPE, TOLERANCE, POLICY, SHAPE_SETS)")
@@ -229,6 +237,11 @@ def _run(problem_path: str, report: _Report, cuda: bool) -> dict[str, Any]:
         init_inputs = problem.make_init_inputs(0)
         report.step(f"constructing Model{where}")
         model = _on_meta(functools.partial(problem.make_model, 0, init_inputs), cuda)
+        weight_bytes[name] = sum(
+            t.numel() * t.element_size()
+            for t in model.state_dict().values()
+            if isinstance(t, torch.Tensor)
+        )
         report.step(f"calling get_inputs{where}")
         inputs = _on_meta(lambda dev: problem.make_inputs(0, dev, on_device=True), cuda)
         if cuda:  # the first call: the reference worker's, on the judging device
@@ -244,7 +257,12 @@ def _run(problem_path: str, report: _Report, cuda: bool) -> dict[str, Any]:
             )
     report.step("done")
     forward = "left to the reference worker" if cuda else "cpu"
-    return {"ok": True, "sha256": hashlib.sha256(text).hexdigest(), "forward": forward}
+    return {
+        "ok": True,
+        "sha256": hashlib.sha256(text).hexdigest(),
+        "forward": forward,
+        "weight_bytes": weight_bytes,
+    }
 
 
 def main(argv: list[str]) -> int:
