@@ -286,3 +286,85 @@ def _needs_host(init):  # type: ignore[no-untyped-def]
         torch.empty(1).numpy()
 
     return wrapped
+
+
+class _Plain(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+        self.register_buffer("scale", torch.ones(4))
+
+
+class _Table(_Plain):
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = [torch.arange(3)]  # neither a parameter nor a buffer
+
+
+def test_host_tensor_attributes_sees_tensors_outside_parameters_and_buffers() -> None:
+    from kerneljudge.worker.drawn import host_tensor_attributes
+
+    assert not host_tensor_attributes(_Plain())
+    assert host_tensor_attributes(_Table())
+    nested = torch.nn.Sequential(_Plain(), _Plain())
+    assert not host_tensor_attributes(nested)
+    nested[1].lookup = {"a": torch.zeros(1)}
+    assert host_tensor_attributes(nested)
+
+
+def test_construct_tries_the_device_then_the_cpu_and_a_fault_goes_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``construct`` on a CUDA device: where the device attempt raises (here no CUDA device, or
+    one without room) the class is constructed on the CPU and the CPU's exception is the one
+    raised; a sandbox fault is raised from the first attempt, with no second one."""
+    from kerneljudge.worker.drawn import construct
+    from kerneljudge.worker.forward import Fault
+
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1 << 40, 1 << 40))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    calls: list[str] = []
+
+    class Made(_Plain):
+        def __init__(self) -> None:
+            calls.append(str(torch.get_default_device()))
+            super().__init__()
+            if torch.get_default_device().type == "cuda":
+                torch.empty(1).numpy()  # needs a host tensor
+
+    model = construct(Made, [], cuda, weight_bytes=4)
+    assert isinstance(model, Made) and not model.fc.weight.is_cuda
+    assert calls[-1] == "cpu" and len(calls) <= 2  # where CUDA is absent: the CPU at once
+
+    class Refused(_Plain):
+        def __init__(self) -> None:
+            calls.append("refused")
+            raise Fault("the sandbox refused")
+
+    calls.clear()
+    with pytest.raises(Fault):
+        construct(Refused, [], cuda)
+    assert calls == ["refused"]
+
+    class Broken(_Plain):
+        def __init__(self) -> None:
+            super().__init__()
+            raise ValueError(f"broken on {torch.get_default_device().type}")
+
+    with pytest.raises(ValueError, match="broken on cpu"):
+        construct(Broken, [], cuda)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (8, 1 << 40))
+    calls.clear()
+    construct(Made, [], cuda, weight_bytes=8)  # no room for twice the weights: the CPU only
+    assert calls == ["cpu"]
+
+
+def test_a_candidate_model_gets_the_weights_and_the_state_is_given_up() -> None:
+    from kerneljudge.worker.drawn import candidate_model
+
+    reference = _Plain()
+    state = dict(reference.state_dict())
+    model, note = candidate_model(_Plain, [], torch.device("cpu"), state)
+    assert note == "" and state == {}
+    assert torch.equal(model.fc.weight, reference.fc.weight)

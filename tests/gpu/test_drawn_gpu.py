@@ -171,3 +171,31 @@ def test_weights_are_drawn_on_the_gpu_alike_in_both_workers(
         verdict = judge.evaluate(cand)
     assert verdict.status is Status.CORRECT, verdict.reason
     assert sent == []
+
+
+class _Tabled(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+        self.table = torch.arange(3)  # neither a parameter nor a buffer: stays on the host
+
+
+def test_construct_on_the_gpu_unless_the_model_keeps_host_tensors() -> None:
+    from kerneljudge.worker.drawn import construct
+
+    cuda = torch.device("cuda", torch.cuda.current_device())
+    assert construct(torch.nn.Linear, [4, 4], cuda, weight_bytes=80).weight.is_cuda
+    tabled = construct(_Tabled, [], cuda)
+    assert not tabled.fc.weight.is_cuda and not tabled.table.is_cuda
+
+
+def test_a_draw_gives_back_the_cuda_generator_as_it_found_it(tmp_path: Path) -> None:
+    from kerneljudge.worker.drawn import draw_model
+
+    path = tmp_path / "p.py"
+    path.write_text(WEIGHTED.replace("{host_code}", "torch.empty(1).numpy()"))
+    problem = Problem.load(path, probe=False)
+    torch.cuda.manual_seed(11)
+    before = torch.cuda.get_rng_state()
+    draw_model(problem, 3, [256], "cuda")  # drawn on the CPU after the device's attempt
+    assert torch.equal(before, torch.cuda.get_rng_state())

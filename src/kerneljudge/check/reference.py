@@ -280,7 +280,7 @@ class ReferenceSession:
             nbytes = tensor_bytes(box)
             # The inputs go out in the request alone: nothing here holds them while it runs.
             drawn = {"inputs": box.pop()}
-        nbytes += 0 if self._ready else self.weight_bytes  # drawn in the worker: CPU time
+        nbytes += 0 if self._ready else self.weight_bytes  # drawn in the worker, a GiB in seconds
         limit = timeout_s + per_gib_s * nbytes / float(1 << 30)
         self._set_up(limit)  # outside the timed run: loading the problem is not its call
         fields = {"expect": str(key), "hold_inputs": True, "oracle": oracle}

@@ -24,8 +24,9 @@ Shape parameters are module-level globals (``batch_size = 16``) that ``get_input
 
 Inputs are drawn from a seed: :meth:`Problem.make_inputs` seeds torch's CPU generator, calls
 ``get_inputs()`` and moves the result to the requested device, so the same seed gives the same
-inputs on every machine; a judge's workers on a GPU draw there instead (the same seed, the same
-inputs on every GPU).
+inputs on every machine; a judge's workers on a GPU draw inputs and weights there instead (the
+same seed, the same values on the same kind of GPU: torch's random kernels size their launches
+by the device).
 """
 
 from __future__ import annotations
@@ -362,8 +363,10 @@ class Problem:
         if init_inputs is None:
             init_inputs = self.make_init_inputs(seed)
         dev = torch.device(device)
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
         where = dev if dev.type != "cpu" else contextlib.nullcontext()
-        with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []), where:
+        with torch.random.fork_rng(devices=_seeded_devices(dev)), where:
             torch.manual_seed(seed)
             model = self.module.Model(*init_inputs)
         return model.eval()
@@ -389,6 +392,16 @@ class Problem:
             if isinstance(t, torch.Tensor):
                 total += t.numel() * t.element_size()
         return float(total)
+
+
+def _seeded_devices(dev: torch.device) -> list[torch.device]:
+    """The CUDA devices whose generators a draw for ``dev`` must give back as it found them:
+    ``torch.manual_seed`` reseeds the current one (every one, once CUDA is initialised)."""
+    if dev.type == "cuda":
+        return [dev]
+    if torch.cuda.is_initialized():
+        return [torch.device("cuda", torch.cuda.current_device())]
+    return []
 
 
 def _flatten(outputs: Any) -> list[Any]:

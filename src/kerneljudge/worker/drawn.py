@@ -28,14 +28,16 @@ from typing import Any
 
 import torch
 
-from kerneljudge.worker.calls import nbytes
+from kerneljudge.worker.calls import align_state_dict, nbytes
 from kerneljudge.worker.forward import Fault
 
 __all__ = [
     "INPUTS_FAILED",
     "SAMPLE_ELEMENTS",
     "WEIGHTS_FAILED",
+    "candidate_model",
     "construct",
+    "host_tensor_attributes",
     "draw_inputs",
     "draw_model",
     "fingerprint",
@@ -174,25 +176,43 @@ def draw_model(
     problem: Any, seed: int, init_inputs: list[Any], device: torch.device | str = "cpu"
 ) -> tuple[torch.nn.Module, dict]:
     """The problem's ``Model(*init_inputs)`` with its parameters drawn from ``seed``
-    (:meth:`kerneljudge.problem.Problem.make_model`: on ``device`` where it is a CUDA device,
-    by its generator; on the CPU where it is the CPU or where that construction raised) and the
-    reply fields that describe its weights: ``weights`` (the :func:`fingerprint` of its state
-    dict's items) and ``weight_bytes`` (their bytes). Both workers run the same code on the
-    same kind of device, so they fall back alike and draw alike.
+    (:meth:`kerneljudge.problem.Problem.make_model`) and the reply fields that describe its
+    weights: ``weights`` (the :func:`fingerprint` of its state dict's items) and
+    ``weight_bytes`` (their bytes).
+
+    Where ``device`` is a CUDA device the model is constructed there (its generator draws the
+    weights); it is constructed again on the CPU, as it would have been moved to the device
+    from there, where that construction raised (code that needs host tensors; out of memory)
+    or left tensors that are neither parameters nor buffers (:func:`host_tensor_attributes`:
+    moving a model to a device leaves those on the host). Both workers run the same code
+    on the same kind of device, so they draw alike unless memory ran out in one of them; the
+    fingerprint shows a difference, and the reference's state dict is then sent.
 
     Raises:
-        RuntimeError: the constructor raised on the CPU; the message is
-            :data:`WEIGHTS_FAILED`, the exception's type and the first line of its message.
+        Fault: the sandbox caught the construction doing what it refuses.
+        RuntimeError: the constructor raised on the CPU, or raised a CUDA error on the device;
+            the message is :data:`WEIGHTS_FAILED`, the exception's type and the first line of
+            its message.
     """
     model = None
-    if torch.device(device).type == "cuda":
-        try:
-            model = problem.make_model(seed, init_inputs, device=str(device))
-        except Exception:  # noqa: BLE001 - code that needs host tensors: drawn on the CPU
-            model = None
+    try:
+        if torch.device(device).type == "cuda":
+            try:
+                model = problem.make_model(seed, init_inputs, device=str(device))
+            except (Fault, torch.cuda.OutOfMemoryError):
+                raise
+            except Exception as exc:  # noqa: BLE001 - host tensors needed: drawn on the CPU
+                if "CUDA error" in str(exc):  # the device's fault, not the host's: reported
+                    raise
+            if model is not None and host_tensor_attributes(model):
+                model = None
+    except torch.cuda.OutOfMemoryError:
+        model = None
     try:
         if model is None:
             model = problem.make_model(seed, init_inputs)
+    except Fault:
+        raise
     except Exception as exc:  # noqa: BLE001 - the problem's code: its failure, in one line
         detail = next((ln for ln in str(exc).splitlines() if ln.strip()), "")
         raise RuntimeError(f"{WEIGHTS_FAILED}: {type(exc).__name__}: {detail}") from None
@@ -201,25 +221,77 @@ def draw_model(
     return model, {"weights": fingerprint(list(state.items())), "weight_bytes": weight_bytes}
 
 
-def construct(model_cls: type, init_inputs: list[Any], device: torch.device) -> Any:
+def host_tensor_attributes(model: torch.nn.Module) -> bool:
+    """Whether a module of ``model`` holds a tensor that is neither a parameter nor a buffer
+    (an attribute, or in a list, tuple or dict attribute): ``model.to(device)`` leaves such
+    tensors where they were made."""
+
+    def tensors(value: Any) -> bool:
+        if isinstance(value, torch.Tensor):
+            return True
+        if isinstance(value, (list, tuple)):
+            return any(isinstance(v, torch.Tensor) for v in value)
+        if isinstance(value, dict):
+            return any(isinstance(v, torch.Tensor) for v in value.values())
+        return False
+
+    own = ("_parameters", "_buffers", "_modules")
+    return any(
+        tensors(value)
+        for module in model.modules()
+        for name, value in vars(module).items()
+        if name not in own
+    )
+
+
+def construct(
+    model_cls: type, init_inputs: list[Any], device: torch.device, weight_bytes: int = 0
+) -> Any:
     """``model_cls(*init_inputs)`` (a candidate's ``ModelNew``, whose parameters the reference's
-    replace at once); on a GPU with the device as torch's default first, so that the
-    parameters it draws are drawn there (a GiB of them takes seconds on the CPU's one-thread
-    generator), and where that raises (code that needs host tensors), again on the CPU, whose
-    exception is the one raised.
+    replace at once, ``weight_bytes`` of them).
+
+    On a GPU with twice ``weight_bytes`` free there, it is constructed with the device as
+    torch's default first, so that the parameters it draws are drawn there (a GiB of them
+    takes seconds on the CPU's one-thread generator). It is constructed on the CPU, as before
+    a move to the device, where that raised (code that needs host tensors, out of memory) or
+    left tensors that are neither parameters nor buffers (:func:`host_tensor_attributes`),
+    and where the device has no such room; the CPU's exception is the one raised.
 
     Raises:
         whatever the constructor raises on the CPU; :class:`Fault` at once, from either.
     """
-    if device.type == "cuda":
+    if device.type == "cuda" and torch.cuda.mem_get_info(device)[0] >= 2 * weight_bytes:
         try:
             with device:
-                return model_cls(*init_inputs)
+                model = model_cls(*init_inputs)
+            if not (isinstance(model, torch.nn.Module) and host_tensor_attributes(model)):
+                return model
         except Fault:
             raise
         except Exception:  # noqa: BLE001 - constructed again on the CPU below
             pass
+        model = None
+        torch.cuda.empty_cache()
     return model_cls(*init_inputs)
+
+
+def candidate_model(
+    model_cls: type, init_inputs: list[Any], device: torch.device, state: dict[str, Any]
+) -> tuple[Any, str]:
+    """A candidate's ``ModelNew`` (:func:`construct`) with the reference's weights ``state``
+    loaded (:func:`kerneljudge.worker.calls.align_state_dict`), and that function's note.
+    ``state`` is emptied afterwards and, on a GPU, the memory its tensors held given back to
+    the device (the reference's worker shares it).
+
+    Raises:
+        Fault: as :func:`construct` and ``align_state_dict``; whatever the constructor raises.
+    """
+    model = construct(model_cls, init_inputs, device, nbytes(list(state.values())))
+    note = align_state_dict(model, state)
+    state.clear()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return model, note
 
 
 def seeded_weights(worker: Any, msg: dict[str, Any], init_inputs: list[Any]) -> tuple[Any, Any]:

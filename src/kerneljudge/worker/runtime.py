@@ -37,7 +37,7 @@ from kerneljudge.worker.calls import (
     profile_rows,
     trial_fields,
 )
-from kerneljudge.worker.drawn import construct, inputs_from_seed, seeded_weights
+from kerneljudge.worker.drawn import candidate_model, inputs_from_seed, seeded_weights
 from kerneljudge.worker.forward import (
     Fault,
     OpRecorder,
@@ -187,8 +187,8 @@ class Worker(KeptTrials, CapturedCalls):
         try:
             with self._confined():  # the constructor is candidate code too
                 if model is None:
-                    model = construct(self.model_cls, init_inputs, self.device)
-                    reply["note"] = align_state_dict(model, state)
+                    model, note = candidate_model(self.model_cls, init_inputs, self.device, state)
+                    reply["note"] = note
                 self.model = model.to(self.device).eval()
         except Fault:
             raise
