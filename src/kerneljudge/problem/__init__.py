@@ -339,7 +339,10 @@ class Problem:
         dev = torch.device(device)
         there = on_device and dev.type in ("cuda", "meta")
         default = dev if there else contextlib.nullcontext()
-        with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" and there else []), default:
+        with (
+            torch.random.fork_rng(devices=_seeded_devices(dev if there else torch.device("cpu"))),
+            default,
+        ):
             torch.manual_seed(seed)
             raw = list(self.module.get_inputs())
         return [x.to(dev) if isinstance(x, torch.Tensor) else x for x in raw]
@@ -363,8 +366,6 @@ class Problem:
         if init_inputs is None:
             init_inputs = self.make_init_inputs(seed)
         dev = torch.device(device)
-        if dev.type == "cuda" and dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
         where = dev if dev.type != "cpu" else contextlib.nullcontext()
         with torch.random.fork_rng(devices=_seeded_devices(dev)), where:
             torch.manual_seed(seed)
@@ -396,9 +397,13 @@ class Problem:
 
 def _seeded_devices(dev: torch.device) -> list[torch.device]:
     """The CUDA devices whose generators a draw for ``dev`` must give back as it found them:
-    ``torch.manual_seed`` reseeds the current one (every one, once CUDA is initialised)."""
+    ``torch.manual_seed`` reseeds the current one (every one, once CUDA is initialised). The
+    index is fixed here, so that a draw that changes the current device restores the one it
+    seeded."""
     if dev.type == "cuda":
-        return [dev]
+        return [
+            torch.device("cuda", torch.cuda.current_device() if dev.index is None else dev.index)
+        ]
     if torch.cuda.is_initialized():
         return [torch.device("cuda", torch.cuda.current_device())]
     return []

@@ -199,16 +199,13 @@ def draw_model(
         if torch.device(device).type == "cuda":
             try:
                 model = problem.make_model(seed, init_inputs, device=str(device))
-            except (Fault, torch.cuda.OutOfMemoryError):
+            except Fault:
                 raise
-            except Exception as exc:  # noqa: BLE001 - host tensors needed: drawn on the CPU
+            except Exception as exc:  # noqa: BLE001 - host tensors needed, out of memory: CPU
                 if "CUDA error" in str(exc):  # the device's fault, not the host's: reported
                     raise
             if model is not None and host_tensor_attributes(model):
                 model = None
-    except torch.cuda.OutOfMemoryError:
-        model = None
-    try:
         if model is None:
             model = problem.make_model(seed, init_inputs)
     except Fault:
