@@ -61,11 +61,11 @@ def _state(pid: int) -> str:
         return ""
 
 
-def _with_marker(marker: str) -> list[int]:
-    """Live processes whose command line contains ``marker``."""
+def _with_marker(marker: str, *besides: int) -> list[int]:
+    """Live processes whose command line contains ``marker`` (but this one and ``besides``)."""
     out = []
     for d in os.listdir("/proc"):
-        if not d.isdigit() or int(d) == os.getpid():
+        if not d.isdigit() or int(d) in (os.getpid(), *besides):
             continue
         try:
             with open(f"/proc/{d}/cmdline", "rb") as f:
@@ -480,3 +480,61 @@ def test_weights_seed_is_derived_from_the_judges_seed() -> None:
 
     assert weight_seed_of(7) == weight_seed_of(7) == derive_seed(7, "weights") != 7
     assert weight_seed_of(None) != weight_seed_of(None)
+
+
+_PR_GET_PDEATHSIG = 2
+_PRINT_PDEATHSIG = (
+    "import ctypes; s = ctypes.c_int(-1); "
+    f"ctypes.CDLL(None).prctl({_PR_GET_PDEATHSIG}, ctypes.byref(s), 0, 0, 0); print(s.value)"
+)
+
+
+def test_a_spawned_child_is_armed_before_exec_or_never_runs() -> None:
+    """``confine.spawn`` arms the child's parent-death signal (SIGKILL) between fork and exec;
+    a child whose parent is not the one it was armed for (it died before the arming, so no
+    signal would come) exits before its command runs."""
+    proc = confine.spawn(
+        [sys.executable, "-c", _PRINT_PDEATHSIG], die_with_parent=True, stdout=subprocess.PIPE
+    )
+    out, _ = proc.communicate(timeout=60)
+    assert out.decode().strip() == str(int(signal.SIGKILL))
+    orphan = subprocess.run(
+        [sys.executable, "-c", "print('ran')"],
+        preexec_fn=confine._die_with(os.getpid() + 1),  # not this child's parent
+        capture_output=True,
+        timeout=60,
+    )
+    assert orphan.returncode == 1 and orphan.stdout == b""
+
+
+_PROBING_JUDGE = """
+import sys
+from kerneljudge.problem.probe import probe_problem
+probe_problem(sys.argv[1], 600.0, None, False)
+"""
+
+
+def test_a_problems_probe_ends_with_the_judge_killed_by_sigkill(tmp_path: Path) -> None:
+    """A process probing a problem whose import never ends is killed with SIGKILL: the probe
+    child (in a session of its own, where a group kill from the judge cannot reach it) ends
+    with it."""
+    marker = secrets.token_hex(8)
+    problem = tmp_path / f"stuck_{marker}.py"
+    problem.write_text("import time\nwhile True:\n    time.sleep(1)\n")
+    script = tmp_path / "judge.py"
+    script.write_text(_PROBING_JUDGE)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(problem)], env={**os.environ, "PYTHONPATH": SRC}
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (probes := _with_marker(marker, proc.pid)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert probes, "the probe did not start"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        assert _gone(probes) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -94,8 +94,25 @@ def _assert_nothing_left(procs: set[tuple[int, str]], mark: str, timeout: float 
     deadline = time.monotonic() + timeout
     while (_alive(procs) or _marked(mark)) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not _alive(procs), f"processes of the killed server still run: {_alive(procs)}"
-    assert not _marked(mark), f"processes of the killed server still run: {_marked(mark)}"
+    assert not _alive(procs), (
+        f"processes of the killed server still run: {_describe(_alive(procs))}"
+    )
+    assert not _marked(mark), (
+        f"processes of the killed server still run: {_describe(_marked(mark))}"
+    )
+
+
+def _describe(pids: set[int]) -> str:
+    """Each process's pid, state, parent and command line (what a failure needs to name it)."""
+    out = []
+    for pid in sorted(pids):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        out.append(f"{pid} state {fields[0]} parent {fields[1]}: {cmd[:300]}")
+    return "; ".join(out) or "(gone)"
 
 
 class _Client(threading.Thread):

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from kerneljudge.worker import confine
-from kerneljudge.worker.confine import _pdeathsig_preexec
 
 __all__ = ["SlotDied", "SlotProcess"]
 
@@ -78,7 +77,7 @@ class SlotProcess:
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                     env=env,
-                    preexec_fn=_pdeathsig_preexec,
+                    die_with_parent=True,
                 )
         except BaseException:
             for fd in (self._to_slot_w, self._from_slot_r):

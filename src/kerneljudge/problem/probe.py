@@ -87,6 +87,8 @@ def probe_problem(
             a signal, more memory than ``memory_bytes``, or no end within ``timeout_s``.
     """
     memory = default_probe_memory() if memory_bytes is None else int(memory_bytes)
+    from kerneljudge.worker import confine
+
     with tempfile.TemporaryDirectory(prefix="kj-probe-") as scratch:
         result = Path(scratch) / "result.json"
         env = dict(os.environ)
@@ -94,7 +96,7 @@ def probe_problem(
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         env["TMPDIR"] = scratch
         cuda = gpu_judge and _cuda_visible()
-        proc = subprocess.Popen(
+        proc = confine.spawn(
             [
                 sys.executable,
                 "-m",
@@ -110,6 +112,7 @@ def probe_problem(
             start_new_session=True,
             cwd=scratch,
             env=env,
+            die_with_parent=True,  # a probe ends with the judge that started it
         )
         try:
             code = proc.wait(timeout=timeout_s)

@@ -306,6 +306,21 @@ def _pdeathsig_preexec() -> None:
     _libc().prctl(_PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0)
 
 
+def _die_with(parent: int) -> Callable[[], None]:
+    """A ``preexec_fn`` for a child of process ``parent``: arm ``PR_SET_PDEATHSIG`` (SIGKILL),
+    then exit at once (status 1) if ``parent`` already died between the fork and the arming,
+    when no signal would ever come (the child was re-parented, so ``getppid()`` differs). It
+    runs between fork and exec: ``prctl`` is looked up here, before the fork."""
+    prctl = _libc().prctl
+
+    def arm() -> None:
+        prctl(_PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return arm
+
+
 _spawn_queue: queue.SimpleQueue[tuple[Callable[[], Any], list[Any], threading.Event]] | None
 _spawn_queue = None
 _spawn_thread: threading.Thread | None = None
@@ -324,18 +339,25 @@ def _spawner() -> None:
 
 
 def spawn(
-    cmd: Sequence[str], cpus: set[int] | None = None, **popen_kwargs: Any
+    cmd: Sequence[str],
+    cpus: set[int] | None = None,
+    die_with_parent: bool | None = None,
+    **popen_kwargs: Any,
 ) -> subprocess.Popen[bytes]:
     """``subprocess.Popen(cmd, **popen_kwargs)`` run on one long-lived thread of this process.
 
     The parent-death signal of a child fires when the *thread* that forked it ends; starting
     every worker from this one thread (a daemon that lives as long as the process) makes it
-    fire only when the supervisor process dies. ``cpus``: the CPU cores the child starts on
-    (inherited from the forking thread, which takes them for the duration of the fork).
+    fire only when the supervisor process dies. With ``die_with_parent`` (None: unless
+    ``KERNELJUDGE_CONFINE=off``) the child arms it before ``exec`` and exits if this process
+    died before it could (:func:`_die_with`): a ``setpriv --pdeathsig`` in ``cmd`` arms it only
+    after its own start, too late for a supervisor killed in between. ``cpus``: the CPU cores
+    the child starts on (inherited from the forking thread, which takes them for the duration
+    of the fork).
     """
     global _spawn_queue, _spawn_thread, _spawn_pid
-    if features().enabled and not features().setpriv:
-        popen_kwargs["preexec_fn"] = _pdeathsig_preexec
+    if features().enabled if die_with_parent is None else die_with_parent:
+        popen_kwargs["preexec_fn"] = _die_with(os.getpid())
 
     def start() -> subprocess.Popen[bytes]:
         saved = os.sched_getaffinity(0) if cpus else None
