@@ -20,8 +20,16 @@ each slot's busy share of that window, and the scaling efficiency
 ``throughput(N) / (N * throughput(1))``; the verdict statuses of every configuration must
 agree (a hanging candidate aside, none of them depends on time).
 
+With ``--jobs-per-slot K`` the work grows with the slots (weak scaling): the plain judge and one
+slot judge K jobs with ``--cold`` cold builds, N slots K x N jobs with N x ``--cold`` cold builds,
+so the efficiency measures throughput with every slot fed, not how soon a fixed mix runs out (a
+fixed mix is bounded below by its longest job, a cold build, however many slots share it). The
+statuses are then compared kind by kind (each kind's statuses must be the same set as the plain
+judge's, for the kinds both mixes hold).
+
 Run:  PYTHONPATH=src python3 benchmarks/throughput.py [--slots 1,2,4] [--jobs 12] [--cold 1]
-      [--devices cuda:0,cuda:1] [--max-time 0.2] [--cache DIR] [--json OUT]
+      [--jobs-per-slot K] [--devices cuda:0,cuda:1] [--max-time 0.2] [--cache DIR]
+      [--json OUT]
 """
 
 from __future__ import annotations
@@ -166,6 +174,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slots", default="1,2,4", help="slot counts, comma-separated")
     ap.add_argument("--jobs", type=int, default=12, help="jobs in the mix")
     ap.add_argument("--cold", type=int, default=1, help="cold C++ builds per configuration")
+    ap.add_argument(
+        "--jobs-per-slot",
+        type=int,
+        default=0,
+        help="weak scaling: K jobs (and --cold cold builds) per slot instead of --jobs",
+    )
     ap.add_argument("--devices", default="", help="GPUs to use (cuda:0,cuda:1); default: CPU")
     ap.add_argument("--max-time", type=float, default=0.2, help="timing budget per verdict, s")
     ap.add_argument("--run-timeout", type=float, default=3.0, help="a hanging job's limit, s")
@@ -193,7 +207,12 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[dict[str, Any]] = []
     configs: list[int | None] = ([] if args.no_plain else [None]) + counts
     for n in configs:
-        mix = _mix(args.jobs, args.cold)  # fresh nonces: each configuration's builds are cold
+        # fresh nonces: each configuration's builds are cold
+        if args.jobs_per_slot > 0:
+            scale = n or 1
+            mix = _mix(args.jobs_per_slot * scale, args.cold * scale)
+        else:
+            mix = _mix(args.jobs, args.cold)
         run = _plain(mix, options) if n is None else _executor(mix, options, n, devices)
         run["kinds"] = [k for k, _ in mix]
         runs.append(run)
@@ -237,8 +256,17 @@ def _summary(runs: list[dict[str, Any]]) -> None:
             eff = f"{r['efficiency']:.2f}"
         same = ""
         if plain is not None:
-            same = "yes" if r["statuses"] == plain["statuses"] else "no"
+            mine, theirs = _by_kind(r), _by_kind(plain)
+            same = "yes" if all(mine[k] == theirs[k] for k in mine.keys() & theirs.keys()) else "no"
         print(f"{r['config']:<9} {r['verdicts_per_min']:>12.1f}  {eff:>10}  {same:>8}")
+
+
+def _by_kind(run: dict[str, Any]) -> dict[str, set[str]]:
+    """Each kind of job's set of statuses in ``run`` (``cold`` counted as ``cpp``)."""
+    out: dict[str, set[str]] = {}
+    for kind, status in zip(run["kinds"], run["statuses"], strict=True):
+        out.setdefault("cpp" if kind == "cold" else kind, set()).add(status)
+    return out
 
 
 if __name__ == "__main__":

@@ -286,13 +286,18 @@ def test_workers_end_with_a_judge_killed_by_sigkill(tmp_path: Path) -> None:
         while _state(pids[0]) != "T" and time.monotonic() < deadline:
             time.sleep(0.05)  # a signal is delivered when the process next runs
         assert _state(pids[0]) == "T"  # the spare worker is stopped
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-        assert _gone(pids) == []
+        _kill_and_expect_gone(proc, pids)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _kill_and_expect_gone(proc: subprocess.Popen[bytes], pids: list[int]) -> None:
+    """SIGKILL ``proc``, reap it, and assert that every one of ``pids`` ends with it."""
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert _gone(pids) == []
 
 
 _HOOK = """
@@ -531,9 +536,7 @@ def test_a_problems_probe_ends_with_the_judge_killed_by_sigkill(tmp_path: Path) 
         while not (probes := _with_marker(marker, proc.pid)) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert probes, "the probe did not start"
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-        assert _gone(probes) == []
+        _kill_and_expect_gone(proc, probes)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -368,3 +368,133 @@ def test_a_candidate_model_gets_the_weights_and_the_state_is_given_up() -> None:
     model, note = candidate_model(_Plain, [], torch.device("cpu"), state)
     assert note == "" and state == {}
     assert torch.equal(model.fc.weight, reference.fc.weight)
+
+
+class _Listed(_Plain):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = [torch.nn.Linear(2, 2)]  # a module that .to() does not reach
+
+
+class _Aliased(_Plain):
+    def __init__(self) -> None:
+        super().__init__()
+        self.flat = [self.fc.weight, self.fc.bias]  # the parameters again: .to() moves them
+        self.me = [[self]]  # the model itself, nested
+        self.config = type("Config", (), {})()
+        self.config.width = 4
+
+
+def test_host_tensor_attributes_looks_into_nested_containers_and_objects() -> None:
+    """Modules in plain lists, tensors nested deeper than one level or kept by another
+    object count; the model's own parameters and modules kept again do not (an RNN's
+    ``_flat_weights``)."""
+    from kerneljudge.worker.drawn import host_tensor_attributes
+
+    assert host_tensor_attributes(_Listed())
+    aliased = _Aliased()
+    assert not host_tensor_attributes(aliased)
+    assert not host_tensor_attributes(torch.nn.LSTM(4, 4, num_layers=2))
+    aliased.config.table = torch.zeros(2)
+    assert host_tensor_attributes(aliased)
+    del aliased.config.table
+    aliased.flat.append([{"deep": torch.zeros(1)}])
+    assert host_tensor_attributes(aliased)
+
+
+class _Odd:
+    """An object whose code raises on every read but of its plain attributes."""
+
+    @property
+    def __dict__(self):  # type: ignore[override]
+        raise RuntimeError("no reading me")
+
+    def __getattr__(self, name: str) -> object:
+        raise RuntimeError(name)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        while True:
+            yield self
+
+
+def test_host_tensor_attributes_runs_none_of_the_models_code_and_ends() -> None:
+    """Properties, ``__getattr__`` and ``__iter__`` of objects a model keeps are not run; a dead
+    weak proxy does not raise out of it; a long plain list is looked through up to a limit,
+    after which the model counts as one to draw on the CPU."""
+    import time
+    import weakref
+
+    from kerneljudge.worker.drawn import WALK_LIMIT, host_tensor_attributes
+
+    model = _Plain()
+    model.odd, model.more = _Odd(), [_Odd(), {"k": _Odd()}]
+    model.__dict__["dead"] = weakref.proxy(_Plain())  # its referent is gone at once
+    assert not host_tensor_attributes(model)
+    model.numbers = list(range(10 * WALK_LIMIT))
+    started = time.monotonic()
+    assert host_tensor_attributes(model)  # too many to look through: the CPU
+    assert time.monotonic() - started < 30.0  # ends (it would take minutes without a limit)
+    model.numbers = list(range(WALK_LIMIT // 2))
+    assert not host_tensor_attributes(model)
+
+
+class _Candidate:
+    """A candidate's worker as ``seeded_weights`` sees it."""
+
+    role = "candidate"
+
+    def __init__(self, device: str) -> None:
+        self.device, self.problem = torch.device(device), None
+
+    def _confined(self):  # type: ignore[no-untyped-def]
+        import contextlib
+
+        return contextlib.nullcontext()
+
+
+def test_a_candidates_worker_draws_the_weights_where_the_reference_did(tmp_path: Path) -> None:
+    """The reference's reply says where it drew (``weights_on``); a candidate's worker draws
+    there alone: a CPU draw is taken even on a GPU worker, and a device draw that fails
+    there (no device here) is not tried again on the CPU, whose weights would differ."""
+    from kerneljudge.problem import Problem
+    from kerneljudge.worker.drawn import WEIGHTS_FAILED, draw_model, seeded_weights
+
+    path = _problem(tmp_path, "p")
+    problem = Problem.load(path, probe=False)
+    _, reference = draw_model(problem, 5, [16], "cpu")
+    assert reference["weights_on"] == "cpu"
+    msg = {"weight_seed": 5, "problem": str(path), "shape_set": "public", **reference}
+    (model, state), reply = seeded_weights(_Candidate("cuda"), msg, [16])
+    assert model is None and reply == reference and set(state) == {"fc.weight", "fc.bias"}
+    if not torch.cuda.is_available():
+        (_, state), reply = seeded_weights(_Candidate("cuda"), {**msg, "weights_on": "cuda"}, [16])
+        assert reply == {"drawn": False} and state is None
+        with pytest.raises(RuntimeError, match=WEIGHTS_FAILED):
+            draw_model(problem, 5, [16], "cuda", fallback=False)
+
+
+class _Replacement:
+    """A reference worker whose draw gives ``weights``."""
+
+    def __init__(self, weights: str) -> None:
+        self.weights = weights
+
+    def request(self, op: str, timeout_s: float, **fields: object) -> dict[str, object]:
+        if op == "setup":
+            return {"weights": self.weights, "weight_bytes": 4, "weights_on": "cpu"}
+        return {}
+
+
+def test_a_replacement_reference_gives_its_own_draw_to_the_next_candidate(
+    tmp_path: Path,
+) -> None:
+    """A reference worker that replaces one (its compile failed; before any candidate of the
+    verdict is set up) may draw other weights (an unseeded constructor): the candidates set up
+    after it get its fingerprint, not the first worker's."""
+    from kerneljudge.problem import Problem
+
+    problem = Problem.load(_problem(tmp_path, "p"), probe=False)
+    session = ReferenceSession(problem, "public", "cpu", 5, 1, worker=_Replacement("first"))  # type: ignore[arg-type]
+    assert session.weight_fields(10.0)["weights"] == "first" and session.weights_on == "cpu"
+    session.worker, session._ready = _Replacement("other"), False  # type: ignore[assignment]
+    assert session.weight_fields(10.0)["weights"] == "other" and not session.failed

@@ -154,6 +154,7 @@ def test_weights_are_drawn_on_the_gpu_alike_in_both_workers(
     other, second = draw_model(problem, 3, [256], "cuda")
     assert one.fc.weight.is_cuda is on_gpu and one.scale.is_cuda is on_gpu
     assert first == second and torch.equal(one.fc.weight.cpu(), other.fc.weight.cpu())
+    assert first["weights_on"] == ("cuda" if on_gpu else "cpu")
     assert first != draw_model(problem, 4, [256], "cuda")[1]
 
     sent = []
@@ -189,13 +190,21 @@ def test_construct_on_the_gpu_unless_the_model_keeps_host_tensors() -> None:
     assert not tabled.fc.weight.is_cuda and not tabled.table.is_cuda
 
 
-def test_a_draw_gives_back_the_cuda_generator_as_it_found_it(tmp_path: Path) -> None:
-    from kerneljudge.worker.drawn import draw_model
+@pytest.mark.parametrize("host_code", ["pass", "torch.empty(1).numpy()"])
+def test_a_draw_gives_back_the_cuda_generator_as_it_found_it(
+    tmp_path: Path, host_code: str
+) -> None:
+    """On the device, or on the CPU after the device's attempt; and a candidate's construction
+    on the device (whose parameters the reference's replace) draws nothing from it."""
+    from kerneljudge.worker.drawn import construct, draw_model
 
     path = tmp_path / "p.py"
-    path.write_text(WEIGHTED.replace("{host_code}", "torch.empty(1).numpy()"))
+    path.write_text(WEIGHTED.replace("{host_code}", host_code))
     problem = Problem.load(path, probe=False)
     torch.cuda.manual_seed(11)
     before = torch.cuda.get_rng_state()
-    draw_model(problem, 3, [256], "cuda")  # drawn on the CPU after the device's attempt
+    draw_model(problem, 3, [256], "cuda")
+    assert torch.equal(before, torch.cuda.get_rng_state())
+    cuda = torch.device("cuda", torch.cuda.current_device())
+    assert construct(torch.nn.Linear, [64, 64], cuda, weight_bytes=1 << 16).weight.is_cuda
     assert torch.equal(before, torch.cuda.get_rng_state())

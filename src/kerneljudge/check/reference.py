@@ -144,10 +144,13 @@ class ReferenceSession:
                 f"{problem.path}: get_init_inputs (shape set {shape_set!r}) raised "
                 f"{type(exc).__name__}: {first_line(str(exc))}"
             ) from None
-        #: The fingerprint of the weights the reference worker drew (None before its setup).
+        #: The fingerprint of the weights the reference worker drew (None before), and where.
         self.weights: str | None = None
+        self.weights_on = "cpu"
         probed = probed_weight_bytes(self.problem, shape_set)  # None: a bundled problem
-        self._weight_bytes = probed or meta_weight_bytes(self.problem, self.init_inputs)
+        self._weight_bytes = (
+            meta_weight_bytes(self.problem, self.init_inputs) if probed is None else probed
+        )
         self._device, self._threads = device, threads
         self.worker = worker or WorkerProcess("reference", device, threads=threads)
         self._ready = False
@@ -220,14 +223,20 @@ class ReferenceSession:
                     f"{self.problem.path}: constructing Model (shape set {self.shape_set!r}) "
                     f"raised {first_line(detail)}"
                 ) from None
-            self.weights = str(reply["weights"])
+            self.weights, self.weights_on = str(reply["weights"]), str(reply["weights_on"])
             self._weight_bytes = int(reply["weight_bytes"])
+
+    def _drew_otherwise(self, what: str) -> ReferenceFailed:
+        """A replacement worker drew other ``what`` than the trials held: it is killed."""
+        self.failed = True
+        self.worker.kill()
+        return ReferenceFailed(f"a new reference worker drew other {what} than the first did", True)
 
     def weight_fields(self, timeout_s: float) -> dict[str, Any]:
         """The fields of a candidate worker's ``setup`` that draw the weights there as the
         reference worker did (:func:`kerneljudge.worker.drawn.seeded_weights`): the seed, the
-        reference's fingerprint, the problem file and shape set; the reference worker is set
-        up first if it was not.
+        reference's fingerprint and device, the problem file and shape set; the reference
+        worker is set up first if it was not.
 
         Raises:
             ReferenceFailed, ProblemError: as :meth:`_set_up`.
@@ -237,6 +246,7 @@ class ReferenceSession:
             "init_inputs": self.init_inputs,
             "weight_seed": self.weight_seed,
             "weights": self.weights,
+            "weights_on": self.weights_on,
             "problem": str(self.problem.path),
             "shape_set": self.shape_set,
         }
@@ -260,8 +270,7 @@ class ReferenceSession:
         inputs from ``seed`` (the same :meth:`~kerneljudge.problem.Problem.make_inputs`; on a
         GPU on the device, ``on_device``), so that no tensor crosses the channel for them; on a
         CPU the session's first trial's inputs are drawn here and sent, so that their size sets
-        the limits of the later ones. The seed stays between the supervisor and the trusted
-        reference worker.
+        the limits of the later ones (the seed stays with the trusted reference worker).
 
         The limit of its requests is ``timeout_s`` plus ``per_gib_s`` seconds per GiB of the
         inputs (and of the weights, when this worker has not had them yet), so that a problem
@@ -301,18 +310,11 @@ class ReferenceSession:
             on_device, printed = bool(reply.get("drawn_on_device")), reply.get("input_fingerprint")
             fields = {**fields, "on_device": on_device, "fingerprint": printed}
         self._held[str(key)] = (seed, fields)
-        kept = (
-            "aliases_input",
-            "modified_inputs",
-            "input_layout",
-            "output_layout",
-            "input_fingerprint",
-            "drawn_on_device",
-            "room",
-        )
+        kept = "aliases_input modified_inputs input_layout output_layout input_fingerprint"
+        kept += " drawn_on_device room"
         call_s = reply.get("call_s")
         call_s = float(call_s) if isinstance(call_s, int | float) else 0.0
-        fields_kept = {k: reply[k] for k in kept if k in reply}
+        fields_kept = {k: reply[k] for k in kept.split() if k in reply}
         held = HeldTrial(str(key), seed, fields_kept, wall_s, call_s)
         self._input_bytes = max(self._input_bytes or 0, held.input_bytes)
         return held
@@ -451,7 +453,9 @@ class ReferenceSession:
         sets ``replay`` (the trials run so far, each within ``replay_timeout_s``) to keep them
         for the timed loop, so that the eager reference goes on and only the ``compile``
         baseline is lost; the trials it held (:meth:`run_trial`) are run again first, from
-        their seeds, so it holds them too. After :meth:`kill` nothing is replaced.
+        their seeds, so it holds them too. After :meth:`kill` nothing is replaced. The judge
+        calls it while it prepares the reference, before a candidate is set up: weights that
+        the replacement draws otherwise (an unseeded constructor) reach every later candidate.
 
         Raises:
             ReferenceFailed: the replacement worker failed too (``had_answered`` false).
@@ -479,11 +483,7 @@ class ReferenceSession:
                     )
                     again = self.request("run", replay_timeout_s, **drawn, **fields)
                     if "seed" in drawn and again.get("input_fingerprint") != fields["fingerprint"]:
-                        self.failed = True
-                        self.worker.kill()
-                        raise ReferenceFailed(
-                            "a new reference worker drew other inputs than the first one did", True
-                        ) from None
+                        raise self._drew_otherwise("inputs") from None
                 for inputs in replay:
                     if self.killed:  # killed meanwhile: the next request fails at once
                         self.worker.kill()

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import types
 from typing import Any
 
 import torch
@@ -173,39 +174,56 @@ def load_problem(path: str, shape_set: str) -> Any:
 
 
 def draw_model(
-    problem: Any, seed: int, init_inputs: list[Any], device: torch.device | str = "cpu"
+    problem: Any,
+    seed: int,
+    init_inputs: list[Any],
+    device: torch.device | str = "cpu",
+    fallback: bool = True,
 ) -> tuple[torch.nn.Module, dict]:
     """The problem's ``Model(*init_inputs)`` with its parameters drawn from ``seed``
     (:meth:`kerneljudge.problem.Problem.make_model`) and the reply fields that describe its
-    weights: ``weights`` (the :func:`fingerprint` of its state dict's items) and
-    ``weight_bytes`` (their bytes).
+    weights: ``weights`` (the :func:`fingerprint` of its state dict's items), ``weight_bytes``
+    (their bytes) and ``weights_on`` (``"cuda"`` or ``"cpu"``: where they were drawn).
 
     Where ``device`` is a CUDA device the model is constructed there (its generator draws the
-    weights); it is constructed again on the CPU, as it would have been moved to the device
-    from there, where that construction raised (code that needs host tensors; out of memory)
-    or left tensors that are neither parameters nor buffers (:func:`host_tensor_attributes`:
-    moving a model to a device leaves those on the host). Both workers run the same code
-    on the same kind of device, so they draw alike unless memory ran out in one of them; the
-    fingerprint shows a difference, and the reference's state dict is then sent.
+    weights, the device synchronised before the draw counts); with ``fallback`` it is
+    constructed again on the CPU, as it would have been moved to the device from there, where
+    that construction raised and the device still works (code that needs host tensors; out of
+    memory; the memory of the attempt is given back first) or left tensors or modules that
+    ``model.to`` would not move (:func:`host_tensor_attributes`). Both workers run the same
+    code on the same kind of device, so they draw alike unless memory ran out in one of them:
+    a candidate's worker draws where the reference's did (``weights_on``), without
+    ``fallback``; the fingerprint shows any difference, and the reference's state dict is
+    then sent.
 
     Raises:
         Fault: the sandbox caught the construction doing what it refuses.
-        RuntimeError: the constructor raised on the CPU, or raised a CUDA error on the device;
-            the message is :data:`WEIGHTS_FAILED`, the exception's type and the first line of
-            its message.
+        RuntimeError: the constructor raised on the CPU, on the device without ``fallback``,
+            or on a device that no longer works after it (a CUDA error that poisons the
+            context); the message is :data:`WEIGHTS_FAILED`, the exception's type and the first
+            line of its message.
     """
-    model = None
+    model, on = None, "cpu"
+    dev = torch.device(device)
     try:
-        if torch.device(device).type == "cuda":
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()  # what the worker let go of before is the device's again
+            failed = ""
             try:
-                model = problem.make_model(seed, init_inputs, device=str(device))
+                model, on = problem.make_model(seed, init_inputs, device=str(dev)), "cuda"
+                torch.cuda.synchronize(dev)  # an asynchronous error of the draw is raised here
             except Fault:
                 raise
-            except Exception as exc:  # noqa: BLE001 - host tensors needed, out of memory: CPU
-                if "CUDA error" in str(exc):  # the device's fault, not the host's: reported
-                    raise
+            except Exception as exc:  # noqa: BLE001 - host tensors needed, out of memory: the CPU
+                model, on, failed = None, "cpu", f"{type(exc).__name__}: {exc}"
             if model is not None and host_tensor_attributes(model):
-                model = None
+                model, on = None, "cpu"
+                failed = "Model keeps tensors or modules that .to() does not move"
+            if model is None:
+                torch.cuda.empty_cache()  # the attempt's memory (its traceback is gone)
+                if not fallback:
+                    raise RuntimeError(failed)
+                _device_still_works(dev)  # else the device's fault, not the problem's: reported
         if model is None:
             model = problem.make_model(seed, init_inputs)
     except Fault:
@@ -215,30 +233,94 @@ def draw_model(
         raise RuntimeError(f"{WEIGHTS_FAILED}: {type(exc).__name__}: {detail}") from None
     state = model.state_dict()
     weight_bytes = nbytes(list(state.values()))
-    return model, {"weights": fingerprint(list(state.items())), "weight_bytes": weight_bytes}
+    reply = {"weights": fingerprint(list(state.items())), "weight_bytes": weight_bytes}
+    return model, {**reply, "weights_on": on}
+
+
+def _device_still_works(dev: torch.device) -> None:
+    """Return when a synchronisation of ``dev`` succeeds or there is no CUDA device to use (a
+    draw on the CPU then stands in); raise its error when it does not (a sticky CUDA error:
+    every later call on the context fails too)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize(dev)
 
 
 def host_tensor_attributes(model: torch.nn.Module) -> bool:
-    """Whether a module of ``model`` holds a tensor that is neither a parameter nor a buffer
-    (an attribute, or in a list, tuple or dict attribute): ``model.to(device)`` leaves such
-    tensors where they were made."""
+    """Whether ``model`` reaches, other than through its modules' parameters, buffers and
+    submodules, a tensor that is not one of its parameters or buffers or a module that is not
+    one of its submodules: in an attribute, at any depth of plain lists, tuples, sets and
+    dicts, or in the plain attributes of another object there (4 levels at most).
+    ``model.to(device)`` leaves such tensors, and the parameters of such modules, where they
+    were made. A parameter or submodule kept a second time in a plain list (an RNN's
+    ``_flat_weights``) is moved with the model and does not count.
 
-    def tensors(value: Any) -> bool:
-        if isinstance(value, torch.Tensor):
+    The walk reads only plain containers and plain ``__dict__`` slots (no property, no
+    ``__iter__`` or ``__getattr__`` of the model's code runs); it counts as True where it
+    raises or passes :data:`WALK_LIMIT` objects (the model is then drawn on the CPU)."""
+    try:
+        return _reaches_outside(model)
+    except Exception:  # noqa: BLE001 - an odd object: drawn on the CPU, as before
+        return True
+
+
+#: Objects :func:`host_tensor_attributes` looks at before it gives up (True).
+WALK_LIMIT = 100_000
+_SEQUENCES = (list, tuple, set, frozenset)
+_LEAVES = (str, bytes, int, float, bool, type(None))
+
+
+def _reaches_outside(model: torch.nn.Module) -> bool:
+    modules = list(model.modules())
+    known = {id(m) for m in modules}
+    known.update(id(t) for m in modules for t in (*m._parameters.values(), *m._buffers.values()))
+    seen: set[int] = set()
+    looked = [0]
+
+    def outside(value: Any, depth: int) -> bool:
+        looked[0] += 1
+        if looked[0] > WALK_LIMIT:
+            raise RecursionError("too many objects to look through")
+        kind = type(value)  # the real type: no __class__ property of the object's code
+        if id(value) in known or kind in _LEAVES:
+            return False
+        if issubclass(kind, torch.Tensor | torch.nn.Module):
             return True
-        if isinstance(value, (list, tuple)):
-            return any(isinstance(v, torch.Tensor) for v in value)
-        if isinstance(value, dict):
-            return any(isinstance(v, torch.Tensor) for v in value.values())
-        return False
+        if depth > 4 or id(value) in seen:
+            return False
+        seen.add(id(value))
+        if kind is dict:
+            return any(outside(v, depth + 1) for v in list(dict.values(value))[: WALK_LIMIT + 1])
+        if kind in _SEQUENCES:
+            return any(outside(v, depth + 1) for v in list(value)[: WALK_LIMIT + 1])
+        attrs = _plain_dict(value)
+        return attrs is not None and any(outside(v, depth + 1) for v in list(attrs.values()))
 
     own = ("_parameters", "_buffers", "_modules")
-    return any(
-        tensors(value)
-        for module in model.modules()
-        for name, value in vars(module).items()
-        if name not in own
-    )
+    for module in modules:
+        attrs = _plain_dict(module)
+        if attrs is None:
+            return True  # nothing to read it by: as if it kept host tensors
+        for name, value in list(attrs.items()):
+            hook = name.endswith("_hooks") or name.startswith("_forward")
+            if name not in own and not hook and outside(value, 1):
+                return True
+    return False
+
+
+def _plain_dict(value: Any) -> dict[str, Any] | None:
+    """``value``'s instance dictionary where its class keeps the standard one; None where it
+    has none, its class defines ``__dict__`` otherwise (a property), or it is a function, a
+    class or a Python module (whose names are not the model's state)."""
+    if issubclass(type(value), types.FunctionType | types.ModuleType | type):
+        return None
+    for klass in type(value).__mro__:
+        slot = klass.__dict__.get("__dict__")
+        if slot is not None:
+            if not isinstance(slot, types.GetSetDescriptorType):
+                return None
+            attrs = slot.__get__(value)
+            return attrs if type(attrs) is dict else None
+    return None
 
 
 def construct(
@@ -251,15 +333,19 @@ def construct(
     torch's default first, so that the parameters it draws are drawn there (a GiB of them
     takes seconds on the CPU's one-thread generator). It is constructed on the CPU, as before
     a move to the device, where that raised (code that needs host tensors, out of memory) or
-    left tensors that are neither parameters nor buffers (:func:`host_tensor_attributes`),
-    and where the device has no such room; the CPU's exception is the one raised.
+    left tensors or modules that ``model.to`` would not move (:func:`host_tensor_attributes`),
+    and where the device has no such room; the CPU's exception is the one raised. The
+    device's attempt leaves the generators (CPU and device) as it found them.
 
     Raises:
         whatever the constructor raises on the CPU; :class:`Fault` at once, from either.
     """
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # memory the worker let go of counts as free below
     if device.type == "cuda" and torch.cuda.mem_get_info(device)[0] >= 2 * weight_bytes:
         try:
-            with device:
+            index = torch.cuda.current_device() if device.index is None else device.index
+            with torch.random.fork_rng(devices=[torch.device("cuda", index)]), device:
                 model = model_cls(*init_inputs)
             if not (isinstance(model, torch.nn.Module) and host_tensor_attributes(model)):
                 return model
@@ -296,11 +382,12 @@ def seeded_weights(worker: Any, msg: dict[str, Any], init_inputs: list[Any]) -> 
 
     Without ``weight_seed`` in ``msg``: ``(None, msg["state_dict"])``, nothing to reply. With
     it, the weights are drawn here (:func:`draw_model`): the reference worker's model is the
-    drawn ``Model`` itself, ``(model, None)``, and it replies ``weights`` and ``weight_bytes``;
-    a candidate's worker first loads the problem (``problem`` and ``shape_set`` in ``msg``,
-    :func:`load_problem`, kept as ``worker.problem`` for drawing inputs), draws, and uses the
-    drawn state ``(None, state)`` only when its fingerprint is ``msg["weights"]``, the
-    reference's; otherwise, or when loading or drawing failed, the reply is
+    drawn ``Model`` itself, ``(model, None)``, and it replies ``weights``, ``weight_bytes``
+    and ``weights_on``; a candidate's worker first loads the problem (``problem`` and
+    ``shape_set`` in ``msg``, :func:`load_problem`, kept as ``worker.problem`` for drawing
+    inputs), draws where the reference did (``msg["weights_on"]``; no second try elsewhere),
+    and uses the drawn state ``(None, state)`` only when its fingerprint is ``msg["weights"]``,
+    the reference's; otherwise, or when loading or drawing failed, the reply is
     ``{"drawn": False}`` and nothing is set up.
 
     Raises:
@@ -318,12 +405,13 @@ def seeded_weights(worker: Any, msg: dict[str, Any], init_inputs: list[Any]) -> 
     try:
         with worker._confined():  # the candidate's patches of torch run here too
             worker.problem = load_problem(str(msg["problem"]), str(msg.get("shape_set", "public")))
-            model, reply = draw_model(worker.problem, seed, init_inputs, worker.device)
+            where = worker.device if msg.get("weights_on") == "cuda" else torch.device("cpu")
+            model, reply = draw_model(worker.problem, seed, init_inputs, where, fallback=False)
+            same = reply["weights"] == msg.get("weights")
+            state = model.state_dict() if same else None
     except Fault:
         raise
     except Exception:  # noqa: BLE001 - any failure here: the reference's weights are sent
         worker.problem = None
         return (None, None), {"drawn": False}
-    if reply["weights"] != msg.get("weights"):
-        return (None, None), {"drawn": False}
-    return (None, model.state_dict()), reply
+    return ((None, state), reply) if same else ((None, None), {"drawn": False})

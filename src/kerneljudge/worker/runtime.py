@@ -181,6 +181,8 @@ class Worker(KeptTrials, CapturedCalls):
         if self.model_cls is None:
             raise RuntimeError("setup before load")
         init_inputs = list(msg.get("init_inputs", []))
+        self.model, self.compiled = None, None  # the last shape set's go before this one's draw
+        self.sets, self.nudgeable, self.snapshots, self.graphs = [], [], {}, {}
         (model, state), reply = seeded_weights(self, msg, init_inputs)  # model: the reference's
         if reply.get("drawn") is False:
             return reply
@@ -196,8 +198,6 @@ class Worker(KeptTrials, CapturedCalls):
             raise Fault(
                 "constructing the model failed: " + candidate_traceback(exc, self.source_path)
             ) from None
-        self.compiled = None
-        self.sets, self.nudgeable, self.snapshots, self.graphs = [], [], {}, {}
         return {"note": "", **reply}
 
     # ------------------------------------------------------------------ running
