@@ -541,3 +541,38 @@ def test_a_problems_probe_ends_with_the_judge_killed_by_sigkill(tmp_path: Path) 
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+_DETACHING_PROBLEM = """
+import subprocess
+subprocess.Popen(["sleep", "{seconds}"], start_new_session=True)  # outlives its parent's exit
+
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return x + 1
+
+
+def get_inputs():
+    return [torch.ones(2)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.skipif(not confine.features().unshare, reason="needs PID namespaces")
+def test_what_a_problems_code_starts_in_its_probe_ends_with_the_probe(tmp_path: Path) -> None:
+    """A problem file whose import starts a process in a session of its own: the probe passes,
+    and that process has ended with it (the probe runs in a PID namespace of its own)."""
+    from kerneljudge.problem.probe import probe_problem
+
+    seconds = f"{600 + secrets.randbelow(10**6) / 10**6:.6f}"  # a marker in its command line
+    problem = tmp_path / "detaching.py"
+    problem.write_text(_DETACHING_PROBLEM.format(seconds=seconds))
+    probe_problem(problem, 300.0)
+    assert _gone(_with_marker(seconds), timeout_s=10.0) == []

@@ -7,7 +7,10 @@ word saying whether the judge sees a CUDA device) loads the problem, reads its m
 constructs ``Model``, calls ``get_inputs`` and makes the first reference call on the CPU, as the
 judge's supervisor and reference worker will. Before each step it writes the step's name to
 ``RESULT``, then its outcome, so that a child that exits, is killed or hangs is reported with the
-step it was in. Its stdout and stderr are discarded.
+step it was in. Its stdout and stderr are discarded. It runs as a worker does
+(:func:`kerneljudge.worker.confine.command`, without Landlock): in PID, mount and network
+namespaces of its own where the host allows them, so that whatever the problem's code starts
+ends with it, and it ends with the process that started it.
 
 Memory: ``RLIMIT_DATA`` (the child's private writable memory: heap and anonymous mappings,
 torch's CPU tensors among them) is capped at ``MEMORY_BYTES``; an allocation past it fails at
@@ -96,16 +99,11 @@ def probe_problem(
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         env["TMPDIR"] = scratch
         cuda = gpu_judge and _cuda_visible()
+        argv = ["kerneljudge.problem.probe", str(path), str(result), str(memory)]
         proc = confine.spawn(
-            [
-                sys.executable,
-                "-m",
-                "kerneljudge.problem.probe",
-                str(path),
-                str(result),
-                str(memory),
-                "cuda" if cuda else "cpu",
-            ],
+            # In PID, mount and network namespaces of its own (no Landlock: its result file is
+            # written in its folder), as a worker is: what the problem's code starts ends with it.
+            confine.command([*argv, "cuda" if cuda else "cpu"], None),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -115,7 +113,7 @@ def probe_problem(
             die_with_parent=True,  # a probe ends with the judge that started it
         )
         try:
-            code = proc.wait(timeout=timeout_s)
+            code = confine.exit_status(proc.wait(timeout=timeout_s))
         except subprocess.TimeoutExpired:
             code = None
         finally:
