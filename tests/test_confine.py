@@ -574,5 +574,40 @@ def test_what_a_problems_code_starts_in_its_probe_ends_with_the_probe(tmp_path: 
     seconds = f"{600 + secrets.randbelow(10**6) / 10**6:.6f}"  # a marker in its command line
     problem = tmp_path / "detaching.py"
     problem.write_text(_DETACHING_PROBLEM.format(seconds=seconds))
-    probe_problem(problem, 300.0)
-    assert _gone(_with_marker(seconds), timeout_s=10.0) == []
+    try:
+        probe_problem(problem, 300.0)
+        assert _gone(_with_marker(seconds), timeout_s=10.0) == []
+    finally:
+        for pid in _with_marker(seconds):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_probe_that_cannot_start_says_so_and_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A probe whose confinement fails before any of its own code runs (here a stand-in for an
+    ``unshare`` the host refuses) is reported as the probe's start, with what it printed, not
+    as the problem's failure."""
+    from kerneljudge.errors import ProblemError
+    from kerneljudge.problem.probe import probe_problem
+
+    refuse = "echo 'unshare: unshare failed: Operation not permitted' >&2; exit 1"
+    monkeypatch.setattr(confine, "command", lambda argv, writable: ["sh", "-c", refuse])
+    problem = tmp_path / "fine.py"
+    problem.write_text(_DETACHING_PROBLEM.replace("subprocess.Popen", "print"))
+    with pytest.raises(ProblemError, match="probe could not start") as raised:
+        probe_problem(problem, 60.0)
+    assert str(raised.value).endswith("unshare: unshare failed: Operation not permitted")
+
+
+@pytest.mark.skipif(not confine.features().unshare, reason="needs PID namespaces")
+def test_a_confined_child_of_pid_1_runs() -> None:
+    """Where the supervisor is itself PID 1 (a container's only process) and no namespace is
+    made, its confined child's parent is PID 1 from the start: that is its parent alive, not
+    a sign that it died."""
+    policy = json.dumps({"pdeathsig": True, "init": False, "parent": 1})
+    child = [sys.executable, "-P", confine.__file__, policy, "--", "platform"]
+    pid_1 = f"import subprocess, sys; sys.exit(subprocess.run({child!r}).returncode)"
+    unshare = [*confine.features().unshare[:-1], "--", sys.executable, "-c", pid_1]
+    out = subprocess.run(unshare, capture_output=True, timeout=60, text=True)
+    assert out.returncode == 0 and "Linux" in out.stdout, out.stderr

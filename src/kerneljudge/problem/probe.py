@@ -7,7 +7,8 @@ word saying whether the judge sees a CUDA device) loads the problem, reads its m
 constructs ``Model``, calls ``get_inputs`` and makes the first reference call on the CPU, as the
 judge's supervisor and reference worker will. Before each step it writes the step's name to
 ``RESULT``, then its outcome, so that a child that exits, is killed or hangs is reported with the
-step it was in. Its stdout and stderr are discarded. It runs as a worker does
+step it was in. Its stdout is discarded; its stderr goes to a log in its folder, whose last
+line is quoted when the probe could not start at all. It runs as a worker does
 (:func:`kerneljudge.worker.confine.command`, without Landlock): in PID, mount and network
 namespaces of its own where the host allows them, so that whatever the problem's code starts
 ends with it, and it ends with the process that started it.
@@ -92,26 +93,28 @@ def probe_problem(
     memory = default_probe_memory() if memory_bytes is None else int(memory_bytes)
     from kerneljudge.worker import confine
 
-    with tempfile.TemporaryDirectory(prefix="kj-probe-") as scratch:
-        result = Path(scratch) / "result.json"
+    # (ignore_cleanup_errors: a process of the problem's may still be ending in its namespace.)
+    with tempfile.TemporaryDirectory(prefix="kj-probe-", ignore_cleanup_errors=True) as scratch:
+        result, log = Path(scratch) / "result.json", Path(scratch) / "probe.log"
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_SRC_DIR, env.get("PYTHONPATH")]))
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         env["TMPDIR"] = scratch
         cuda = gpu_judge and _cuda_visible()
         argv = ["kerneljudge.problem.probe", str(path), str(result), str(memory)]
-        proc = confine.spawn(
-            # In PID, mount and network namespaces of its own (no Landlock: its result file is
-            # written in its folder), as a worker is: what the problem's code starts ends with it.
-            confine.command([*argv, "cuda" if cuda else "cpu"], None),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-            cwd=scratch,
-            env=env,
-            die_with_parent=True,  # a probe ends with the judge that started it
-        )
+        with open(log, "wb") as errors:
+            proc = confine.spawn(
+                # In PID, mount and network namespaces of its own where the host allows them (no
+                # Landlock), as a worker is: what the problem's code starts ends with it.
+                confine.command([*argv, "cuda" if cuda else "cpu"], None),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=errors,
+                start_new_session=True,
+                cwd=scratch,
+                env=env,
+                die_with_parent=True,  # a probe ends with the judge that started it
+            )
         try:
             code = confine.exit_status(proc.wait(timeout=timeout_s))
         except subprocess.TimeoutExpired:
@@ -119,6 +122,10 @@ def probe_problem(
         finally:
             _kill_group(proc)
         report = _read(result)
+        if not report and code:  # nothing ran of the probe's own code: its start failed
+            raise ProblemError(
+                f"{path}: the probe could not start (it {_ending(code)}): {_last_line(log)}"
+            )
     stage = str(report.get("stage", "starting the probe"))
     if code is None:
         raise ProblemError(f"{path}: {stage} did not finish within {timeout_s:g} s")
@@ -151,6 +158,17 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     except (ProcessLookupError, PermissionError):
         pass
     proc.wait()
+
+
+def _last_line(log: Path) -> str:
+    """The last non-blank line of the end of ``log`` (what the probe's start printed)."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+            tail = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return next((ln.strip() for ln in reversed(tail.splitlines()) if ln.strip()), "")
 
 
 def _read(result: Path) -> dict[str, Any]:

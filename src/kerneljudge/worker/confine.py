@@ -284,6 +284,7 @@ def command(
         "shm": False,
         "landlock": 0,
         "init": bool(f.unshare),
+        "parent": os.getpid(),  # the supervisor: the child's parent unless it is a namespace's
     }
     if writable is not None:
         devs = [*DEVICE_FILES]
@@ -432,8 +433,8 @@ def exited(
 def _enter(policy: dict[str, Any]) -> None:
     if policy.get("pdeathsig"):
         _libc().prctl(_PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0)
-        if not policy.get("init") and os.getppid() == 1:
-            os._exit(1)  # the parent died before the signal was armed
+        if not policy.get("init") and os.getppid() != policy.get("parent", os.getppid()):
+            os._exit(1)  # the parent died before the signal was armed (it may be PID 1 itself)
     if policy.get("shm"):
         _mount_private_shm()
     if policy.get("landlock"):
