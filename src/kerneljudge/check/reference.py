@@ -310,11 +310,11 @@ class ReferenceSession:
             on_device, printed = bool(reply.get("drawn_on_device")), reply.get("input_fingerprint")
             fields = {**fields, "on_device": on_device, "fingerprint": printed}
         self._held[str(key)] = (seed, fields)
-        kept = "aliases_input modified_inputs input_layout output_layout input_fingerprint"
-        kept += " drawn_on_device room"
+        kept = ("aliases_input", "modified_inputs", "input_layout", "output_layout",
+                "input_fingerprint", "drawn_on_device", "room")  # fmt: skip
         call_s = reply.get("call_s")
         call_s = float(call_s) if isinstance(call_s, int | float) else 0.0
-        fields_kept = {k: reply[k] for k in kept.split() if k in reply}
+        fields_kept = {k: reply[k] for k in kept if k in reply}
         held = HeldTrial(str(key), seed, fields_kept, wall_s, call_s)
         self._input_bytes = max(self._input_bytes or 0, held.input_bytes)
         return held

@@ -108,11 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.cores:  # before torch starts any thread: every thread and child inherits it
         os.sched_setaffinity(0, {int(c) for c in args.cores.split(",")})
-    from kerneljudge.worker.confine import _pdeathsig_preexec
+    from kerneljudge.worker.confine import _die_with
 
-    _pdeathsig_preexec()  # (also set before exec; again, in case it was not)
-    if os.getppid() != args.parent:
-        return 1  # the executor died before the signal was armed
+    # (Also armed before exec; again, in case it was not. Exits if the executor died first.)
+    _die_with(args.parent)()
     lines = _Lines(args.read_fd, args.write_fd)
     slot = Slot(args.device, args.max_judges)
     busy = threading.Event()

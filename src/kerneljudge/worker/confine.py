@@ -303,15 +303,12 @@ def command(
     return cmd + list(module_argv)
 
 
-def _pdeathsig_preexec() -> None:
-    _libc().prctl(_PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0)
-
-
 def _die_with(parent: int) -> Callable[[], None]:
-    """A ``preexec_fn`` for a child of process ``parent``: arm ``PR_SET_PDEATHSIG`` (SIGKILL),
-    then exit at once (status 1) if ``parent`` already died between the fork and the arming,
-    when no signal would ever come (the child was re-parented, so ``getppid()`` differs). It
-    runs between fork and exec: ``prctl`` is looked up here, before the fork."""
+    """A function that arms ``PR_SET_PDEATHSIG`` (SIGKILL) for the process that calls it, a
+    child of process ``parent``, then exits at once (status 1) if ``parent`` already died
+    before the arming, when no signal would ever come (the child was re-parented, so
+    ``getppid()`` differs). As a ``preexec_fn`` it runs between fork and exec: ``prctl`` is
+    looked up here, before the fork."""
     prctl = _libc().prctl
 
     def arm() -> None:
@@ -431,10 +428,9 @@ def exited(
 
 # ---------------------------------------------------------------------- child side
 def _enter(policy: dict[str, Any]) -> None:
-    if policy.get("pdeathsig"):
-        _libc().prctl(_PR_SET_PDEATHSIG, _SIGKILL, 0, 0, 0)
-        if not policy.get("init") and os.getppid() != policy.get("parent", os.getppid()):
-            os._exit(1)  # the parent died before the signal was armed (it may be PID 1 itself)
+    if policy.get("pdeathsig"):  # its parent: the supervisor (which may be PID 1), or the
+        # namespace's init that forked it (which ends with ``unshare --kill-child``)
+        _die_with(os.getppid() if policy.get("init") else policy.get("parent", os.getppid()))()
     if policy.get("shm"):
         _mount_private_shm()
     if policy.get("landlock"):
