@@ -564,6 +564,25 @@ def test_the_fused_digest_is_the_tree_digest(nbytes: int, monkeypatch: pytest.Mo
     assert tree._fused_digest(y) != digest(base[:nbytes], fused=False)
 
 
+def test_the_warm_up_runs_every_fused_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The 4 KiB a worker digests at its start (``warm``) reach both kernels of both lanes, so
+    no later fused digest compiles one; off CUDA it does nothing and gives the kernels up for
+    no one."""
+    import kerneljudge.worker.digest as tree
+
+    assert tree.warm(torch.device("cpu")) is False and not tree._UNCOMPILED
+    called: set[tuple[str, int]] = set()
+
+    def recorded(kind: str, lane: int) -> Callable[..., torch.Tensor]:
+        called.add((kind, lane))
+        return _cpu_kernel(kind, lane)
+
+    monkeypatch.setattr(tree, "_kernel", recorded)
+    raw = torch.zeros(tree._WARM_BYTES, dtype=torch.uint8)
+    assert tree._fused_digest(raw) == tree.digest(raw, fused=False)
+    assert called == {(k, lane) for k in ("leaf", "node") for lane in (0, 1)}
+
+
 def test_the_audited_calls_the_supervisor_sizes_fit_the_workers_device_room() -> None:
     from kerneljudge.timing.stage import AUDIT_KEEP_SHARE
 

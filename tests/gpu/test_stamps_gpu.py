@@ -76,6 +76,19 @@ def test_the_fused_digest_on_the_gpu_is_the_tree_digest(nbytes: int) -> None:
     assert one[0] != other[0] and one[1] != other[1]
 
 
+def test_warm_compiles_every_fused_kernel_and_digests_stay_the_same() -> None:
+    """A worker's warm-up runs each of the four kernels (leaf and node, two lanes), so the first
+    timed batch compiles none; the digest of a large output is the tree's after it."""
+    from kerneljudge.worker import digest as tree
+
+    tree._kernel.cache_clear()
+    assert tree.warm(torch.device("cuda"))
+    assert tree._kernel.cache_info().currsize == 4 and not tree._UNCOMPILED
+    raw = torch.arange(40 << 20, device="cuda").to(torch.uint8)
+    assert tree.digest(raw) == tree.digest(raw, fused=False)
+    assert tree._kernel.cache_info().currsize == 4
+
+
 def test_cuda_calls_are_marked_committed_and_kept() -> None:
     dev = torch.device("cuda")
     sets = [[torch.randn(512, 512, device=dev)]]

@@ -25,11 +25,12 @@ worker to outputs it must have had when it sent the digest.
 
 Every step is a function of residues modulo ``P``, so any evaluation order that keeps exact
 residues gives the same bits. A CUDA tensor of :data:`FUSED_MIN_BYTES` or more is digested by two
-kernels compiled at run time (``torch.cuda.jiterator``, NVRTC; once per process): one makes each
-aligned group of eight leaves and reduces it to its subtree's root, the other reduces eight nodes
-of a level to their root, so each byte is read once per lane and each level's nodes are written
-once, as 32-bit residues. Made of torch's elementwise integer ops instead, a 6 GiB output took
-894 ms on the H200, 287 times its call to ``relu`` (``benchmarks/timed_loop_steps.py``).
+kernels compiled at run time (``torch.cuda.jiterator``, NVRTC; once per process, at a CUDA
+worker's start: :func:`warm`): one makes each aligned group of eight leaves and reduces it to its
+subtree's root, the other reduces eight nodes of a level to their root, so each byte is read once
+per lane and each level's nodes are written once, as 32-bit residues. Made of torch's elementwise
+integer ops instead, a 6 GiB output took 894 ms on the H200, 287 times its call to ``relu``
+(``benchmarks/timed_loop_steps.py``).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["CHUNK_WORDS", "FUSED_MIN_BYTES", "P", "digest", "digests"]
+__all__ = ["CHUNK_WORDS", "FUSED_MIN_BYTES", "P", "digest", "digests", "warm"]
 
 P = (1 << 31) - 1
 #: Per lane: A, B (leaves), M1, M2, C (nodes); A, M1, M2 below 2**30 so sums stay below 2**63.
@@ -56,6 +57,8 @@ CHUNK_WORDS = 1 << 24
 #: CUDA tensors of at least this many bytes are digested by the fused kernels (smaller ones
 #: cost a few milliseconds the torch way, less than the kernels' first compilation).
 FUSED_MIN_BYTES = 32 << 20
+#: Bytes :func:`warm` digests: 1,024 words, a tree of height 10, so each kernel runs.
+_WARM_BYTES = 4096
 #: Not empty once the fused kernels failed to compile in this process.
 _UNCOMPILED: list[bool] = []
 
@@ -185,6 +188,30 @@ def _reduce(
 def digests(values: list[torch.Tensor]) -> list[tuple[int, int]]:
     """:func:`digest` of each tensor in ``values``, in order."""
     return [digest(t) for t in values]
+
+
+def warm(device: torch.device) -> bool:
+    """Compile the fused kernels on ``device`` (a CUDA device) now, by digesting 4 KiB of zeros
+    with them: 1,024 words, so the leaf kernel and the node kernel each run once per lane with
+    the strided arguments every later fused digest gives them.
+
+    Returns:
+        True where they compiled; False for a device that is not a CUDA device, and where the
+        digest raised (NVRTC could not compile them), after which every digest of this process
+        uses torch's ops (as :func:`digest` does after such a failure).
+
+    Raises:
+        RuntimeError: the 4 KiB could not be allocated on ``device`` (a device that fails).
+    """
+    if torch.device(device).type != "cuda":
+        return False
+    zeros = torch.zeros(_WARM_BYTES, dtype=torch.uint8, device=device)
+    try:
+        digest(zeros, fused=True)
+    except RuntimeError:
+        _UNCOMPILED.append(True)
+        return False
+    return True
 
 
 def _node(lane: int, left: int, right: int) -> int:
