@@ -24,6 +24,14 @@
 #   kb_builds       benchmarks/build_times.py --compare kernelbench --plain-cuda-host (cold
 #                   verdicts beside KernelBench's harness; $KERNELBENCH and its wheels as for
 #                   `kernelbench`; KB_BUILDS_ARGS: more arguments, e.g. candidates)
+#   kb_suite        KernelBench level ${KB_LEVEL:-3} of $KERNELBENCH through `suite run`, the
+#                   identity candidates (each problem with `Model` renamed `ModelNew`), KernelBench's
+#                   tolerance, 3 trials, a 0.5 s timing budget, into the store $KB_STORE (default
+#                   $WORK/kb_suite.sqlite; a store that already holds the run continues it with
+#                   --resume, so a store carried from a call cut short judges only the rest), then
+#                   `results show`, `results metrics` and the report; KB_SUITE_TIMEOUT s (default 540)
+#   size_scaling    benchmarks/size_scaling.py --device cuda at SIZES MiB (default 1,64,1024,8192)
+#   memory          benchmarks/supervisor_memory.py --device cuda --mib ${MEMORY_MIB:-1024}
 # LOAD=1 keeps every CPU core busy (one spinner per core, and a memory-bandwidth hog) for the
 # whole run, so the judge's timing rules are checked on a loaded host; each step says so.
 #   usage: STEPS="latency builds" bash benchmarks/gpu_validation.sh
@@ -192,5 +200,46 @@ if want kb_builds; then
         --kernelbench "${KERNELBENCH:?}" --plain-cuda-host ${KB_BUILDS_ARGS:-} \
         --json "$WORK/kb_builds.json" > "$WORK/kb_builds.txt" 2>&1
     tail -20 "$WORK/kb_builds.txt"
+fi
+if want kb_suite; then
+    step kb_suite
+    level=${KB_LEVEL:-3}
+    run_id=kb-level$level
+    store=${KB_STORE:-$WORK/kb_suite.sqlite}
+    cands="$WORK/kb_candidates_level$level"
+    mkdir -p "$cands"
+    for f in "${KERNELBENCH:?}/KernelBench/level$level"/*.py; do
+        name=$(basename "$f" .py)
+        sed 's/\bModel\b/ModelNew/g' "$f" \
+            > "$cands/level_${level}_problem_${name%%_*}_sample_0_kernel.py"
+    done
+    if python3 -m kerneljudge results show "$run_id" --store "$store" > /dev/null 2>&1; then
+        plan=(--resume "$run_id")  # with the options stored with the run
+    else
+        plan=("$KERNELBENCH/KernelBench/level$level" -c "$cands" --run-id "$run_id"
+              --device cuda --tolerance allclose --trials 3 --max-time 0.5)
+    fi
+    timeout "${KB_SUITE_TIMEOUT:-540}" python3 -m kerneljudge suite run "${plan[@]}" \
+        --store "$store" >> "$WORK/kb_suite.txt" 2>&1
+    python3 -m kerneljudge results show "$run_id" --store "$store" > "$WORK/kb_suite_results.txt" 2>&1
+    python3 -m kerneljudge results metrics "$run_id" --store "$store" \
+        > "$WORK/kb_suite_metrics.txt" 2>&1
+    python3 -m kerneljudge report "$run_id" --store "$store" --out "$WORK/kb_suite_report.html" \
+        > /dev/null 2>&1
+    [ "$store" = "$WORK/kb_suite.sqlite" ] || cp "$store" "$WORK/kb_suite.sqlite"
+    tail -3 "$WORK/kb_suite.txt"; tail -12 "$WORK/kb_suite_metrics.txt"
+fi
+if want size_scaling; then
+    step size_scaling
+    timeout "${SCALING_TIMEOUT:-540}" python3 benchmarks/size_scaling.py --device cuda \
+        --sizes "${SIZES:-1,64,1024,8192}" --json "$WORK/size_scaling.json" \
+        > "$WORK/size_scaling.txt" 2>&1
+    tail -20 "$WORK/size_scaling.txt"
+fi
+if want memory; then
+    step memory
+    timeout "${MEMORY_TIMEOUT:-540}" python3 benchmarks/supervisor_memory.py --device cuda \
+        --mib "${MEMORY_MIB:-1024}" --json "$WORK/memory.json" > "$WORK/memory.txt" 2>&1
+    tail -20 "$WORK/memory.txt"
 fi
 step done
