@@ -61,3 +61,50 @@ def test_reference_in_disguise_in_cpp_source() -> None:
     issues = static_issues(src + "class ModelNew(Model): pass\n", "cpp")
     assert any("calls PyTorch's own mm" in i for i in issues)
     assert any("inherits the reference Model" in i for i in issues)
+
+
+_THREADED_REFERENCE = """
+import threading
+import time
+
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        threading.Thread(target=time.sleep, args=(0.02,)).start()  # still running at return
+        return x * 2
+
+
+def get_inputs():
+    return [torch.rand(8, 8)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_thread_left_by_the_reference_is_the_references_not_its_identitys(
+    tmp_path: Path,
+) -> None:
+    """Both workers' timed loops check for a thread left running after each call (so each call
+    follows the same work on both sides): a reference that leaves one fails the verdict as the
+    reference's failure; its own code as the candidate was rejected for it before."""
+    problem, candidate = tmp_path / "threaded.py", tmp_path / "identity.py"
+    problem.write_text(_THREADED_REFERENCE)
+    candidate.write_text(_THREADED_REFERENCE.replace("class Model(", "class ModelNew("))
+    config = JudgeConfig(
+        device="cpu",
+        cache_dir=tmp_path / "cache",
+        run_timeout_s=8.0,
+        baselines=("eager",),
+        threads=1,
+        timing_config=TimingConfig(max_time_s=0.3, min_samples=5),
+    )
+    with Judge(problem, config) as j:
+        v = j.evaluate(candidate)
+    assert v.status is Status.RUNTIME_ERROR, v.reason
+    assert "the reference of threaded failed on time" in v.reason
+    assert "thread(s) running after the call" in v.reason

@@ -473,7 +473,7 @@ def time_calls(
                     for t in sorted(alive)
                 ]
                 raise ThreadLeftRunning(
-                    f"the candidate left {len(alive)} thread(s) running after the call (a thread "
+                    f"forward left {len(alive)} thread(s) running after the call (a thread "
                     f"started by the call was still running when forward returned: "
                     f"{', '.join(names[:3])})"
                 )

@@ -385,7 +385,7 @@ class Worker(KeptTrials, CapturedCalls):
                     roll=bool(msg.get("roll", True)),
                     link=link,
                     seed=int(spec["seed"]) if link is not None and isinstance(spec, dict) else None,
-                    threads_before=before if self.sandbox is not None else None,
+                    threads_before=before,  # both sides: each call follows the same work
                     graph=graph,
                     kept_before=self.snapshots,
                 )
