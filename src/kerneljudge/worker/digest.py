@@ -36,6 +36,7 @@ integer ops instead, a 6 GiB output took 894 ms on the H200, 287 times its call 
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -193,7 +194,8 @@ def digests(values: list[torch.Tensor]) -> list[tuple[int, int]]:
 def warm(device: torch.device) -> bool:
     """Compile the fused kernels on ``device`` (a CUDA device) now, by digesting 4 KiB of zeros
     with them: 1,024 words, so the leaf kernel and the node kernel each run once per lane with
-    the strided arguments every later fused digest gives them.
+    the strided arguments every later fused digest gives them. Warnings raised meanwhile are
+    dropped (torch warns where its kernel cache on disk is not writable, as in a confined worker).
 
     Returns:
         True where they compiled; False for a device that is not a CUDA device, and where the
@@ -207,7 +209,9 @@ def warm(device: torch.device) -> bool:
         return False
     zeros = torch.zeros(_WARM_BYTES, dtype=torch.uint8, device=device)
     try:
-        digest(zeros, fused=True)
+        with warnings.catch_warnings():  # torch's, where its kernel cache is not writable
+            warnings.simplefilter("ignore")
+            digest(zeros, fused=True)
     except RuntimeError:
         _UNCOMPILED.append(True)
         return False
