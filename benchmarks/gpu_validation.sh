@@ -28,7 +28,8 @@
 #                   identity candidates (each problem with `Model` renamed `ModelNew`), KernelBench's
 #                   tolerance, 3 trials, a 0.5 s timing budget, into the store $KB_STORE (default
 #                   $WORK/kb_suite.sqlite; a store that already holds the run continues it with
-#                   --resume, so a store carried from a call cut short judges only the rest), then
+#                   --resume, so a store carried from a call cut short judges only the rest: the
+#                   run's stored paths, so $KERNELBENCH and $WORK must be where they were), then
 #                   `results show`, `results metrics` and the report; KB_SUITE_TIMEOUT s (default 540)
 #   size_scaling    benchmarks/size_scaling.py --device cuda at SIZES MiB (default 1,64,1024,8192)
 #   memory          benchmarks/supervisor_memory.py --device cuda --mib ${MEMORY_MIB:-1024}
@@ -205,7 +206,11 @@ if want kb_suite; then
     step kb_suite
     level=${KB_LEVEL:-3}
     run_id=kb-level$level
-    store=${KB_STORE:-$WORK/kb_suite.sqlite}
+    store=$WORK/kb_suite.sqlite
+    # A carried store may be read-only (as what comes back from a call is): judged into a copy.
+    if [ -n "${KB_STORE:-}" ] && [ "$KB_STORE" != "$store" ]; then
+        cp "$KB_STORE" "$store" && chmod u+w "$store"
+    fi
     cands="$WORK/kb_candidates_level$level"
     mkdir -p "$cands"
     for f in "${KERNELBENCH:?}/KernelBench/level$level"/*.py; do
@@ -226,7 +231,6 @@ if want kb_suite; then
         > "$WORK/kb_suite_metrics.txt" 2>&1
     python3 -m kerneljudge report "$run_id" --store "$store" --out "$WORK/kb_suite_report.html" \
         > /dev/null 2>&1
-    [ "$store" = "$WORK/kb_suite.sqlite" ] || cp "$store" "$WORK/kb_suite.sqlite"
     tail -3 "$WORK/kb_suite.txt"; tail -12 "$WORK/kb_suite_metrics.txt"
 fi
 if want size_scaling; then

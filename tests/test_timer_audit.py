@@ -264,7 +264,8 @@ def test_digest_covers_length_and_layout() -> None:
 
 
 # ------------------------------------------------------------------ the loop and the observer
-def _observe(fn, sets, n: int, warmup: int, keep, threads_before=None, kept_before=None):  # type: ignore[no-untyped-def]
+def _observe(fn, sets, n: int, warmup: int, keep, threads_before=None, kept_before=None,  # type: ignore[no-untyped-def]
+             reject_threads=True):  # fmt: skip
     sup, wrk = socket_pair()
     box: dict = {}
 
@@ -281,6 +282,7 @@ def _observe(fn, sets, n: int, warmup: int, keep, threads_before=None, kept_befo
             link=measure.Link(wrk, link["batch"]),
             seed=link["seed"],
             threads_before=threads_before,
+            reject_threads=reject_threads,
             kept_before=kept_before,
         )
         return {"times_ms": box["result"][0]}
@@ -334,6 +336,36 @@ def test_a_thread_alive_at_the_end_mark_fails_the_call_without_grace() -> None:
     try:
         with pytest.raises(measure.ThreadLeftRunning, match="still running when forward"):
             _observe(fn, [[torch.randn(8)]], 3, 0, lambda i: -1, threads_before=thread_idents())
+    finally:
+        release.set()
+
+
+def test_the_references_loop_makes_the_same_thread_check_and_lets_it_be(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Both sides' loops look for a thread left running after every call (work outside the
+    window that slows the next call: made on one side only, it biased identity speedups of
+    microsecond calls); only the candidate's raises."""
+    from kerneljudge.worker.sandbox import thread_idents
+
+    release = threading.Event()
+    looked: list[int] = []
+
+    def counted() -> set[int]:
+        looked.append(1)
+        return thread_idents()
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        threading.Thread(target=release.wait, daemon=True).start()
+        return x * 2
+
+    monkeypatch.setattr(measure, "_thread_idents", counted)
+    try:
+        before = thread_idents()
+        (times, _, _), _ = _observe(
+            fn, [[torch.randn(8)]], 3, 1, lambda i: -1, threads_before=before, reject_threads=False
+        )
+        assert len(times) == 3 and len(looked) == 4  # every call, the warm-up's too
     finally:
         release.set()
 

@@ -198,9 +198,10 @@ def warm(device: torch.device) -> bool:
     dropped (torch warns where its kernel cache on disk is not writable, as in a confined worker).
 
     Returns:
-        True where they compiled; False for a device that is not a CUDA device, and where the
-        digest raised (NVRTC could not compile them), after which every digest of this process
-        uses torch's ops (as :func:`digest` does after such a failure).
+        True where they compiled; False for a device that is not a CUDA device, where the device
+        was out of memory, and where the digest raised otherwise (NVRTC could not compile them),
+        after which every digest of this process uses torch's ops (as :func:`digest` does after
+        such a failure).
 
     Raises:
         RuntimeError: the 4 KiB could not be allocated on ``device`` (a device that fails).
@@ -212,6 +213,8 @@ def warm(device: torch.device) -> bool:
         with warnings.catch_warnings():  # torch's, where its kernel cache is not writable
             warnings.simplefilter("ignore")
             digest(zeros, fused=True)
+    except torch.cuda.OutOfMemoryError:  # not a compilation failure: a later digest tries again
+        return False
     except RuntimeError:
         _UNCOMPILED.append(True)
         return False

@@ -40,18 +40,8 @@ from kerneljudge.worker.stamps import (
     output_digest,
 )
 
-__all__ = [
-    "Link",
-    "ThreadLeftRunning",
-    "flatten_tensors",
-    "load_static",
-    "unwritten",
-    "writable",
-    "nudge",
-    "perturb",
-    "poison",
-    "time_calls",
-]
+__all__ = ["Link", "ThreadLeftRunning", "flatten_tensors", "load_static", "unwritten",
+           "writable", "nudge", "perturb", "poison", "time_calls"]  # fmt: skip
 
 # Captured when the worker starts, before candidate code can patch them: the C-level event
 # methods cannot be replaced from Python, and a later patch of the Python names does not reach
@@ -344,6 +334,7 @@ def time_calls(
     link: Link | None = None,
     seed: int | None = None,
     threads_before: set[int] | None = None,
+    reject_threads: bool = True,
     graph: Any = None,
     kept_before: dict[int, Any] | None = None,
 ) -> tuple[list[float], dict[int, list[torch.Tensor]], float]:
@@ -368,6 +359,8 @@ def time_calls(
         seed: the first call's :func:`perturb` seed (with ``link``).
         threads_before: Python threads that may be alive at an end mark (None: not checked);
             any other raises :class:`ThreadLeftRunning` at once, with no grace.
+        reject_threads: False: the check is made after each call all the same and what it finds
+            is ignored (the reference's loop: each call on either side follows the same work).
         graph: a :class:`kerneljudge.worker.graphs.Captured` of ``fn`` (CUDA only): each call's
             inputs are loaded into its static inputs (its static outputs filled first,
             :func:`load_static`), outside the window, and the window holds its replay alone:
@@ -466,14 +459,14 @@ def time_calls(
             copies = [t.detach().clone() for t in flatten_tensors(out)]
         if threads_before is not None:
             alive = _thread_idents() - threads_before
-            if alive:
+            if alive and reject_threads:
                 named = {t.ident: t.name for t in threading.enumerate()}
                 names = [
                     named.get(t) or f"thread {t}, started outside the threading module"
                     for t in sorted(alive)
                 ]
                 raise ThreadLeftRunning(
-                    f"forward left {len(alive)} thread(s) running after the call (a thread "
+                    f"the candidate left {len(alive)} thread(s) running after the call (a thread "
                     f"started by the call was still running when forward returned: "
                     f"{', '.join(names[:3])})"
                 )

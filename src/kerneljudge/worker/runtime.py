@@ -385,7 +385,8 @@ class Worker(KeptTrials, CapturedCalls):
                     roll=bool(msg.get("roll", True)),
                     link=link,
                     seed=int(spec["seed"]) if link is not None and isinstance(spec, dict) else None,
-                    threads_before=before,  # both sides: each call follows the same work
+                    threads_before=before,  # checked on both sides: the same work per call
+                    reject_threads=self.sandbox is not None,
                     graph=graph,
                     kept_before=self.snapshots,
                 )
@@ -400,9 +401,8 @@ class Worker(KeptTrials, CapturedCalls):
             ) from None
         self.snapshots.update(kept)
         release(self.device)  # what the loop freed, given back: the other side is timed next
-        between = link.between_cpu_ms if link is not None else []
         reply = {"times_ms": times, "wall_s": wall, "n_sets": len(self.sets)}
-        return {**reply, "between_cpu_ms": between}
+        return {**reply, "between_cpu_ms": link.between_cpu_ms if link is not None else []}
 
     def op_pin(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Move every thread of this process onto the CPU cores ``cpus`` (a list) for timing,
