@@ -3,6 +3,7 @@ prefix, episode transcripts, exports, and a file of schema version 1 migrates to
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 from pathlib import Path
@@ -228,3 +229,41 @@ def test_results_commands_print_and_fail_in_one_line(tmp_path: Path) -> None:
         assert res.exit_code == 0, (cmd, res.output)
     res = runner.invoke(app, ["results", "show", "nope", "--store", str(db_path)])
     assert res.exit_code == 2 and "no run 'nope'" in res.output and "Traceback" not in res.output
+
+
+def test_metrics_read_the_graph_replays_speedups_when_asked(tmp_path: Path) -> None:
+    """``--timing graph``: each verdict counts by its CUDA-graph replays' speedup (here a win at
+    p=1 where the launched calls' interval holds 1), a verdict without replays as untimed (a
+    tie, out of the geomean); an unknown timing is a one-line error."""
+    from kerneljudge.verdict import GraphTiming
+
+    db_path = tmp_path / "r.db"
+    replayed = _verdict(Status.CORRECT, (1.2, 0.9, 1.5))
+    assert replayed.timing is not None
+    graph = GraphTiming(speedups=(Speedup("eager", 1.1, (1.05, 1.15)),), rounds=2)
+    replayed = dataclasses.replace(
+        replayed, timing=dataclasses.replace(replayed.timing, graph=graph)
+    )
+    with ResultsStore(db_path) as store:
+        _run(store)
+        store.add_verdict("r1", problem="p", sample="0", source="s", verdict=replayed)
+        store.add_verdict(
+            "r1", problem="q", sample="0", source="t", verdict=_verdict(Status.CORRECT, (2, 1, 3))
+        )
+        launched = store.samples("r1")
+        replays = store.samples("r1", "graph")
+        with pytest.raises(ValueError, match="timing must be one of"):
+            store.samples("r1", "wall")
+    assert [(s.speedup, s.ci95) for s in launched] == [(1.2, (0.9, 1.5)), (2, (1, 3))]
+    assert [(s.speedup, s.ci95) for s in replays] == [(1.1, (1.05, 1.15)), (None, None)]
+    runner = CliRunner()
+    base = ["results", "metrics", "r1", "--store", str(db_path), "--json"]
+    by_launch = json.loads(runner.invoke(app, base).output)
+    by_graph = json.loads(runner.invoke(app, [*base, "--timing", "graph"]).output)
+    assert (by_launch["timing"], by_graph["timing"]) == ("launched", "graph")
+    (g_launch,), (g_graph,) = by_launch["groups"], by_graph["groups"]
+    fast_1 = [g["fast_p"][1] for g in (g_launch, g_graph)]
+    assert [(f["wins"], f["ties"]) for f in fast_1] == [(0.0, 1.0), (0.5, 0.5)]
+    assert g_graph["geomean_speedup"] == pytest.approx(1.1) and g_graph["timed_correct"] == 1
+    res = runner.invoke(app, [*base[:-1], "--timing", "wall"])
+    assert res.exit_code == 2 and "--timing must be launched or graph" in res.output

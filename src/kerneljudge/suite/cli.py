@@ -346,12 +346,20 @@ def results_metrics(
     by: Annotated[Optional[str], typer.Option(help="level or tag.")] = None,
     p: Annotated[str, typer.Option("--p", help="fast_p thresholds, comma list.")] = "0,1,1.5,2",
     k: Annotated[str, typer.Option("--k", help="pass@k sample counts, comma list.")] = "1,5,10",
+    timing: Annotated[
+        str,
+        typer.Option(
+            help="Speedups of the launched calls (launched) or of the CUDA-graph replays "
+            "(graph: the device's time alone; a verdict without them counts as untimed)."
+        ),
+    ] = "launched",
     store: StoreOpt = None,
     json_out: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Correctness, fast_p (wins / ties / losses by the 95% interval), pass@k, fast_p@k and
     the geometric-mean speedup of a run, overall or per level or tag."""
     from kerneljudge.suite.metrics import compute_metrics
+    from kerneljudge.suite.migrations import TIMINGS
     from kerneljudge.suite.report import metrics_tables
 
     try:
@@ -364,19 +372,21 @@ def results_metrics(
         _fail("--p and --k need at least one value each; k >= 1")
     if by not in (None, "level", "tag"):
         _fail(f"--by must be level or tag, not {by!r}")
+    if timing not in TIMINGS:
+        _fail(f"--timing must be {' or '.join(TIMINGS)}, not {timing!r}")
     try:
         with _open(store) as db:
             info = db.run(run)
-            groups = compute_metrics(
-                db.problems(info.run_id), db.samples(info.run_id), by=by, ps=ps, ks=ks
-            )
+            samples = db.samples(info.run_id, timing)
+            groups = compute_metrics(db.problems(info.run_id), samples, by=by, ps=ps, ks=ks)
     except KernelJudgeError as exc:
         _fail(str(exc))
         return
     if json_out:
-        print(json.dumps({"run_id": info.run_id, "groups": [g.to_dict() for g in groups]}))
+        groups_out = [g.to_dict() for g in groups]
+        print(json.dumps({"run_id": info.run_id, "timing": timing, "groups": groups_out}))
         return
-    for table in metrics_tables(info.run_id, groups):
+    for table in metrics_tables(info.run_id, groups, timing):
         console.print(table)
 
 

@@ -75,10 +75,28 @@ CREATE TABLE episodes (
 """
 
 
-def speedup_columns(verdict: dict) -> tuple[float | None, float | None, float | None]:
-    """``(median, lo, hi)`` of a verdict dict's eager speedup, or Nones when not timed."""
-    timing = verdict.get("timing") or {}
-    for s in timing.get("speedups") or []:
+#: The speedups a stored verdict can be read by: its launched calls' or its graph replays'.
+TIMINGS = ("launched", "graph")
+
+
+def speedup_columns(
+    verdict: dict, timing: str = "launched"
+) -> tuple[float | None, float | None, float | None]:
+    """``(median, lo, hi)`` of a verdict dict's eager speedup, or Nones when not timed so.
+
+    ``timing``: ``"launched"`` (the timing stage's launched calls, ``timing.speedups``) or
+    ``"graph"`` (its CUDA-graph replays, ``timing.graph.speedups``: Nones where the verdict has
+    none, as where either side could not be captured or the device is a CPU).
+
+    Raises:
+        ValueError: another ``timing``.
+    """
+    if timing not in TIMINGS:
+        raise ValueError(f"timing must be one of {', '.join(TIMINGS)}, not {timing!r}")
+    timing_dict = verdict.get("timing") or {}
+    if timing == "graph":
+        timing_dict = timing_dict.get("graph") or {}
+    for s in timing_dict.get("speedups") or []:
         if s.get("baseline") == "eager":
             lo, hi = (s.get("ci95") or [None, None])[:2]
             return s.get("median"), lo, hi

@@ -113,12 +113,21 @@ class StoredVerdict:
             out.pop("candidate_source")
         return out
 
-    def as_sample(self) -> Sample:
-        lo, hi = self.speedup_lo, self.speedup_hi
+    def as_sample(self, timing: str = "launched") -> Sample:
+        """This verdict as the metrics see it, by its launched calls' eager speedup (the
+        stored columns) or, with ``timing="graph"``, by its graph replays' (None where it has
+        none: :func:`~kerneljudge.suite.migrations.speedup_columns`).
+
+        Raises:
+            ValueError: another ``timing``.
+        """
+        med, lo, hi = self.speedup, self.speedup_lo, self.speedup_hi
+        if timing != "launched":
+            med, lo, hi = speedup_columns(json.loads(self.verdict_json), timing)
         return Sample(
             problem=self.problem,
             correct=self.status == "correct",
-            speedup=self.speedup,
+            speedup=med,
             ci95=(lo, hi) if lo is not None and hi is not None else None,
             level=self.level,
             tags=self.tags,
@@ -415,9 +424,10 @@ class ResultsStore:
                 transcript=json.loads(row[20]) if row[20] is not None else None,
             )
 
-    def samples(self, run_id: str) -> list[Sample]:
-        """The run's verdicts as :class:`~kerneljudge.suite.metrics.Sample` for the metrics."""
-        return [v.as_sample() for v in self.verdicts(run_id)]
+    def samples(self, run_id: str, timing: str = "launched") -> list[Sample]:
+        """The run's verdicts as :class:`~kerneljudge.suite.metrics.Sample` for the metrics,
+        by ``timing``'s speedups (:meth:`StoredVerdict.as_sample`)."""
+        return [v.as_sample(timing) for v in self.verdicts(run_id)]
 
     # ------------------------------------------------------------------ helpers
     def _transaction(self) -> _Transaction:
