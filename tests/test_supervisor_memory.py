@@ -194,6 +194,11 @@ def test_trials_without_room_to_keep_are_run_when_compared(
         (held,) = made[0].values()
         assert [h.deferred for h in held] == [False] + [True] * (config.trials - 1)
         assert held[0].reply["room"] is False
+        n = config.trials
+        assert verdict.reductions == (
+            f"{n - 1} of {n} trials were run by the reference only when compared, not kept "
+            "ahead (no room to keep their outputs and oracles)",
+        )
         counting = tmp_path / "counting.py"
         counting.write_text(COUNTING)
         wrong = judge.evaluate(counting)
@@ -202,7 +207,8 @@ def test_trials_without_room_to_keep_are_run_when_compared(
     assert wrong.check.n_passed == 1
     with Judge(problem, JudgeConfig(device="cpu", timing=False, cache_dir=tmp_path)) as judge:
         made.clear()
-        assert judge.evaluate(candidate).status.value == "correct"
+        roomy = judge.evaluate(candidate)
+        assert roomy.status.value == "correct" and roomy.reductions == ()
         (held,) = made[0].values()
         assert not any(h.deferred for h in held)  # the host's share holds all five
 
@@ -236,3 +242,46 @@ def test_a_deferred_trials_failed_reference_run_is_named_in_the_verdict(
         assert "trial 2, deferred" in failed.reason and "\n" not in failed.reason
         verdict = judge.evaluate(candidate)
     assert verdict.status.value == "correct", verdict.reason
+
+
+def test_oracles_made_on_the_host_are_counted_and_named() -> None:
+    """A float64 oracle whose device try fails is made on the host and says so (here a CUDA
+    device on a machine without one; on one with a GPU, the device's try succeeds); the
+    supervisor counts the trials and the audits of timed calls whose reply says so, and the
+    verdict names each reduction in one line."""
+    import types
+
+    import torch
+
+    from kerneljudge.check.reference import HeldTrial, ReferenceSession
+    from kerneljudge.judge.outcome import Reductions
+    from kerneljudge.worker.forward import float64_oracle
+
+    ran_on: list[str] = []
+    x = torch.arange(4, dtype=torch.float32)
+    out = float64_oracle(torch.nn.Tanh(), [x], torch.device("cuda"), ran_on=ran_on)
+    assert out.dtype == torch.float64 and torch.equal(out, torch.tanh(x.double()))
+    assert ran_on == (["cuda"] if torch.cuda.is_available() else ["cpu"])
+
+    session = types.SimpleNamespace(host_oracles=0, request=lambda *a, **k: {})
+    ReferenceSession.run_timed_call(session, "0", 1, True, 1.0, True)  # type: ignore[arg-type]
+    session.request = lambda *a, **k: {"oracle_on_host": True}
+    for _ in range(2):
+        ReferenceSession.run_timed_call(session, "0", 1, True, 1.0, True)  # type: ignore[arg-type]
+    assert session.host_oracles == 2
+
+    held = [HeldTrial("0", 1, {}), HeldTrial("1", 2, {"oracle": True}, deferred=True)]
+    cut = Reductions.of_prepared({"public": held})
+    assert (cut.trials, cut.deferred) == (2, 1)
+    held[1] = HeldTrial("1", 2, {"oracle_on_host": True})  # as the trials stage leaves it
+    cut.count_oracles({"public": held})
+    cut.audits_on_host = 2
+    assert cut.lines() == (
+        "1 of 2 trials were run by the reference only when compared, not kept ahead (no room "
+        "to keep their outputs and oracles)",
+        "the float64 oracle of 1 of 2 trials was computed on the host (no room for it on the "
+        "device)",
+        "the float64 oracle of 2 audited timed call(s) was computed on the host (no room for "
+        "it on the device)",
+    )
+    assert Reductions().lines() == ()

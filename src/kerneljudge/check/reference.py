@@ -45,9 +45,8 @@ class ReferenceFailed(WorkerError):
     Attributes:
         had_answered: it had run the reference before (a ``run`` or later request answered,
             not only ``load_problem`` and ``setup``), so the problem itself works and the
-            failure came from outside (a candidate running beside it). When false, the
-            problem failed on its own: the judge reports a
-            :class:`~kerneljudge.errors.ProblemError`.
+            failure came from outside (a candidate running beside it). When false, the problem
+            failed on its own: the judge reports a :class:`~kerneljudge.errors.ProblemError`.
     """
 
     def __init__(self, message: str, had_answered: bool) -> None:
@@ -63,11 +62,12 @@ class HeldTrial:
         key: its key in the reference worker.
         seed: the seed its inputs were drawn from (:meth:`Problem.make_inputs`).
         reply: the reference's reply to its run: ``aliases_input``, ``modified_inputs``,
-            ``input_layout``/``output_layout`` (``[shape, dtype name]`` of each tensor) and
-            ``room`` (:meth:`kerneljudge.worker.kept_trials.KeptTrials.room_for_another`).
-        wall_s: seconds its ``run`` request took on the supervisor's clock (sending the
-            inputs, the call, the float64 oracle when asked, the reply; not the worker's start
-            nor the loading of the problem and its weights); 0 when not measured.
+            ``input_layout``/``output_layout`` (``[shape, dtype name]`` of each tensor),
+            ``room`` (:meth:`kerneljudge.worker.kept_trials.KeptTrials.room_for_another`) and
+            ``oracle_on_host`` (its float64 oracle was made on the host: no room on the GPU).
+        wall_s: seconds its ``run`` request took on the supervisor's clock (the inputs sent,
+            the call, the float64 oracle when asked, the reply; not the worker's start nor the
+            loading of the problem and its weights); 0 when not measured.
         call_s: seconds of the reference's call itself, on its worker's clock (the device
             synchronised); 0 when not reported.
         deferred: not run yet: the reference worker had no room to keep it ahead (its reply
@@ -99,9 +99,7 @@ class HeldTrial:
 
 
 def _stand_ins(layout: list[Any]) -> list[torch.Tensor]:
-    return [
-        torch.empty(shape, dtype=getattr(torch, dtype), device="meta") for shape, dtype in layout
-    ]
+    return [torch.empty(s, dtype=getattr(torch, d), device="meta") for s, d in layout]
 
 
 def _trial_result(fields: dict[str, Any]) -> TrialResult:
@@ -167,6 +165,8 @@ class ReferenceSession:
         #: Bytes the worker's kept trials may take before it has no room for another (0: its
         #: share of the device's memory, :mod:`kerneljudge.worker.kept_trials`).
         self.keep_bytes = 0
+        #: How many of its audit runs (:meth:`run_timed_call`) had their oracle on the host.
+        self.host_oracles = 0
 
     def request(self, op: str, timeout_s: float, **fields: Any) -> dict[str, Any]:
         """A request the reference must answer; any failure is a harness error.
@@ -311,7 +311,7 @@ class ReferenceSession:
             fields = {**fields, "on_device": on_device, "fingerprint": printed}
         self._held[str(key)] = (seed, fields)
         kept = ("aliases_input", "modified_inputs", "input_layout", "output_layout",
-                "input_fingerprint", "drawn_on_device", "room")  # fmt: skip
+                "input_fingerprint", "drawn_on_device", "room", "oracle_on_host")  # fmt: skip
         call_s = reply.get("call_s")
         call_s = float(call_s) if isinstance(call_s, int | float) else 0.0
         fields_kept = {k: reply[k] for k in kept if k in reply}
@@ -342,12 +342,12 @@ class ReferenceSession:
         """Run the reference on the inputs a timed call made from the trial held under
         ``key`` with ``seed`` (:func:`kerneljudge.worker.measure.perturb`, built in the worker
         from the held inputs) and hold its outputs under the key ``"audit"``; the worker does
-        not keep these inputs as a timed input set.
+        not keep these inputs as a timed input set. Counts :attr:`host_oracles`.
 
         Raises:
             ReferenceFailed: as :meth:`request`.
         """
-        self.request(
+        reply = self.request(
             "run",
             timeout_s,
             from_held=key,
@@ -357,6 +357,7 @@ class ReferenceSession:
             keep=False,
             expect="audit",
         )
+        self.host_oracles += bool(reply.get("oracle_on_host"))
 
     def compare(
         self,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.metadata
 import platform
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -14,13 +15,14 @@ import torch
 
 from kerneljudge.check.reference import ReferenceFailed, first_line
 from kerneljudge.check.trials import TrialRejected
-from kerneljudge.judge.reference_side import problem_failed
+from kerneljudge.judge.reference_side import Prepared, problem_failed
 from kerneljudge.verdict import BuildResult, CheckResult, Status, TrialResult, Verdict
 from kerneljudge.worker import CandidateFault, WorkerDied, WorkerProcess, WorkerTimeout
 
 __all__ = [
     "CANDIDATE_FAILURES",
     "Decided",
+    "Reductions",
     "Stopwatch",
     "VerdictWriter",
     "build_failure",
@@ -64,12 +66,64 @@ class Stopwatch:
         return time.monotonic() - self._t0
 
 
+@dataclass
+class Reductions:
+    """What the judge reduced for want of memory in one verdict (:attr:`Verdict.reductions`).
+
+    Attributes:
+        trials: the verdict's trials (all shape sets).
+        deferred: those the reference worker had no room to keep ahead, run when compared.
+        trial_oracles_on_host: those whose float64 oracle was made on the host (a GPU's
+            reference worker had no room for it).
+        audits_on_host: the audits of timed calls whose oracle was made on the host.
+    """
+
+    trials: int = 0
+    deferred: int = 0
+    trial_oracles_on_host: int = 0
+    audits_on_host: int = 0
+
+    @classmethod
+    def of_prepared(cls, prepared: Prepared) -> Reductions:
+        """Counted on the trials as the reference stage left them (before any deferred one
+        ran)."""
+        held = [h for runs in prepared.values() for h in runs]
+        return cls(trials=len(held), deferred=sum(h.deferred for h in held))
+
+    def count_oracles(self, prepared: Prepared) -> None:
+        """Count the trials whose oracle was made on the host, once every trial has run."""
+        runs = [h for runs in prepared.values() for h in runs]
+        self.trial_oracles_on_host = sum(bool(h.reply.get("oracle_on_host")) for h in runs)
+
+    def lines(self) -> tuple[str, ...]:
+        """One line per reduction made (none: empty)."""
+        out = []
+        if self.deferred:
+            out.append(
+                f"{self.deferred} of {self.trials} trials were run by the reference only when "
+                f"compared, not kept ahead (no room to keep their outputs and oracles)"
+            )
+        if self.trial_oracles_on_host:
+            out.append(
+                f"the float64 oracle of {self.trial_oracles_on_host} of {self.trials} trials "
+                f"was computed on the host (no room for it on the device)"
+            )
+        if self.audits_on_host:
+            out.append(
+                f"the float64 oracle of {self.audits_on_host} audited timed call(s) was "
+                f"computed on the host (no room for it on the device)"
+            )
+        return tuple(out)
+
+
 class VerdictWriter:
     """Writes the verdict of one candidate: the fields known at the start (``base``), its
-    stage durations, and what the stages found (:meth:`write`, :meth:`failure`)."""
+    stage durations, what the stages found (:meth:`write`, :meth:`failure`), and what was
+    reduced for want of memory (``reductions``, set by the stages that know it)."""
 
     def __init__(self, clock: Stopwatch, **base: Any) -> None:
         self.clock, self.base = clock, base
+        self.reductions = Reductions()
 
     def write(self, status: Status, reason: str, **fields: Any) -> Verdict:
         return Verdict(
@@ -78,6 +132,7 @@ class VerdictWriter:
             finished_at=now(),
             duration_s=self.clock.elapsed(),
             stage_s=dict(self.clock.stages),
+            reductions=self.reductions.lines(),
             **self.base,
             **fields,
         )

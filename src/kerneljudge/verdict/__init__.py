@@ -35,7 +35,7 @@ __all__ = [
     "decode",
 ]
 
-SCHEMA_VERSION = "1.5"
+SCHEMA_VERSION = "1.6"
 
 
 class Status(str, Enum):
@@ -453,6 +453,10 @@ class Verdict:
     #: The time limits of its worker requests (None: the verdict ended before the reference's
     #: trials were run, e.g. at its build). Added in schema 1.4.
     limits: RequestLimits | None = None
+    #: What the judge reduced for want of memory, one line each (empty: nothing): trials run
+    #: by the reference only when compared instead of kept ahead, float64 oracles computed on
+    #: the host instead of the device. Added in schema 1.6.
+    reductions: tuple[str, ...] = ()
     schema_version: str = SCHEMA_VERSION
 
     @property

@@ -204,6 +204,7 @@ def render_verdict(v: Verdict, console: Console | None = None) -> None:
                     f"{_fmt(r.achieved_tflops, '.3f')} TFLOP/s{frac}"
                 )
             )
+    parts += [Text(f"reduced for want of memory: {line}") for line in v.reductions]
     if v.worker_log and v.status in (Status.RUNTIME_ERROR, Status.TIMEOUT):
         parts.append(
             Panel(Text(v.worker_log[-2000:]), title="worker output", border_style="yellow")

@@ -129,6 +129,7 @@ def float64_oracle(
     device: torch.device,
     keep: Callable[[Any], Any] | None = None,
     spare: list[Any] | None = None,
+    ran_on: list[str] | None = None,
 ) -> Any:
     """The reference evaluated in float64: ``model`` called (under ``no_grad``) with its floating
     parameters and buffers in float64 (:func:`in_float64`) on ``inputs`` with every floating
@@ -141,7 +142,8 @@ def float64_oracle(
     input tensor that needs no conversion (integer, bool or float64, already on the device of
     the try) is passed as it is, not copied. ``spare`` (a list this function fills): the
     float64 inputs of a try on the CPU are kept in it, and written over by the next call given
-    the same list (:func:`to_double`'s ``into``).
+    the same list (:func:`to_double`'s ``into``). ``ran_on`` (a list this function fills): the
+    device type of the try that succeeded is appended to it (``"cpu"`` after a GPU's failed).
 
     Returns:
         The outputs as ``keep`` copies them (default :func:`to_cpu`; float64 where the
@@ -161,7 +163,10 @@ def float64_oracle(
                 if reused is not None:  # the converted ones only
                     reused[:] = [a if a is not v else None for a, v in zip(args, moved)]
                 with torch.no_grad():
-                    return (keep or to_cpu)(model(*args))
+                    result = (keep or to_cpu)(model(*args))
+                if ran_on is not None:
+                    ran_on.append(dev.type)
+                return result
         except (RuntimeError, NotImplementedError, TypeError) as exc:
             if _mismatch(exc):
                 return None

@@ -138,7 +138,6 @@ class Worker(KeptTrials, CapturedCalls):
                     status="rejected",
                 )
 
-    # ------------------------------------------------------------------ loading
     def op_load_candidate(self, msg: dict[str, Any]) -> dict[str, Any]:
         path = str(msg["path"])
         self.source_path = path
@@ -200,7 +199,6 @@ class Worker(KeptTrials, CapturedCalls):
             ) from None
         return {"note": "", **reply}
 
-    # ------------------------------------------------------------------ running
     def _call(self, fn: Callable[..., Any], args: list[Any], record_ops: bool = False) -> Any:
         """One forward call, confined, synchronised; with the ATen ops it ran when asked."""
         recorder = OpRecorder() if record_ops else None
@@ -227,9 +225,9 @@ class Worker(KeptTrials, CapturedCalls):
     def op_run(self, msg: dict[str, Any]) -> dict[str, Any]:
         """One correctness trial on ``inputs``; keeps them as an input set for the timed loop.
 
-        Returns ``outputs`` (on the CPU), ``oracle`` (float64 reference, when asked), ``ops``
-        (ATen operators the call ran, when ``record_ops``), ``aliases_input`` (an output shares
-        storage with an input) and ``modified_inputs`` (indices of inputs changed in place).
+        Returns ``outputs`` (on the CPU), ``oracle`` (float64 reference, when asked; and
+        ``oracle_on_host`` where a GPU worker made it on the host), ``ops`` (ATen operators run,
+        when ``record_ops``), ``aliases_input`` and ``modified_inputs`` (:func:`input_effects`).
         With ``keep`` false (a timed call checked again), the inputs are not kept as a set.
 
         In the reference worker, ``expect`` (a key) keeps the outputs and oracle here for
@@ -291,7 +289,10 @@ class Worker(KeptTrials, CapturedCalls):
         # Sent on a pipe of their own, they leave the device only if they cannot go on it.
         outputs = self.keep_copy(out) if kept else out if msg.get("side") else to_cpu(out)
         del out, args
-        oracle = self._oracle(kept, audit) if msg.get("oracle") else None
+        ran_on: list[str] = []
+        oracle = self._oracle(kept, audit, ran_on) if msg.get("oracle") else None
+        if self.device.type == "cuda" and ran_on == ["cpu"]:  # the device had no room for it
+            effects["oracle_on_host"] = True
         release(self.device)  # what the call and the oracle freed: the GPU is shared
         if kept:
             key = str(msg["expect"])
@@ -316,15 +317,14 @@ class Worker(KeptTrials, CapturedCalls):
         total = torch.cuda.get_device_properties(self.device).total_memory
         return max(1, min(MAX_TIMING_SETS, int(SETS_DEVICE_SHARE * total) // set_bytes))
 
-    def _oracle(self, kept: bool = False, reuse: bool = False) -> Any:
-        """The reference evaluated in float64 on the current inputs
-        (:func:`kerneljudge.worker.forward.float64_oracle`: on the device, else on the CPU);
-        ``kept``: copied as :meth:`keep_copy` keeps a trial's tensors, else to the CPU;
-        ``reuse``: the upcast inputs written over the previous ones reused so (spare kept)."""
+    def _oracle(self, kept: bool, reuse: bool, ran_on: list[str]) -> Any:
+        """The reference in float64 on the current inputs (:func:`~kerneljudge.worker.forward.
+        float64_oracle`, with ``ran_on``); ``kept``: copied as :meth:`keep_copy` keeps a trial's
+        tensors, else to the CPU; ``reuse``: the upcast inputs written over the previous ones."""
         assert self.model is not None
         keep = self.keep_copy if kept else None
         spare = self.spares.setdefault("float64", []) if reuse else None
-        return float64_oracle(self.model, self.inputs, self.device, keep, spare)
+        return float64_oracle(self.model, self.inputs, self.device, keep, spare, ran_on)
 
     def op_compile(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Compile the reference with ``torch.compile`` and warm it up on the current inputs."""
