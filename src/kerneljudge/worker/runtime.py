@@ -95,8 +95,7 @@ class Worker(KeptTrials, CapturedCalls):
     ) -> None:
         self.role = role
         self.stamp_sock = stamp_sock
-        #: Where the supervisor hands over pipes (:mod:`kerneljudge.worker.side`).
-        self.handoff: socket.socket | None = None
+        self.handoff: socket.socket | None = None  # pipes handed over (kerneljudge.worker.side)
         self.device = device
         self.model: torch.nn.Module | None = None
         self.compiled: Callable[..., Any] | None = None
@@ -247,8 +246,8 @@ class Worker(KeptTrials, CapturedCalls):
             raise RuntimeError("run before setup")
         on_device = False
         # A CPU worker's audited call (inputs neither kept nor held) reuses the last one's spares.
-        audit = "from_held" in msg and self.device.type == "cpu"
-        audit = audit and not (msg.get("keep", True) or msg.get("hold_inputs"))
+        kept_or_held = msg.get("keep", True) or msg.get("hold_inputs")
+        audit = "from_held" in msg and self.device.type == "cpu" and not kept_or_held
         if "from_held" in msg:
             base = self.held_inputs_of(msg["from_held"])
             # Rebuilt here, not rolled on the host and copied: perturb is exact on any device.
@@ -259,6 +258,7 @@ class Worker(KeptTrials, CapturedCalls):
                 bool(msg.get("roll", True)),
                 into=self.spares.get("audit") if audit else None,
             )
+            del base  # a GPU's redraw: not held through the call and its float64 oracle
             if audit:
                 self.spares["audit"] = received
         elif "seed" in msg:  # drawn here (kerneljudge.worker.drawn): checked in a candidate's
