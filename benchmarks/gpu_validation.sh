@@ -33,6 +33,9 @@
 #                   `results show`, `results metrics` and the report; KB_SUITE_TIMEOUT s (default 540)
 #   size_scaling    benchmarks/size_scaling.py --device cuda at SIZES MiB (default 1,64,1024,8192)
 #   memory          benchmarks/supervisor_memory.py --device cuda --mib ${MEMORY_MIB:-1024}
+#   oracle_8g       benchmarks/verdict_profile.py --workers on size_scaling.py's elementwise
+#                   problem at ${ORACLE_MIB:-8192} MiB (its float64 oracles and where they ran:
+#                   the verdict's reductions), PROFILE_TIMEOUT s (default 300)
 # LOAD=1 keeps every CPU core busy (one spinner per core, and a memory-bandwidth hog) for the
 # whole run, so the judge's timing rules are checked on a loaded host; each step says so.
 #   usage: STEPS="latency builds" bash benchmarks/gpu_validation.sh
@@ -245,5 +248,27 @@ if want memory; then
     timeout "${MEMORY_TIMEOUT:-540}" python3 benchmarks/supervisor_memory.py --device cuda \
         --mib "${MEMORY_MIB:-1024}" --json "$WORK/memory.json" > "$WORK/memory.txt" 2>&1
     tail -20 "$WORK/memory.txt"
+fi
+if want oracle_8g; then
+    step oracle_8g
+    python3 - "$WORK" "${ORACLE_MIB:-8192}" <<'PY'
+import sys
+from pathlib import Path
+
+sys.path.insert(0, "benchmarks")
+import size_scaling as s
+
+work, mib = Path(sys.argv[1]), int(sys.argv[2])
+rows = mib * (1 << 20) // (4 * s.COLUMNS)
+src = s.PROBLEM.format(
+    kind="elementwise", rows=rows, columns=s.COLUMNS, mib=mib, forward=s.FORWARDS["elementwise"]
+)
+(work / "oracle_problem.py").write_text(src)
+(work / "oracle_candidate.py").write_text(src.replace("class Model(", "class ModelNew("))
+PY
+    timeout "${PROFILE_TIMEOUT:-300}" python3 benchmarks/verdict_profile.py --device cuda \
+        --problem "$WORK/oracle_problem.py" --candidate "$WORK/oracle_candidate.py" \
+        --verdicts 1 --workers --top 30 > "$WORK/oracle_8g.txt" 2>&1
+    head -25 "$WORK/oracle_8g.txt"
 fi
 step done

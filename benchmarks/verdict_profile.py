@@ -5,7 +5,8 @@ The problem and candidate are :mod:`supervisor_memory`'s (``tanh(x) * 0.5`` on `
 float32, input and output of that size; the candidate the same code as ``ModelNew``), judged
 on its ``public`` shape set. One judge judges it ``--verdicts``
 times (the first is cold: workers start, the reference is prepared); it prints each verdict's
-stage seconds (``Verdict.stage_s``) and, for the last verdict, the seconds the supervisor
+stage seconds (``Verdict.stage_s``) and what it reduced for want of memory
+(``Verdict.reductions``) and, for the last verdict, the seconds the supervisor
 waited on each kind of request to each worker (role, request: total seconds and count; a
 request's time includes sending its tensors and receiving the reply), and the supervisor's
 functions by their own time (``cProfile``; the workers' time shows as waiting in ``select``).
@@ -76,6 +77,8 @@ def main() -> None:
                 seconds = time.perf_counter() - t0
                 print(f"verdict {i + 1}: {verdict.status.value} in {seconds:.1f} s", flush=True)
                 print("  stages (s):", " ".join(f"{k} {v:.2f}" for k, v in verdict.stage_s.items()))
+                for line in verdict.reductions:
+                    print(f"  reduced for want of memory: {line}")
     if verdict.timing is not None:
         t = verdict.timing
         counts = " ".join(f"{m.name} {m.samples}" for m in t.measurements)
