@@ -259,10 +259,7 @@ sys.path.insert(0, "benchmarks")
 import size_scaling as s
 
 work, mib = Path(sys.argv[1]), int(sys.argv[2])
-rows = mib * (1 << 20) // (4 * s.COLUMNS)
-src = s.PROBLEM.format(
-    kind="elementwise", rows=rows, columns=s.COLUMNS, mib=mib, forward=s.FORWARDS["elementwise"]
-)
+src = s.problem_source("elementwise", mib)
 (work / "oracle_problem.py").write_text(src)
 (work / "oracle_candidate.py").write_text(src.replace("class Model(", "class ModelNew("))
 PY

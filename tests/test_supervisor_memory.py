@@ -3,6 +3,7 @@ problem whose trials it cannot relay within its budget is a one-line error, not 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -11,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from kerneljudge import Judge, JudgeConfig
 from kerneljudge.errors import ProblemError
@@ -195,14 +197,16 @@ def test_trials_without_room_to_keep_are_run_when_compared(
         assert [h.deferred for h in held] == [False] + [True] * (config.trials - 1)
         assert held[0].reply["room"] is False
         n = config.trials
-        assert verdict.reductions == (
-            f"{n - 1} of {n} trials were run by the reference only when compared, not kept "
-            "ahead (no room to keep their outputs and oracles)",
+        deferred = (
+            f"{n - 1} of {n} trials were deferred: the reference runs them only when the "
+            "candidate's are compared (no room to keep them ahead)"
         )
+        assert verdict.reductions == (deferred,)
         counting = tmp_path / "counting.py"
         counting.write_text(COUNTING)
         wrong = judge.evaluate(counting)
     assert wrong.status.value == "incorrect", wrong.reason
+    assert wrong.reductions == (deferred,)  # said of a verdict that ended at its trials too
     assert "trial 1" in wrong.reason and wrong.check is not None
     assert wrong.check.n_passed == 1
     with Judge(problem, JudgeConfig(device="cpu", timing=False, cache_dir=tmp_path)) as judge:
@@ -245,43 +249,54 @@ def test_a_deferred_trials_failed_reference_run_is_named_in_the_verdict(
 
 
 def test_oracles_made_on_the_host_are_counted_and_named() -> None:
-    """A float64 oracle whose device try fails is made on the host and says so (here a CUDA
-    device on a machine without one; on one with a GPU, the device's try succeeds); the
-    supervisor counts the trials and the audits of timed calls whose reply says so, and the
-    verdict names each reduction in one line."""
+    """A float64 oracle whose device try fails is made on the host, and its tries say why
+    (here a CUDA device on a machine without one: failed, not out of memory; on a machine with
+    a GPU the device's try succeeds); the supervisor counts the audits of timed calls whose
+    reply says ``oracle_on_host``, and a verdict's reductions, read when it is written, name
+    deferred trials, trials and audits whose oracle was made on the host, one line each."""
     import types
 
     import torch
 
     from kerneljudge.check.reference import HeldTrial, ReferenceSession
     from kerneljudge.judge.outcome import Reductions
+    from kerneljudge.verdict import Status, Verdict
+    from kerneljudge.verdict.render import render_verdict
     from kerneljudge.worker.forward import float64_oracle
 
-    ran_on: list[str] = []
+    tries: list[str] = []
     x = torch.arange(4, dtype=torch.float32)
-    out = float64_oracle(torch.nn.Tanh(), [x], torch.device("cuda"), ran_on=ran_on)
+    out = float64_oracle(torch.nn.Tanh(), [x], torch.device("cuda"), tries_made=tries)
     assert out.dtype == torch.float64 and torch.equal(out, torch.tanh(x.double()))
-    assert ran_on == (["cuda"] if torch.cuda.is_available() else ["cpu"])
+    assert tries == (["cuda"] if torch.cuda.is_available() else ["cuda failed", "cpu"])
 
     session = types.SimpleNamespace(host_oracles=0, request=lambda *a, **k: {})
     ReferenceSession.run_timed_call(session, "0", 1, True, 1.0, True)  # type: ignore[arg-type]
+    cut = Reductions()
+    assert cut.lines() == ()
+    cut.audits = (session, session.host_oracles)  # type: ignore[assignment]
     session.request = lambda *a, **k: {"oracle_on_host": True}
     for _ in range(2):
         ReferenceSession.run_timed_call(session, "0", 1, True, 1.0, True)  # type: ignore[arg-type]
     assert session.host_oracles == 2
 
     held = [HeldTrial("0", 1, {}), HeldTrial("1", 2, {"oracle": True}, deferred=True)]
-    cut = Reductions.of_prepared({"public": held})
-    assert (cut.trials, cut.deferred) == (2, 1)
+    prepared = {"public": held}
+    cut.trials(prepared)
     held[1] = HeldTrial("1", 2, {"oracle_on_host": True})  # as the trials stage leaves it
-    cut.count_oracles({"public": held})
-    cut.audits_on_host = 2
-    assert cut.lines() == (
-        "1 of 2 trials were run by the reference only when compared, not kept ahead (no room "
-        "to keep their outputs and oracles)",
-        "the float64 oracle of 1 of 2 trials was computed on the host (no room for it on the "
-        "device)",
-        "the float64 oracle of 2 audited timed call(s) was computed on the host (no room for "
-        "it on the device)",
+    lines = (
+        "1 of 2 trials were deferred: the reference runs them only when the candidate's are "
+        "compared (no room to keep them ahead)",
+        "the float64 oracle of 1 of 2 trials was computed on the host (the device ran out of "
+        "memory for it)",
+        "the float64 oracle of 2 audited timed call(s) was computed on the host (the device ran "
+        "out of memory for it)",
     )
-    assert Reductions().lines() == ()
+    assert cut.lines() == lines
+    fields = {"problem": "p", "candidate_sha256": "0" * 64, "backend": "torch"}
+    verdict = Verdict(status=Status.CORRECT, reason="", reductions=lines, **fields)
+    assert Verdict.from_json(verdict.to_json()).reductions == lines
+    console = Console(file=io.StringIO(), width=200)
+    render_verdict(verdict, console)
+    shown = console.file.getvalue()  # type: ignore[attr-defined]
+    assert all(f"reduced for want of memory: {line}" in shown for line in lines)

@@ -233,8 +233,9 @@ def test_results_commands_print_and_fail_in_one_line(tmp_path: Path) -> None:
 
 def test_metrics_read_the_graph_replays_speedups_when_asked(tmp_path: Path) -> None:
     """``--timing graph``: each verdict counts by its CUDA-graph replays' speedup (here a win at
-    p=1 where the launched calls' interval holds 1), a verdict without replays as untimed (a
-    tie, out of the geomean); an unknown timing is a one-line error."""
+    p=1 where the launched calls' interval holds 1), a verdict without replays by its launched
+    calls' (here a loss at p=1.5), and the table says how many did so; an unknown timing is a
+    one-line error."""
     from kerneljudge.verdict import GraphTiming
 
     db_path = tmp_path / "r.db"
@@ -248,22 +249,31 @@ def test_metrics_read_the_graph_replays_speedups_when_asked(tmp_path: Path) -> N
         _run(store)
         store.add_verdict("r1", problem="p", sample="0", source="s", verdict=replayed)
         store.add_verdict(
-            "r1", problem="q", sample="0", source="t", verdict=_verdict(Status.CORRECT, (2, 1, 3))
+            "r1",
+            problem="q",
+            sample="0",
+            source="t",
+            verdict=_verdict(Status.CORRECT, (1.3, 1.2, 1.4)),
         )
         launched = store.samples("r1")
         replays = store.samples("r1", "graph")
+        assert [v.replays_missing() for v in store.verdicts("r1")] == [False, True]
         with pytest.raises(ValueError, match="timing must be one of"):
             store.samples("r1", "wall")
-    assert [(s.speedup, s.ci95) for s in launched] == [(1.2, (0.9, 1.5)), (2, (1, 3))]
-    assert [(s.speedup, s.ci95) for s in replays] == [(1.1, (1.05, 1.15)), (None, None)]
+    assert [(s.speedup, s.ci95) for s in launched] == [(1.2, (0.9, 1.5)), (1.3, (1.2, 1.4))]
+    assert [(s.speedup, s.ci95) for s in replays] == [(1.1, (1.05, 1.15)), (1.3, (1.2, 1.4))]
     runner = CliRunner()
-    base = ["results", "metrics", "r1", "--store", str(db_path), "--json"]
-    by_launch = json.loads(runner.invoke(app, base).output)
-    by_graph = json.loads(runner.invoke(app, [*base, "--timing", "graph"]).output)
+    base = ["results", "metrics", "r1", "--store", str(db_path), "--p", "1,1.5"]
+    by_launch = json.loads(runner.invoke(app, [*base, "--json"]).output)
+    by_graph = json.loads(runner.invoke(app, [*base, "--json", "--timing", "graph"]).output)
     assert (by_launch["timing"], by_graph["timing"]) == ("launched", "graph")
+    assert (by_launch["replays_missing"], by_graph["replays_missing"]) == (0, 1)
     (g_launch,), (g_graph,) = by_launch["groups"], by_graph["groups"]
-    fast_1 = [g["fast_p"][1] for g in (g_launch, g_graph)]
-    assert [(f["wins"], f["ties"]) for f in fast_1] == [(0.0, 1.0), (0.5, 0.5)]
-    assert g_graph["geomean_speedup"] == pytest.approx(1.1) and g_graph["timed_correct"] == 1
-    res = runner.invoke(app, [*base[:-1], "--timing", "wall"])
+    fast_1 = [g["fast_p"][0] for g in (g_launch, g_graph)]
+    assert [(f["wins"], f["ties"]) for f in fast_1] == [(0.5, 0.5), (1.0, 0.0)]
+    assert g_graph["fast_p"][1]["losses"] == 1.0  # p at 1.1 and q's launched 1.2-1.4
+    assert g_graph["geomean_speedup"] == pytest.approx((1.1 * 1.3) ** 0.5)
+    shown = runner.invoke(app, [*base, "--timing", "graph"], env={"COLUMNS": "300"}).output
+    assert "graph-replay speedups; 1 verdict(s) without replays counted by their launched" in shown
+    res = runner.invoke(app, [*base, "--timing", "wall"])
     assert res.exit_code == 2 and "--timing must be launched or graph" in res.output

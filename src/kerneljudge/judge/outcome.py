@@ -7,13 +7,12 @@ from __future__ import annotations
 import importlib.metadata
 import platform
 import time
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import torch
 
-from kerneljudge.check.reference import ReferenceFailed, first_line
+from kerneljudge.check.reference import ReferenceFailed, ReferenceSession, first_line
 from kerneljudge.check.trials import TrialRejected
 from kerneljudge.judge.reference_side import Prepared, problem_failed
 from kerneljudge.verdict import BuildResult, CheckResult, Status, TrialResult, Verdict
@@ -66,52 +65,50 @@ class Stopwatch:
         return time.monotonic() - self._t0
 
 
-@dataclass
 class Reductions:
-    """What the judge reduced for want of memory in one verdict (:attr:`Verdict.reductions`).
+    """What the judge reduced for want of memory in one verdict (:attr:`Verdict.reductions`),
+    read when the verdict is written, so that one ended early says what it had reduced so far.
 
     Attributes:
-        trials: the verdict's trials (all shape sets).
-        deferred: those the reference worker had no room to keep ahead, run when compared.
-        trial_oracles_on_host: those whose float64 oracle was made on the host (a GPU's
-            reference worker had no room for it).
-        audits_on_host: the audits of timed calls whose oracle was made on the host.
+        prepared: the verdict's trials (None before the reference stage), as the trials
+            stage leaves them: one whose reply says ``oracle_on_host`` counts as an oracle made
+            on the host.
+        deferred: how many of them were deferred when the reference stage gave them
+            (:attr:`~kerneljudge.check.reference.HeldTrial.deferred`).
+        audits: the reference session whose audits of timed calls the verdict made, and its
+            :attr:`~kerneljudge.check.reference.ReferenceSession.host_oracles` before them.
     """
 
-    trials: int = 0
-    deferred: int = 0
-    trial_oracles_on_host: int = 0
-    audits_on_host: int = 0
+    def __init__(self) -> None:
+        self.prepared: Prepared | None = None
+        self.deferred = 0
+        self.audits: tuple[ReferenceSession, int] | None = None
 
-    @classmethod
-    def of_prepared(cls, prepared: Prepared) -> Reductions:
-        """Counted on the trials as the reference stage left them (before any deferred one
-        ran)."""
-        held = [h for runs in prepared.values() for h in runs]
-        return cls(trials=len(held), deferred=sum(h.deferred for h in held))
-
-    def count_oracles(self, prepared: Prepared) -> None:
-        """Count the trials whose oracle was made on the host, once every trial has run."""
-        runs = [h for runs in prepared.values() for h in runs]
-        self.trial_oracles_on_host = sum(bool(h.reply.get("oracle_on_host")) for h in runs)
+    def trials(self, prepared: Prepared) -> None:
+        """Take the reference stage's trials (before any deferred one ran)."""
+        self.prepared = prepared
+        self.deferred = sum(h.deferred for runs in prepared.values() for h in runs)
 
     def lines(self) -> tuple[str, ...]:
         """One line per reduction made (none: empty)."""
+        held = [h for runs in (self.prepared or {}).values() for h in runs]
+        on_host = sum(bool(h.reply.get("oracle_on_host")) for h in held)
+        audits = self.audits[0].host_oracles - self.audits[1] if self.audits else 0
         out = []
         if self.deferred:
             out.append(
-                f"{self.deferred} of {self.trials} trials were run by the reference only when "
-                f"compared, not kept ahead (no room to keep their outputs and oracles)"
+                f"{self.deferred} of {len(held)} trials were deferred: the reference runs them "
+                f"only when the candidate's are compared (no room to keep them ahead)"
             )
-        if self.trial_oracles_on_host:
+        if on_host:
             out.append(
-                f"the float64 oracle of {self.trial_oracles_on_host} of {self.trials} trials "
-                f"was computed on the host (no room for it on the device)"
+                f"the float64 oracle of {on_host} of {len(held)} trials was computed on the "
+                f"host (the device ran out of memory for it)"
             )
-        if self.audits_on_host:
+        if audits:
             out.append(
-                f"the float64 oracle of {self.audits_on_host} audited timed call(s) was "
-                f"computed on the host (no room for it on the device)"
+                f"the float64 oracle of {audits} audited timed call(s) was computed on the host "
+                f"(the device ran out of memory for it)"
             )
         return tuple(out)
 

@@ -37,7 +37,6 @@ from kerneljudge.judge.config import JudgeConfig
 from kerneljudge.judge.outcome import (
     CANDIDATE_FAILURES,
     Decided,
-    Reductions,
     Stopwatch,
     VerdictWriter,
     build_failure,
@@ -239,7 +238,7 @@ class Judge:
             running.callback(worker.close)
             try:
                 prepared, limits = self._reference_stage(worker, device, run_seed, clock)
-                out.reductions = Reductions.of_prepared(prepared)
+                out.reductions.trials(prepared)
                 out.base["limits"] = RunLimits(self.config.run_timeout_s).record(limits)
                 # The pool's workers (this one's replacement is starting up) wait, stopped,
                 # until the verdict ends: beside a starting worker, a trial of a 0.01 s
@@ -248,7 +247,6 @@ class Judge:
                 running.enter_context(pool.paused())
                 self._load_stage(worker, cand, result, device, clock, out.base["limits"].load_s)
                 trials = self._trials_stage(worker, device, prepared, limits, result, done, clock)
-                out.reductions.count_oracles(prepared)
                 return self._timing_stage(
                     out, worker, device, prepared, limits, trials, result, clock
                 )
@@ -411,19 +409,19 @@ class Judge:
         timed_set = list(prepared)[-1]
         self._say("timing")
         atol, rtol = self._tolerances()
-        audits_before = trials.sessions[timed_set].host_oracles
+        session = trials.sessions[timed_set]
+        out.reductions.audits = (session, session.host_oracles)  # read when it is written
         timing, status, note = time_candidate(
             self.config,
             self.device_info(device),
             worker,
-            trials.sessions[timed_set],
+            session,
             prepared[timed_set],
             atol,
             rtol,
             limits[timed_set],
         )
         clock.lap("timing")
-        out.reductions.audits_on_host = trials.sessions[timed_set].host_oracles - audits_before
         return out.write(status, note, build=result, check=trials.check, timing=timing)
 
     def _say(self, line: str) -> None:

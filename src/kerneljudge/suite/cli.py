@@ -350,7 +350,8 @@ def results_metrics(
         str,
         typer.Option(
             help="Speedups of the launched calls (launched) or of the CUDA-graph replays "
-            "(graph: the device's time alone; a verdict without them counts as untimed)."
+            "(graph: the device's time alone; a verdict without replays keeps its launched "
+            "calls' speedup, and the table says how many)."
         ),
     ] = "launched",
     store: StoreOpt = None,
@@ -379,14 +380,20 @@ def results_metrics(
             info = db.run(run)
             samples = db.samples(info.run_id, timing)
             groups = compute_metrics(db.problems(info.run_id), samples, by=by, ps=ps, ks=ks)
+            missing = 0
+            if timing == "graph":
+                missing = sum(v.replays_missing() for v in db.verdicts(info.run_id))
     except KernelJudgeError as exc:
         _fail(str(exc))
         return
     if json_out:
-        groups_out = [g.to_dict() for g in groups]
-        print(json.dumps({"run_id": info.run_id, "timing": timing, "groups": groups_out}))
+        out = {"run_id": info.run_id, "timing": timing, "replays_missing": missing}
+        print(json.dumps({**out, "groups": [g.to_dict() for g in groups]}))
         return
-    for table in metrics_tables(info.run_id, groups, timing):
+    label = "" if timing == "launched" else "graph-replay speedups"
+    if missing:
+        label += f"; {missing} verdict(s) without replays counted by their launched calls"
+    for table in metrics_tables(info.run_id, groups, label):
         console.print(table)
 
 

@@ -19,16 +19,14 @@ def _p(p: float) -> str:
     return f"{p:g}"
 
 
-def metrics_tables(
-    run_id: str, groups: Sequence[GroupMetrics], timing: str = "launched"
-) -> list[Table]:
+def metrics_tables(run_id: str, groups: Sequence[GroupMetrics], label: str = "") -> list[Table]:
     """Two tables: correctness, fast_p as wins / ties / losses (percent of problems) and the
     geomean speedup per group; then pass@k and fast_p@k (wins only) per group and k. The
-    first one's title names ``timing`` where it is not ``"launched"``."""
+    first one's title carries ``label`` in brackets where it is not empty (which speedups)."""
     if not groups:
         return []
     ps = [f.p for f in groups[0].fast_p]
-    by = "" if timing == "launched" else f" ({timing} speedups)"
+    by = f" ({label})" if label else ""
     head = Table(title=f"run {run_id}{by}: fast_p as wins / ties / losses, % of problems")
     for col in ("group", "problems", "samples", "correct %"):
         head.add_column(col, justify="right" if col != "group" else "left")

@@ -113,17 +113,25 @@ class StoredVerdict:
             out.pop("candidate_source")
         return out
 
+    def replays_missing(self) -> bool:
+        """Timed by launched calls but without a graph replays' eager speedup (either side not
+        captured, a CPU device, graph timing off)."""
+        graph = speedup_columns(json.loads(self.verdict_json), "graph")
+        return self.speedup is not None and graph[0] is None
+
     def as_sample(self, timing: str = "launched") -> Sample:
         """This verdict as the metrics see it, by its launched calls' eager speedup (the
-        stored columns) or, with ``timing="graph"``, by its graph replays' (None where it has
-        none: :func:`~kerneljudge.suite.migrations.speedup_columns`).
+        stored columns) or, with ``timing="graph"``, by its graph replays'
+        (:func:`~kerneljudge.suite.migrations.speedup_columns`) where it has them, else by its
+        launched calls' (:meth:`replays_missing`).
 
         Raises:
             ValueError: another ``timing``.
         """
         med, lo, hi = self.speedup, self.speedup_lo, self.speedup_hi
         if timing != "launched":
-            med, lo, hi = speedup_columns(json.loads(self.verdict_json), timing)
+            graph = speedup_columns(json.loads(self.verdict_json), timing)
+            med, lo, hi = (med, lo, hi) if graph[0] is None else graph
         return Sample(
             problem=self.problem,
             correct=self.status == "correct",

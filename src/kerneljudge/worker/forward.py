@@ -129,7 +129,7 @@ def float64_oracle(
     device: torch.device,
     keep: Callable[[Any], Any] | None = None,
     spare: list[Any] | None = None,
-    ran_on: list[str] | None = None,
+    tries_made: list[str] | None = None,
 ) -> Any:
     """The reference evaluated in float64: ``model`` called (under ``no_grad``) with its floating
     parameters and buffers in float64 (:func:`in_float64`) on ``inputs`` with every floating
@@ -142,8 +142,9 @@ def float64_oracle(
     input tensor that needs no conversion (integer, bool or float64, already on the device of
     the try) is passed as it is, not copied. ``spare`` (a list this function fills): the
     float64 inputs of a try on the CPU are kept in it, and written over by the next call given
-    the same list (:func:`to_double`'s ``into``). ``ran_on`` (a list this function fills): the
-    device type of the try that succeeded is appended to it (``"cpu"`` after a GPU's failed).
+    the same list (:func:`to_double`'s ``into``). ``tries_made`` (a list this function fills):
+    per try, ``"<device type> out of memory"`` (``torch.cuda.OutOfMemoryError``),
+    ``"<device type> failed"`` or, for the one that succeeded, its device type.
 
     Returns:
         The outputs as ``keep`` copies them (default :func:`to_cpu`; float64 where the
@@ -154,6 +155,7 @@ def float64_oracle(
         Fault: the float64 call returned a type other than tensors, None or numbers.
     """
     tries = [device] if device.type == "cpu" else [device, torch.device("cpu")]
+    made = tries_made if tries_made is not None else []
     for dev in tries:
         try:
             with in_float64(model, dev):
@@ -164,10 +166,11 @@ def float64_oracle(
                     reused[:] = [a if a is not v else None for a, v in zip(args, moved)]
                 with torch.no_grad():
                     result = (keep or to_cpu)(model(*args))
-                if ran_on is not None:
-                    ran_on.append(dev.type)
+                made.append(dev.type)
                 return result
         except (RuntimeError, NotImplementedError, TypeError) as exc:
+            oom = isinstance(exc, torch.cuda.OutOfMemoryError)
+            made.append(f"{dev.type} {'out of memory' if oom else 'failed'}")
             if _mismatch(exc):
                 return None
     return None

@@ -225,7 +225,7 @@ class Worker(KeptTrials, CapturedCalls):
         """One correctness trial on ``inputs``; keeps them as an input set for the timed loop.
 
         Returns ``outputs`` (on the CPU), ``oracle`` (float64 reference, when asked; and
-        ``oracle_on_host`` where a GPU worker made it on the host), ``ops`` (ATen operators run,
+        ``oracle_on_host`` where the GPU ran out of memory for it), ``ops`` (ATen operators run,
         when ``record_ops``), ``aliases_input`` and ``modified_inputs`` (:func:`input_effects`).
         With ``keep`` false (a timed call checked again), the inputs are not kept as a set.
 
@@ -289,9 +289,9 @@ class Worker(KeptTrials, CapturedCalls):
         # Sent on a pipe of their own, they leave the device only if they cannot go on it.
         outputs = self.keep_copy(out) if kept else out if msg.get("side") else to_cpu(out)
         del out, args
-        ran_on: list[str] = []
-        oracle = self._oracle(kept, audit, ran_on) if msg.get("oracle") else None
-        if self.device.type == "cuda" and ran_on == ["cpu"]:  # the device had no room for it
+        tries: list[str] = []
+        oracle = self._oracle(kept, audit, tries) if msg.get("oracle") else None
+        if tries == ["cuda out of memory", "cpu"]:  # the device had no room for it
             effects["oracle_on_host"] = True
         release(self.device)  # what the call and the oracle freed: the GPU is shared
         if kept:
@@ -317,14 +317,14 @@ class Worker(KeptTrials, CapturedCalls):
         total = torch.cuda.get_device_properties(self.device).total_memory
         return max(1, min(MAX_TIMING_SETS, int(SETS_DEVICE_SHARE * total) // set_bytes))
 
-    def _oracle(self, kept: bool, reuse: bool, ran_on: list[str]) -> Any:
+    def _oracle(self, kept: bool, reuse: bool, tries: list[str]) -> Any:
         """The reference in float64 on the current inputs (:func:`~kerneljudge.worker.forward.
-        float64_oracle`, with ``ran_on``); ``kept``: copied as :meth:`keep_copy` keeps a trial's
-        tensors, else to the CPU; ``reuse``: the upcast inputs written over the previous ones."""
+        float64_oracle`, ``tries`` its ``tries_made``); ``kept``: copied as :meth:`keep_copy`
+        keeps a trial's tensors, else to the CPU; ``reuse``: the upcast inputs written over."""
         assert self.model is not None
         keep = self.keep_copy if kept else None
         spare = self.spares.setdefault("float64", []) if reuse else None
-        return float64_oracle(self.model, self.inputs, self.device, keep, spare, ran_on)
+        return float64_oracle(self.model, self.inputs, self.device, keep, spare, tries)
 
     def op_compile(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Compile the reference with ``torch.compile`` and warm it up on the current inputs."""
