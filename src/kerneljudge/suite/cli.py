@@ -378,11 +378,10 @@ def results_metrics(
     try:
         with _open(store) as db:
             info = db.run(run)
-            samples = db.samples(info.run_id, timing)
+            verdicts = list(db.verdicts(info.run_id))  # read once: the samples and the count
+            samples = [v.as_sample(timing) for v in verdicts]
             groups = compute_metrics(db.problems(info.run_id), samples, by=by, ps=ps, ks=ks)
-            missing = 0
-            if timing == "graph":
-                missing = sum(v.replays_missing() for v in db.verdicts(info.run_id))
+            missing = sum(v.replays_missing() for v in verdicts) if timing == "graph" else 0
     except KernelJudgeError as exc:
         _fail(str(exc))
         return
