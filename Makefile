@@ -36,7 +36,7 @@ run: setup
 
 ## The test suite (GPU tests are skipped without a GPU).
 test: setup browser
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=30
 
 ## Every test but real compiler builds, the loaded-host tier and the browser (minutes, not tens).
 test-fast: setup

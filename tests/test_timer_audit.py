@@ -535,6 +535,37 @@ def test_one_stalled_batch_does_not_reject_an_honest_loop() -> None:
     assert timer_check({"eager": eager, "candidate": cand}).status != "rejected"
 
 
+def test_few_call_batches_with_long_edges_do_not_hide_moved_work() -> None:
+    """Batches as a 2-core host under load gave them for a candidate computing each call's
+    outputs before its start mark (cheat_precompute_between_calls; linear + GELU, about 5 ms
+    of CPU time per call moved out, windows of 0.07 ms): each timing's first batch of 3 calls
+    has 15-57 ms before its first and after its last window spread over 5 gaps, which sinks
+    its floor below the limit; the batches of 200 calls carry the work. Weighted by their
+    gaps, the batches reject it (unweighted, the lower median was a 3-call batch's)."""
+
+    def cand(n: int, warmup: int, tree: float, edges: tuple[float, float]) -> Batch:
+        return Batch(n, warmup, 0.0, (0.05,) * n, (0.066,) * n, (10.0,) * (n + warmup - 1),
+                     tree, 1, (), (0.066,) * warmup, edges)  # fmt: skip
+
+    def ref(n: int, warmup: int, between: float, edges: tuple[float, float]) -> Batch:
+        return Batch(n, warmup, 0.0, (5.4,) * n, (5.45,) * n, (2.5,) * (n + warmup - 1), None,
+                     1, (between,) * (n + warmup - 1), (5.45,) * warmup, edges)  # fmt: skip
+
+    seen = {
+        "eager": [ref(3, 3, 2.34, (19.5, 12.4)), ref(6, 1, 2.22, (7.7, 14.3)),
+                  ref(3, 3, 2.25, (34.2, 10.1))],
+        "candidate": [cand(3, 3, 47.94, (14.15, 18.72)), cand(200, 1, 1367.45, (29.11, 37.16)),
+                      cand(3, 3, 52.18, (20.23, 13.43)), cand(200, 1, 1469.5, (22.35, 45.79))],
+    }  # fmt: skip
+    found = timer_check(seen)
+    assert found.status == "rejected" and "CPU time between timed calls" in found.reason, found
+    # the same loop doing only the reference's work between calls passes
+    honest = [dataclasses.replace(b, tree_cpu_ms=(b.n + b.warmup - 1) * 2.3 + 30.0,
+                                  gaps_ms=(2.5,) * (b.n + b.warmup - 1))
+              for b in seen["candidate"]]  # fmt: skip
+    assert timer_check({**seen, "candidate": honest}).status == "ok"
+
+
 @pytest.mark.parametrize("nbytes", [0, 3, 4, 36, 4096 + 6, 3 * 4096 + 4])
 def test_the_tree_digest_is_the_same_made_in_blocks(nbytes: int) -> None:
     """The digest made a few leaves at a time (bounded temporaries, for outputs of GiBs) is

@@ -30,10 +30,13 @@ at the same moment (alternating batches), on the same inputs.
     ``WINDOW_CAP`` median windows, and before and after them, capped by the reference's
     same times), against the reference worker's own count of its CPU time between calls
     (:attr:`Batch.between_cpu_ms`, trusted; its mean). Rejected when the lower median over
-    the candidate's batches exceeds (``1 + GAP_REF_FACTOR``) times the reference's mean,
-    plus ``GAP_FRACTION`` of the candidate's median window, plus ``GAP_SLACK_MS``;
-    ``inconclusive`` when only some batches do (a collection pause or one-time work in one
-    gap). CPU workers sleep while they wait for the supervisor, so an honest loop's count
+    the candidate's batches, each weighted by its gaps, exceeds (``1 + GAP_REF_FACTOR``) times
+    the reference's mean, plus ``GAP_FRACTION`` of the candidate's median window, plus
+    ``GAP_SLACK_MS``; ``inconclusive`` when only some batches do (a collection pause or
+    one-time work in one gap). The weights keep a few-call batch from deciding: its time
+    before the first and after the last window, long on a loaded host, is spread over few
+    gaps and sinks its floor (a timing's first batches of 3 calls, beside batches of 200).
+    CPU workers sleep while they wait for the supervisor, so an honest loop's count
     holds its own work only, whatever the load; work moved out of a window shortens that
     window, so the time the host kept the worker off the CPU inside the windows, which
     lowers the bound, is small exactly where work moved; and idle time bought with a sleep
@@ -167,7 +170,24 @@ def _gap_cpu_floor(b: Batch, ref_batches: dict[str, list[Batch]]) -> float:
     before_cap = EDGE_CAP * float(np.median([e[0] for e in ref_edges])) + EDGE_SLACK_MS
     after_cap = EDGE_CAP * float(np.median([e[1] for e in ref_edges])) + EDGE_SLACK_MS
     rest = inside + min(b.edges_ms[0], before_cap) + min(b.edges_ms[1], after_cap)
-    return (float(b.tree_cpu_ms or 0.0) - b.cores * rest) / max(1, b.n + b.warmup - 1)
+    return (float(b.tree_cpu_ms or 0.0) - b.cores * rest) / _gaps(b)
+
+
+def _gaps(b: Batch) -> int:
+    """The gaps between consecutive calls of batch ``b`` (warm-up calls included), at least 1."""
+    return max(1, b.n + b.warmup - 1)
+
+
+def _lower_weighted_median(floors: list[tuple[float, int]]) -> float:
+    """The lower weighted median of ``(value, weight)`` pairs sorted by value: the smallest value
+    at which the cumulative weight reaches half the total (equal weights: the lower median)."""
+    total = sum(w for _, w in floors)
+    seen = 0
+    for value, weight in floors:
+        seen += weight
+        if 2 * seen >= total:
+            return value
+    return floors[-1][0]
 
 
 def timer_check(
@@ -226,8 +246,8 @@ def timer_check(
         # windows, against what the reference's loop used there by its own (trusted) count.
         yard = float(np.mean(cpu_ref))
         limit = (1.0 + GAP_REF_FACTOR) * yard + GAP_FRACTION * window + GAP_SLACK_MS
-        floors = sorted(_gap_cpu_floor(b, ref_batches) for b in cand)
-        per_gap = floors[(len(floors) - 1) // 2]  # the lower median over batches
+        floors = sorted((_gap_cpu_floor(b, ref_batches), _gaps(b)) for b in cand)
+        per_gap = _lower_weighted_median(floors)
         why = (
             f"its processes used at least {per_gap:.4g} ms of CPU time between timed calls "
             f"(per call, the kernel's count; the reference's same loop: {yard:.4g} ms): "
@@ -235,7 +255,7 @@ def timer_check(
         )
         if len(floors) >= 2 and per_gap > limit:
             return TimerCheck("rejected", why)
-        if floors[-1] > limit:
+        if floors[-1][0] > limit:
             undecided.append(why)
     if len(h_c) >= MIN_CALLS and len(h_ref) >= MIN_CALLS:
         lo_c, med_c, _ = median_bounds(h_c)
