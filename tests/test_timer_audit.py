@@ -539,7 +539,7 @@ def test_few_call_batches_with_long_edges_do_not_hide_moved_work() -> None:
     """Batches as a 2-core host under load gave them for a candidate computing each call's
     outputs before its start mark (cheat_precompute_between_calls; linear + GELU, about 5 ms
     of CPU time per call moved out, windows of 0.07 ms): each timing's first batch of 3 calls
-    has 15-57 ms before its first and after its last window spread over 5 gaps, which sinks
+    has 13-20 ms before its first and after its last window spread over 5 gaps, which sinks
     its floor below the limit; the batches of 200 calls carry the work. Weighted by their
     gaps, the batches reject it (unweighted, the lower median was a 3-call batch's)."""
 
@@ -564,6 +564,39 @@ def test_few_call_batches_with_long_edges_do_not_hide_moved_work() -> None:
                                   gaps_ms=(2.5,) * (b.n + b.warmup - 1))
               for b in seen["candidate"]]  # fmt: skip
     assert timer_check({**seen, "candidate": honest}).status == "ok"
+
+
+def _probe_and_long(tree_long: float, tree_probe: float = 40.0) -> list[Batch]:
+    """A timing's candidate batches: its 3-call probe and one batch of 200 calls (0.066 ms
+    windows, 20 ms edges), with the tree CPU times given."""
+    return [
+        Batch(3, 3, 0.0, (0.05,) * 3, (0.066,) * 3, (2.5,) * 5, tree_probe, 1, (), (0.066,) * 3,
+              (20.0, 20.0)),
+        Batch(200, 1, 0.0, (0.05,) * 200, (0.066,) * 200, (2.5,) * 200, tree_long, 1, (), (0.066,),
+              (20.0, 20.0)),
+    ]  # fmt: skip
+
+
+def _ref_timing() -> list[Batch]:
+    return [Batch(6, 1, 0.0, (5.4,) * 6, (5.45,) * 6, (2.5,) * 6, None, 1, (2.2,) * 6, (5.45,),
+                  (10.0, 10.0)) for _ in range(3)]  # fmt: skip
+
+
+def test_one_long_batch_alone_decides_nothing_and_the_next_timing_decides_with_it() -> None:
+    """One long batch past the limit (one-time work of 500 ms in it, or moved work on every
+    call) beside a probe that is not is ``inconclusive``; a second timing is judged on the
+    candidate's batches of both: the honest loop's clean second timing leaves one batch past
+    (not rejected), the cheat's puts two past (rejected)."""
+    honest_first = _probe_and_long(200 * 2.2 + 60.0 + 500.0)  # its loop's work, edges, once
+    first = {"eager": _ref_timing(), "candidate": honest_first}
+    assert timer_check(first).status == "inconclusive"
+    clean = {"eager": _ref_timing(), "candidate": _probe_and_long(200 * 2.2 + 60.0)}
+    assert timer_check(clean, earlier=first).status != "rejected"
+    moved = _probe_and_long(200 * (2.2 + 5.0) + 60.0)
+    cheat_first = {"eager": _ref_timing(), "candidate": moved}
+    assert timer_check(cheat_first).status == "inconclusive"
+    found = timer_check({"eager": _ref_timing(), "candidate": moved}, earlier=cheat_first)
+    assert found.status == "rejected" and "CPU time between timed calls" in found.reason, found
 
 
 @pytest.mark.parametrize("nbytes", [0, 3, 4, 36, 4096 + 6, 3 * 4096 + 4])

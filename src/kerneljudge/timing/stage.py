@@ -218,7 +218,7 @@ def measure_checked(
     (:func:`kerneljudge.timing.measure_judged`, the host's load read meanwhile), then audit the
     reported times against the stamps (:func:`kerneljudge.timing.timer_rule.timer_check`): an
     inconclusive answer measures everything again once (judged on the new batches, the first
-    timing's reference batches passed as ``earlier``), a second one is accepted with a note.
+    timing's batches passed as ``earlier``), a second one is accepted with a note.
     A rejection is added to ``sampling.tampered``.
 
     Args:
@@ -256,9 +256,9 @@ def measure_checked(
         if found.status != "inconclusive":
             break
         if attempt == 0:
-            # measured again: judged on the new batches (the reference's first ones kept for
-            # the rescale rule where its new calls stall)
-            earlier = {n: bs for n, bs in sampling.seen.items() if n != "candidate"}
+            # measured again: judged on the new batches (the first ones kept for the rescale
+            # rule where the reference's new calls stall, and for the CPU-time rule)
+            earlier = {n: list(bs) for n, bs in sampling.seen.items()}
             sampling.seen.clear()
         else:
             note = f"inconclusive, measured again and accepted: {found.reason}"

@@ -32,10 +32,13 @@ at the same moment (alternating batches), on the same inputs.
     (:attr:`Batch.between_cpu_ms`, trusted; its mean). Rejected when the lower median over
     the candidate's batches, each weighted by its gaps, exceeds (``1 + GAP_REF_FACTOR``) times
     the reference's mean, plus ``GAP_FRACTION`` of the candidate's median window, plus
-    ``GAP_SLACK_MS``; ``inconclusive`` when only some batches do (a collection pause or
-    one-time work in one gap). The weights keep a few-call batch from deciding: its time
-    before the first and after the last window, long on a loaded host, is spread over few
-    gaps and sinks its floor (a timing's first batches of 3 calls, beside batches of 200).
+    ``GAP_SLACK_MS``, and at least two batches do; ``inconclusive`` when fewer do (a
+    collection pause or one-time work in one gap of one batch). The weights keep a few-call
+    batch from deciding: its time before the first and after the last window, long on a
+    loaded host, is spread over few gaps and sinks its floor (a timing's first batches of 3
+    calls, beside batches of 200). A second timing (``earlier`` holds the first's batches)
+    is judged on the candidate's batches of both, each against its own timing's reference:
+    a timing of one long batch beside its few-call ones is decided by the next.
     CPU workers sleep while they wait for the supervisor, so an honest loop's count
     holds its own work only, whatever the load; work moved out of a window shortens that
     window, so the time the host kept the worker off the CPU inside the windows, which
@@ -64,7 +67,8 @@ answer is ``inconclusive`` (never ``rejected``): the caller measures again and p
 timing's reference batches as ``earlier``. Where the new reference calls stall the same way, the
 rule is taken on the reference's calls of both timings (the same loop, twice the calls: it takes
 eight stalls among 32 to lift ``U`` again); only where that clears the stall does it decide,
-and only this rule: every other rule reads the reference's calls of the timing being judged.
+and only this rule; the CPU-time rule reads the candidate's batches of both timings, each
+against its own timing's reference; every other rule reads the timing being judged.
 """
 
 from __future__ import annotations
@@ -197,8 +201,9 @@ def timer_check(
 ) -> TimerCheck:
     """Judge the candidate's reported times against its stamped windows, next to the other
     contestants' (the reference's worker, pooled); see the module's description. ``earlier``:
-    the reference's batches of a timing before this one, read only by the rescale rule where
-    this timing's reference calls stalled."""
+    the batches of a timing before this one: the reference's are read by the rescale rule
+    where this timing's reference calls stalled, and with the candidate's by the CPU-time
+    rule."""
     refs = [b for name, bs in batches.items() if name != candidate for b in bs]
     cand = batches.get(candidate, [])
     if not refs or not cand:
@@ -238,24 +243,34 @@ def timer_check(
             if lo_q > RESCALE_FRACTION:
                 undecided.append(f"{why} (the reference's few calls stalled)")
     window = float(np.median(w_c)) if len(w_c) else 0.0
-    cpu_ref = [x for bs in ref_batches.values() for b in bs for x in b.between_cpu_ms]
-    counted = all(b.tree_cpu_ms is not None for b in cand) and len(cpu_ref) >= MIN_CALLS
+    # The CPU-time rule reads this timing's batches and, when it is a second one, the first's
+    # (each candidate batch's floor against its own timing's reference).
+    old_refs = {name: bs for name, bs in (earlier or {}).items() if name != candidate}
+    timings = [(cand, ref_batches)]
+    if (earlier or {}).get(candidate) and old_refs:
+        timings.append(((earlier or {})[candidate], old_refs))
+    cpu_ref = [
+        x for _, refs in timings for bs in refs.values() for b in bs for x in b.between_cpu_ms
+    ]
+    counted = all(b.tree_cpu_ms is not None for bs, _ in timings for b in bs)
+    counted = counted and len(cpu_ref) >= MIN_CALLS
     per_gap = 0.0
     if counted:
         # The kernel's count of the CPU time the candidate's processes used between its
         # windows, against what the reference's loop used there by its own (trusted) count.
         yard = float(np.mean(cpu_ref))
         limit = (1.0 + GAP_REF_FACTOR) * yard + GAP_FRACTION * window + GAP_SLACK_MS
-        floors = sorted((_gap_cpu_floor(b, ref_batches), _gaps(b)) for b in cand)
+        floors = sorted((_gap_cpu_floor(b, refs), _gaps(b)) for bs, refs in timings for b in bs)
         per_gap = _lower_weighted_median(floors)
+        past = sum(f > limit for f, _ in floors)
         why = (
             f"its processes used at least {per_gap:.4g} ms of CPU time between timed calls "
             f"(per call, the kernel's count; the reference's same loop: {yard:.4g} ms): "
             "work done outside the timed windows"
         )
-        if len(floors) >= 2 and per_gap > limit:
+        if past >= 2 and per_gap > limit:
             return TimerCheck("rejected", why)
-        if floors[-1][0] > limit:
+        if past:
             undecided.append(why)
     if len(h_c) >= MIN_CALLS and len(h_ref) >= MIN_CALLS:
         lo_c, med_c, _ = median_bounds(h_c)
