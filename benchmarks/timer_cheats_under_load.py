@@ -29,10 +29,9 @@ REPO = Path(__file__).resolve().parent.parent
 ADV = REPO / "tests" / "adversarial"
 sys.path.insert(0, str(REPO / "tests" / "load"))
 
-from loadgen import Load  # noqa: E402
+from loadgen import Load, load_tier_config  # noqa: E402
 
-from kerneljudge.judge import Judge, JudgeConfig  # noqa: E402
-from kerneljudge.timing import TimingConfig  # noqa: E402
+from kerneljudge.judge import Judge  # noqa: E402
 
 DEFAULT = [
     "correct_baseline",
@@ -41,16 +40,6 @@ DEFAULT = [
     "cheat_patch_op_time",
     "cheat_timer_patch_torch",
 ]
-
-
-def _config(cache: Path) -> JudgeConfig:
-    return JudgeConfig(
-        device="cpu",
-        trials=2,
-        baselines=("eager",),
-        timing_config=TimingConfig(max_time_s=0.3),
-        cache_dir=cache,
-    )
 
 
 def main() -> None:
@@ -63,7 +52,7 @@ def main() -> None:
     problem = str(ADV / "problem_cpu.py")
     rows: dict[str, list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = _config(Path(tmp) / "cache")
+        cfg = load_tier_config(Path(tmp) / "cache")
         judge = Judge(problem, cfg)
         beside = (problem, str(ADV / "cpu" / "correct_baseline.py"))
         load: Any = contextlib.nullcontext()

@@ -204,6 +204,22 @@ class Load:
             self._thread.join(beside_wait_s)
 
 
+def load_tier_config(cache: Path) -> Any:
+    """The load tier's judge configuration (tests/load/test_honest_under_load.py, and
+    benchmarks/timer_cheats_under_load.py): the CPU, the eager baseline only, two trials, a
+    0.3 s timing budget, builds cached under ``cache``."""
+    from kerneljudge.judge import JudgeConfig
+    from kerneljudge.timing import TimingConfig
+
+    return JudgeConfig(
+        device="cpu",
+        trials=2,
+        baselines=("eager",),
+        timing_config=TimingConfig(max_time_s=0.3),
+        cache_dir=cache,
+    )
+
+
 def _default_beside_config() -> Any:
     from kerneljudge.judge import JudgeConfig
     from kerneljudge.timing import TimingConfig

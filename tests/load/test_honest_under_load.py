@@ -23,7 +23,6 @@ from typing import Any
 import pytest
 
 from kerneljudge.judge import Judge, JudgeConfig
-from kerneljudge.timing import TimingConfig
 from kerneljudge.verdict import Verdict
 
 HERE = Path(__file__).resolve().parent
@@ -33,7 +32,7 @@ sys.path.insert(0, str(ADV))
 sys.path.insert(0, str(HERE))
 
 import run_suite  # noqa: E402
-from loadgen import Load  # noqa: E402
+from loadgen import Load, load_tier_config  # noqa: E402
 
 pytestmark = [pytest.mark.load, pytest.mark.slow]
 
@@ -106,13 +105,8 @@ def _line(name: str, i: int, verdict: Verdict) -> str:
 
 def _config(cache: Path) -> JudgeConfig:
     """One warm judge per problem: eager baseline only, a 0.3 s timing budget, two trials."""
-    return JudgeConfig(
-        device="cpu",
-        trials=2,
-        baselines=("eager",),
-        timing_config=TimingConfig(max_time_s=0.3),
-        cache_dir=cache,
-    )
+    config: JudgeConfig = load_tier_config(cache)
+    return config
 
 
 class _Bench:

@@ -204,6 +204,7 @@ def timer_check(
     the batches of a timing before this one: the reference's are read by the rescale rule
     where this timing's reference calls stalled, and with the candidate's by the CPU-time
     rule."""
+    earlier = earlier or {}
     refs = [b for name, bs in batches.items() if name != candidate for b in bs]
     cand = batches.get(candidate, [])
     if not refs or not cand:
@@ -215,7 +216,7 @@ def timer_check(
     undecided: list[str] = []
     if len(e_c) >= MIN_CALLS and len(e_ref) >= MIN_CALLS:
         _, med_r, hi_r = median_bounds(e_ref)
-        e_old = [_pool(bs, "excess") for name, bs in (earlier or {}).items() if name != candidate]
+        e_old = [_pool(bs, "excess") for name, bs in earlier.items() if name != candidate]
         if e_old and hi_r > LEVEL_FACTOR * med_r + RESCALE_SLACK_MS:
             _, med_both, hi_both = median_bounds(np.concatenate([e_ref, *e_old]))
             if hi_both <= LEVEL_FACTOR * med_both + RESCALE_SLACK_MS:  # pooling clears it
@@ -245,10 +246,10 @@ def timer_check(
     window = float(np.median(w_c)) if len(w_c) else 0.0
     # The CPU-time rule reads this timing's batches and, when it is a second one, the first's
     # (each candidate batch's floor against its own timing's reference).
-    old_refs = {name: bs for name, bs in (earlier or {}).items() if name != candidate}
+    old_refs = {name: bs for name, bs in earlier.items() if name != candidate}
     timings = [(cand, ref_batches)]
-    if (earlier or {}).get(candidate) and old_refs:
-        timings.append(((earlier or {})[candidate], old_refs))
+    if earlier.get(candidate) and old_refs:
+        timings.append((earlier[candidate], old_refs))
     cpu_ref = [
         x for _, refs in timings for bs in refs.values() for b in bs for x in b.between_cpu_ms
     ]
