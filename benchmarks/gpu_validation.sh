@@ -32,7 +32,11 @@
 #                   run's stored paths, so $KERNELBENCH and $WORK must be where they were), then
 #                   `results show`, `results metrics` and the report; KB_SUITE_TIMEOUT s (default 540)
 #   size_scaling    benchmarks/size_scaling.py --device cuda at SIZES MiB (default 1,64,1024,8192)
+#                   for SCALING_PROBLEMS (default elementwise,reduction)
 #   memory          benchmarks/supervisor_memory.py --device cuda --mib ${MEMORY_MIB:-1024}
+#                   --configs ${MEMORY_CONFIGS:-default,all_sets,episode}
+#   throughput      benchmarks/throughput.py on the CPU slots ${THROUGHPUT_SLOTS:-1,2,4,8}, weak
+#                   scaling (--jobs-per-slot ${JOBS_PER_SLOT:-6}), THROUGHPUT_TIMEOUT s (default 400)
 #   oracle_8g       benchmarks/verdict_profile.py --workers on size_scaling.py's elementwise
 #                   problem at ${ORACLE_MIB:-8192} MiB (its float64 oracles and where they ran:
 #                   the verdict's reductions), PROFILE_TIMEOUT s (default 300)
@@ -239,15 +243,24 @@ fi
 if want size_scaling; then
     step size_scaling
     timeout "${SCALING_TIMEOUT:-540}" python3 benchmarks/size_scaling.py --device cuda \
-        --sizes "${SIZES:-1,64,1024,8192}" --json "$WORK/size_scaling.json" \
+        --sizes "${SIZES:-1,64,1024,8192}" --problems "${SCALING_PROBLEMS:-elementwise,reduction}" \
+        --json "$WORK/size_scaling.json" \
         > "$WORK/size_scaling.txt" 2>&1
     tail -20 "$WORK/size_scaling.txt"
 fi
 if want memory; then
     step memory
     timeout "${MEMORY_TIMEOUT:-540}" python3 benchmarks/supervisor_memory.py --device cuda \
-        --mib "${MEMORY_MIB:-1024}" --json "$WORK/memory.json" > "$WORK/memory.txt" 2>&1
+        --mib "${MEMORY_MIB:-1024}" --configs "${MEMORY_CONFIGS:-default,all_sets,episode}" \
+        --json "$WORK/memory.json" > "$WORK/memory.txt" 2>&1
     tail -20 "$WORK/memory.txt"
+fi
+if want throughput; then
+    step throughput
+    timeout "${THROUGHPUT_TIMEOUT:-400}" python3 benchmarks/throughput.py \
+        --slots "${THROUGHPUT_SLOTS:-1,2,4,8}" --jobs-per-slot "${JOBS_PER_SLOT:-6}" --cold 1 \
+        --cache /tmp/kj-cache/bench --json "$WORK/throughput.json" > "$WORK/throughput.txt" 2>&1
+    tail -20 "$WORK/throughput.txt"
 fi
 if want oracle_8g; then
     step oracle_8g

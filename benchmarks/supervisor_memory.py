@@ -2,7 +2,9 @@
 
 The problem is elementwise (``tanh(x) / 2`` on ``--mib`` MiB of fp32, so input and output have
 that size); the candidate is the same code as ``ModelNew`` (plain PyTorch). Each configuration
-runs in a fresh Python process, so that its peak is its own:
+runs in a fresh Python process, so that its peak is its own (``default``: one ``Judge`` verdict;
+``all_sets``: every shape set with 10 trials; ``episode``: a :class:`~kerneljudge.env.KernelEnv`
+episode whose one tool call is ``submit_kernel``, every shape set as that tool checks them):
 
 * supervisor: ``ru_maxrss`` of the judging process minus its resident memory just before the
   :class:`~kerneljudge.Judge` was made (torch imported), against the output's bytes;
@@ -10,7 +12,7 @@ runs in a fresh Python process, so that its peak is its own:
   every 0.1 s from ``/proc`` (a sampled peak: it can miss a short spike).
 
 Run:  PYTHONPATH=src python3 benchmarks/supervisor_memory.py [--mib 64] [--device cpu]
-      [--configs default,all_sets] [--json OUT]
+      [--configs default,all_sets,episode] [--json OUT]
 """
 
 from __future__ import annotations
@@ -74,8 +76,17 @@ if config == "all_sets":
     kw.update(shape_sets=("half", "public"), trials=10)
 base = rss()
 t0 = time.monotonic()
-with Judge(problem, JudgeConfig(**kw)) as judge:
-    verdict = judge.evaluate(candidate)
+if config == "episode":
+    from kerneljudge.env import EnvConfig, KernelEnv, ToolCall
+    env_config = EnvConfig(device=device, baselines=("eager",), submit_time_s=0.5)
+    with KernelEnv(problem, env_config) as env:
+        env.reset()
+        with open(candidate) as f:
+            result = env.step(ToolCall("submit_kernel", {"kernel_code": f.read()}))
+        verdict = result.info.verdict
+else:
+    with Judge(problem, JudgeConfig(**kw)) as judge:
+        verdict = judge.evaluate(candidate)
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 print(json.dumps({"status": verdict.status.value, "reason": verdict.reason,
                   "seconds": time.monotonic() - t0, "base_bytes": base, "peak_bytes": peak}))
@@ -128,7 +139,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=64, help="input and output size (MiB)")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--configs", default="default,all_sets")
+    parser.add_argument("--configs", default="default,all_sets,episode")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     out_bytes = args.mib << 20
