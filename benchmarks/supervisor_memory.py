@@ -1,13 +1,15 @@
 """Peak memory of the judge (supervisor) and of its worker tree for one verdict of a large output.
 
-The problem is elementwise (``tanh(x) / 2`` on ``--mib`` MiB of fp32, so input and output have
-that size); the candidate is the same code as ``ModelNew`` (plain PyTorch). Each configuration
-runs in a fresh Python process, so that its peak is its own (``default``: one ``Judge`` verdict;
-``all_sets``: every shape set with 10 trials; ``episode``: a :class:`~kerneljudge.env.KernelEnv`
-episode whose one tool call is ``submit_kernel``, every shape set as that tool checks them):
+The problem is elementwise (``torch.tanh(x) * 0.5`` on ``--mib`` MiB of fp32, so input and
+output have that size); the candidate is the same code as ``ModelNew`` (plain PyTorch). Each
+configuration runs in a fresh Python process, so that its peak is its own (``default``: one
+``Judge`` verdict; ``all_sets``: every shape set with 10 trials; ``episode``: a
+:class:`~kerneljudge.env.KernelEnv` episode whose one tool call is ``submit_kernel``, with the
+environment's defaults for that tool: every shape set, 10 trials each, CUDA-graph replays timed
+as well on a GPU):
 
 * supervisor: ``ru_maxrss`` of the judging process minus its resident memory just before the
-  :class:`~kerneljudge.Judge` was made (torch imported), against the output's bytes;
+  :class:`~kerneljudge.Judge` (or the environment) was made (torch imported), against the output's bytes;
 * tree: the largest sum of resident memory of the supervisor and every descendant, sampled
   every 0.1 s from ``/proc`` (a sampled peak: it can miss a short spike).
 
@@ -71,19 +73,23 @@ def rss():
     return 0
 
 problem, candidate, device, config = sys.argv[1:5]
+if config == "episode":
+    from kerneljudge.env import EnvConfig, KernelEnv, ToolCall
 kw = {"device": device, "baselines": ("eager",), "timing_config": TimingConfig(max_time_s=0.5)}
 if config == "all_sets":
     kw.update(shape_sets=("half", "public"), trials=10)
 base = rss()
 t0 = time.monotonic()
 if config == "episode":
-    from kerneljudge.env import EnvConfig, KernelEnv, ToolCall
     env_config = EnvConfig(device=device, baselines=("eager",), submit_time_s=0.5)
     with KernelEnv(problem, env_config) as env:
         env.reset()
         with open(candidate) as f:
             result = env.step(ToolCall("submit_kernel", {"kernel_code": f.read()}))
         verdict = result.info.verdict
+    if verdict is None:  # the tool failed before judging: its observation says why
+        print(json.dumps({"status": "no verdict", "reason": str(result.observation)}))
+        sys.exit(0)
 else:
     with Judge(problem, JudgeConfig(**kw)) as judge:
         verdict = judge.evaluate(candidate)
