@@ -35,6 +35,8 @@
 #                   for SCALING_PROBLEMS (default elementwise,reduction)
 #   memory          benchmarks/supervisor_memory.py --device cuda --mib ${MEMORY_MIB:-1024}
 #                   --configs ${MEMORY_CONFIGS:-default,all_sets,episode}
+#   worker_start    benchmarks/worker_start.py --device cuda --record-ops, with an empty kernel
+#                   cache per round and with the cache a worker inherits (WORKER_ROUNDS, default 3)
 #   throughput      benchmarks/throughput.py on the CPU slots ${THROUGHPUT_SLOTS:-1,2,4,8}, weak
 #                   scaling (--jobs-per-slot ${JOBS_PER_SLOT:-6}), THROUGHPUT_TIMEOUT s (default 400)
 #   oracle_8g       benchmarks/verdict_profile.py --workers on size_scaling.py's elementwise
@@ -254,6 +256,15 @@ if want memory; then
         --mib "${MEMORY_MIB:-1024}" --configs "${MEMORY_CONFIGS:-default,all_sets,episode}" \
         --json "$WORK/memory.json" > "$WORK/memory.txt" 2>&1
     tail -20 "$WORK/memory.txt"
+fi
+if want worker_start; then
+    step worker_start
+    for cache in fresh inherit; do
+        timeout 300 python3 benchmarks/worker_start.py --device cuda --record-ops \
+            --rounds "${WORKER_ROUNDS:-3}" --kernel-cache "$cache" \
+            --json "$WORK/worker_start_$cache.json" > "$WORK/worker_start_$cache.txt" 2>&1
+        tail -9 "$WORK/worker_start_$cache.txt"
+    done
 fi
 if want throughput; then
     step throughput
