@@ -37,8 +37,9 @@
 #                   --configs ${MEMORY_CONFIGS:-default,all_sets,episode}
 #   worker_start    benchmarks/worker_start.py --device cuda --record-ops, with an empty kernel
 #                   cache per round and with the cache a worker inherits (WORKER_ROUNDS, default 3)
-#   throughput      benchmarks/throughput.py on the CPU slots ${THROUGHPUT_SLOTS:-1,2,4,8}, weak
-#                   scaling (--jobs-per-slot ${JOBS_PER_SLOT:-6}), THROUGHPUT_TIMEOUT s (default 400)
+#   throughput      benchmarks/throughput.py on the CPU slots ${THROUGHPUT_SLOTS:-1,2,4,7,8}, weak
+#                   scaling (--jobs-per-slot ${JOBS_PER_SLOT:-11} --cold ${THROUGHPUT_COLD:-1}),
+#                   THROUGHPUT_TIMEOUT s (default 400)
 #   oracle_8g       benchmarks/verdict_profile.py --workers on size_scaling.py's elementwise
 #                   problem at ${ORACLE_MIB:-8192} MiB (its float64 oracles and where they ran:
 #                   the verdict's reductions), PROFILE_TIMEOUT s (default 300)
@@ -269,7 +270,8 @@ fi
 if want throughput; then
     step throughput
     timeout "${THROUGHPUT_TIMEOUT:-400}" python3 benchmarks/throughput.py \
-        --slots "${THROUGHPUT_SLOTS:-1,2,4,8}" --jobs-per-slot "${JOBS_PER_SLOT:-6}" --cold 1 \
+        --slots "${THROUGHPUT_SLOTS:-1,2,4,7,8}" --jobs-per-slot "${JOBS_PER_SLOT:-11}" \
+        --cold "${THROUGHPUT_COLD:-1}" \
         --cache /tmp/kj-cache/bench --json "$WORK/throughput.json" > "$WORK/throughput.txt" 2>&1
     tail -20 "$WORK/throughput.txt"
 fi

@@ -21,11 +21,12 @@ each slot's busy share of that window, and the scaling efficiency
 agree (a hanging candidate aside, none of them depends on time).
 
 With ``--jobs-per-slot K`` the work grows with the slots (weak scaling): the plain judge and one
-slot judge K jobs with ``--cold`` cold builds, N slots K x N jobs with N x ``--cold`` cold builds,
-so the efficiency measures throughput with every slot fed, not how soon a fixed mix runs out (a
-fixed mix is bounded below by its longest job, a cold build, however many slots share it). The
-statuses are then compared kind by kind (each kind's statuses must be the same set as the plain
-judge's, for the kinds both mixes hold).
+slot judge K jobs with ``--cold`` cold builds, N slots N copies of those K jobs (the same kinds,
+N x ``--cold`` cold builds), so the efficiency measures throughput with every slot fed the same
+work, not how soon a fixed mix runs out (a fixed mix is bounded below by its longest job, a cold
+build, however many slots share it). Take K of at least 11 with ``--cold 1`` for a mix that
+holds every kind, a hanging job included. The statuses are then compared kind by kind (each
+kind's statuses must be the same set as the plain judge's).
 
 Run:  PYTHONPATH=src python3 benchmarks/throughput.py [--slots 1,2,4] [--jobs 12] [--cold 1]
       [--jobs-per-slot K] [--devices cuda:0,cuda:1] [--max-time 0.2] [--cache DIR]
@@ -92,6 +93,18 @@ def _mix(jobs: int, cold: int) -> list[tuple[str, str]]:
     for i in range(max(0, jobs - cold)):
         kind = PATTERN[i % len(PATTERN)]
         out.append((kind, CPP.format(nonce="cached") if kind == "cpp" else SOURCES[kind]))
+    return out
+
+
+def _weak_mix(per_slot: int, cold: int, slots: int) -> list[tuple[str, str]]:
+    """``slots`` copies of the one-slot mix of ``per_slot`` jobs (``_mix(per_slot, cold)``'s
+    kinds), so every slot count judges the same work per slot: the cold builds first, then each
+    kind of the pattern ``slots`` times in turn."""
+    one = [kind for kind, _ in _mix(per_slot, cold)]
+    out = [("cold", CPP.format(nonce=secrets.token_hex(6))) for _ in range(cold * slots)]
+    for kind in one[cold:]:
+        for _ in range(slots):
+            out.append((kind, CPP.format(nonce="cached") if kind == "cpp" else SOURCES[kind]))
     return out
 
 
@@ -209,8 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in configs:
         # fresh nonces: each configuration's builds are cold
         if args.jobs_per_slot > 0:
-            scale = n or 1
-            mix = _mix(args.jobs_per_slot * scale, args.cold * scale)
+            mix = _weak_mix(args.jobs_per_slot, args.cold, n or 1)
         else:
             mix = _mix(args.jobs, args.cold)
         run = _plain(mix, options) if n is None else _executor(mix, options, n, devices)
