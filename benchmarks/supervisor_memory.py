@@ -9,7 +9,8 @@ environment's defaults for that tool: every shape set, 10 trials each, CUDA-grap
 as well on a GPU):
 
 * supervisor: ``ru_maxrss`` of the judging process minus its resident memory just before the
-  :class:`~kerneljudge.Judge` (or the environment) was made (torch imported), against the output's bytes;
+  :class:`~kerneljudge.Judge` (or the environment) was made (torch imported), against the
+  output's bytes;
 * tree: the largest sum of resident memory of the supervisor and every descendant, sampled
   every 0.1 s from ``/proc`` (a sampled peak: it can miss a short spike).
 

@@ -12,6 +12,7 @@ from kerneljudge.timing import (
     bootstrap_medians,
     bootstrap_speedup,
     measure_alternating,
+    measure_rounds,
     median_ci,
     speedups,
     summarise,
@@ -115,6 +116,43 @@ def test_alternation_rotates_order_and_stops_on_precision() -> None:
     assert len(samples["eager"]) >= 10 and len(samples["candidate"]) >= 10
     (s,) = speedups(samples)
     assert s.baseline == "eager" and s.median == pytest.approx(2.0, rel=0.02)
+
+
+def test_a_batch_grows_to_what_its_calls_measure_after_a_slow_calibration() -> None:
+    """Calls slow only while the batch is sized (a candidate seeking one-call batches, whose
+    time around its calls the timer audit spreads over few gaps, or slow first calls) do not
+    keep the batch at one call; a batch never shrinks when calls slow down later."""
+    made = {"candidate": 0, "eager": 0}
+
+    def sampler(name: str, first_calls: int, first_ms: float, later_ms: float):
+        def sample(n: int, warmup: int) -> list[float]:
+            out = []
+            for _ in range(warmup + n):
+                made[name] += 1
+                out.append(first_ms if made[name] <= first_calls else later_ms)
+            return out[warmup:]
+
+        return sample
+
+    config = TimingConfig(
+        min_samples=5, rel_precision=1e-9, min_time_s=0, min_rounds=4, max_time_s=0.5
+    )
+    rounds = measure_rounds(
+        {
+            # 40 ms through its warm-up and calibration calls, then 0.1 ms
+            "candidate": sampler("candidate", 6, 40.0, 0.1),
+            # 1 ms for its first 40 calls, then 40 ms: its batch stays as sized
+            "eager": sampler("eager", 40, 1.0, 40.0),
+        },
+        config,
+    )
+    cand = [len(b) for b in rounds.batches["candidate"] if b is not None]
+    eager = [len(b) for b in rounds.batches["eager"] if b is not None]
+    assert cand[0] == 1  # sized by the slow calibration
+    assert max(cand) > 1 and cand == sorted(cand)  # then grown, never shrunk
+    assert max(cand) <= 200
+    assert sum(eager) > 40  # it ran into its slow calls
+    assert eager[0] == round(config.batch_target_ms / 1.0) and min(eager) == eager[0]
 
 
 def test_noisy_contestant_stops_on_time_or_samples() -> None:

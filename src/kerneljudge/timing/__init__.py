@@ -4,7 +4,8 @@ The protocol (the samples themselves are taken in the workers, see
 :meth:`kerneljudge.worker.runtime.Worker.op_time`):
 
 1. warm-up calls for every contestant, then one calibration batch that sizes each contestant's
-   batch to about ``batch_target_ms``;
+   batch to about ``batch_target_ms`` (a batch grows later where its calls' median asks for
+   more calls; it never shrinks);
 2. rounds: every contestant runs one batch per round, in an order rotated each round
    (A B C, B C A, ...), so that clock and thermal drift hit all of them alike;
 3. stop (``precision``) when every median's 95% confidence interval has a half-width within
@@ -220,16 +221,21 @@ def measure_rounds(
             between_batches`).
     """
     names = list(contestants)
+    # At most a (2 * min_rounds)-th of max_samples per batch: no contestant fills up before
+    # the minimum span has been sampled.
+    cap = max(1, min(200, config.max_samples // (2 * max(1, config.min_rounds))))
+
+    def size(times: list[float]) -> int:
+        """Calls of about ``batch_target_ms`` at the median of ``times`` (ms), 1 to ``cap``."""
+        per_call = max(float(np.median(times)), 1e-4)
+        return int(min(cap, max(1, round(config.batch_target_ms / per_call))))
+
     batch: dict[str, int] = {}
     for name in names:  # warm-up + calibration, not kept
         probe = contestants[name](3, config.warmup_calls)
         if between:
             between()
-        per_call = max(float(np.median(probe)), 1e-4)
-        # At most a (2 * min_rounds)-th of max_samples per batch: no contestant fills up before
-        # the minimum span has been sampled.
-        cap = max(1, min(200, config.max_samples // (2 * max(1, config.min_rounds))))
-        batch[name] = int(min(cap, max(1, round(config.batch_target_ms / per_call))))
+        batch[name] = size(probe)
     samples: dict[str, list[float]] = {name: [] for name in names}
     batches: dict[str, list[list[float] | None]] = {name: [] for name in names}
     started = time.monotonic()
@@ -245,6 +251,12 @@ def measure_rounds(
             if len(samples[name]) < config.max_samples:  # a full contestant rests
                 got = list(contestants[name](batch[name], config.batch_warmup_calls))
                 samples[name].extend(got)
+                # A batch grows to what its calls measure: calls slowed only while the batch
+                # was sized (first calls, or a candidate seeking few-call batches, whose time
+                # before and after its calls the timer audit spreads over few gaps) do not
+                # keep it small.
+                if got:
+                    batch[name] = max(batch[name], size(got))
                 if between:
                     between()
             batches[name].append(got)
