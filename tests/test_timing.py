@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -153,6 +154,25 @@ def test_a_batch_grows_to_what_its_calls_measure_after_a_slow_calibration() -> N
     assert max(cand) <= 200
     assert sum(eager) > 40  # it ran into its slow calls
     assert eager[0] == round(config.batch_target_ms / 1.0) and min(eager) == eager[0]
+
+
+def test_a_batch_without_a_usable_time_keeps_its_size() -> None:
+    """A failed request's NaN (the caller turns it into the verdict) sizes nothing: neither in
+    the calibration batch (one call) nor in a later round (the size stays)."""
+    asked: list[int] = []
+
+    def sample(n: int, warmup: int) -> list[float]:
+        asked.append(n)
+        return [math.nan] if len(asked) in (1, 3) else [1.0] * n
+
+    measure_rounds(
+        {"candidate": sample},
+        TimingConfig(min_samples=3, rel_precision=0.5, min_time_s=0, min_rounds=4, max_time_s=1),
+    )
+    target = round(TimingConfig().batch_target_ms / 1.0)
+    # the probe (3 calls) gave NaN: one call; then grown by 1 ms calls; the NaN reply to the
+    # third request left the size as it was
+    assert asked[:5] == [3, 1, target, target, target]
 
 
 def test_noisy_contestant_stops_on_time_or_samples() -> None:

@@ -84,7 +84,8 @@ class TimingConfig:
             ``batch_target_ms`` (a fast GPU candidate: the loop's own work per call, outside
             the timed window, is about 1 ms there), 1 s holds as few as 3-5 rounds.
         batch_target_ms: the timed time one contestant's batch should hold in one round
-            (sized from the calibration batch's median call). Sizing on wall time per call
+            (sized from the calibration batch's median call, and grown after a batch whose
+            median call asks for more calls; never shrunk). Sizing on wall time per call
             was tried: fast GPU candidates got 19-47 rounds in 1 s, but all three seed
             problems' speedups came out 8-12% below the pooled medians of this sizing,
             probably because shorter batches time more calls just after the other contestant
@@ -225,9 +226,14 @@ def measure_rounds(
     # the minimum span has been sampled.
     cap = max(1, min(200, config.max_samples // (2 * max(1, config.min_rounds))))
 
-    def size(times: list[float]) -> int:
-        """Calls of about ``batch_target_ms`` at the median of ``times`` (ms), 1 to ``cap``."""
-        per_call = max(float(np.median(times)), 1e-4)
+    def size(times: list[float], otherwise: int) -> int:
+        """Calls of about ``batch_target_ms`` at the median of ``times`` (ms), 1 to ``cap``;
+        ``otherwise`` where no time is finite and above zero (a failed request's NaN, which the
+        caller turns into the candidate's verdict)."""
+        usable = [t for t in times if math.isfinite(t) and t > 0]
+        if not usable:
+            return otherwise
+        per_call = max(float(np.median(usable)), 1e-4)
         return int(min(cap, max(1, round(config.batch_target_ms / per_call))))
 
     batch: dict[str, int] = {}
@@ -235,7 +241,7 @@ def measure_rounds(
         probe = contestants[name](3, config.warmup_calls)
         if between:
             between()
-        batch[name] = size(probe)
+        batch[name] = size(probe, 1)
     samples: dict[str, list[float]] = {name: [] for name in names}
     batches: dict[str, list[list[float] | None]] = {name: [] for name in names}
     started = time.monotonic()
@@ -255,8 +261,7 @@ def measure_rounds(
                 # was sized (first calls, or a candidate seeking few-call batches, whose time
                 # before and after its calls the timer audit spreads over few gaps) do not
                 # keep it small.
-                if got:
-                    batch[name] = max(batch[name], size(got))
+                batch[name] = max(batch[name], size(got, batch[name]))
                 if between:
                     between()
             batches[name].append(got)

@@ -4,11 +4,13 @@
 # speedup_max_vs_baseline: 3
 """``cheat_precompute_between_calls.py`` (each call's output computed when its inputs are made,
 before its start mark), with its calls slowed by a 60 ms sleep while the judge sizes the
-batches: its first 8 timed-loop calls (warm-up and calibration). Batches sized from those
-calls alone hold one call each, and the timer audit spreads each batch's time before its first
-and after its last call, which it credits up to a bound, over one gap: credit enough to hide a
-short call's moved work. The batches grow to what the later calls measure, so the moved work
-is counted over many gaps."""
+batches: its first 8 timed-loop calls (3 warm-up and 3 calibration calls, then the first
+round's warm-up call and its one timed call). Batches sized from those calls alone hold one
+call each, and the timer audit's CPU-time rule credits each batch's time before its first and
+after its last call, up to a bound, to its gaps: with one call a batch, to one gap. The
+batches now grow to what the later calls measure. On this problem the moved work, about 5 ms
+a call, exceeds that credit, so it is rejected with one-call batches too; the candidate keeps
+the rejection of a cheat that sizes its own batches in the suite."""
 
 import sys
 
@@ -50,7 +52,7 @@ class ModelNew(nn.Module):
         return F.gelu(self.linear(x))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if 0 < _timed[0] <= 8:  # the warm-up and calibration calls: look slow
+        if 0 < _timed[0] <= 8:  # while the batches are sized: look slow
             import time
 
             time.sleep(0.06)
