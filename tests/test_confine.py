@@ -611,3 +611,59 @@ def test_a_confined_child_of_pid_1_runs() -> None:
     unshare = [*confine.features().unshare[:-1], "--", sys.executable, "-c", pid_1]
     out = subprocess.run(unshare, capture_output=True, timeout=60, text=True)
     assert out.returncode == 0 and "Linux" in out.stdout, out.stderr
+
+
+def _state(pid: int, want: str = "T", wait_s: float = 2.0) -> str:
+    """The process's state letter, once it is ``want`` or after ``wait_s`` (a signal takes
+    effect when the process next runs)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        if state == want or time.monotonic() > deadline:
+            return state
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("ready", [False, True])
+def test_a_starting_worker_is_not_stopped_before_its_launcher_child_runs_python(
+    tmp_path: Path, ready: bool
+) -> None:
+    """``unshare --fork --kill-child`` arms its child's parent-death signal after the fork: a
+    child stopped before that outlives a supervisor killed meanwhile, stopped for good. A stop
+    of a worker not yet ready leaves a child still running the launcher's code (``unshare``)
+    running; a ready worker's processes are all stopped, whatever they are called (a
+    candidate could name its own process ``unshare``)."""
+    launcher = tmp_path / "unshare"  # a process whose name is the launcher's
+    shutil.copy(shutil.which("sleep") or "/bin/sleep", launcher)
+    other = tmp_path / "other"
+    shutil.copy(shutil.which("sleep") or "/bin/sleep", other)
+    parent = subprocess.Popen(["sh", "-c", f"{launcher} 30 & {other} 30 & wait"])
+    try:
+        deadline = time.monotonic() + 10
+        while len(child_pids(parent.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        kids = {Path(f"/proc/{p}/comm").read_text().strip(): p for p in child_pids(parent.pid)}
+        assert process._launching(parent.pid) == {kids["unshare"]}
+        worker = object.__new__(WorkerProcess)
+        worker.proc = parent
+        worker.ready = ready
+        t0 = time.monotonic()
+        worker.pause(True)
+        waited = time.monotonic() - t0
+        try:
+            assert _state(kids["other"]) == "T"
+            assert _state(parent.pid) == "T"
+            assert _state(kids["unshare"], "T", 2.0 if ready else 0.3) == ("T" if ready else "S")
+            if not ready:
+                assert waited >= process.LAUNCH_WAIT_S * 0.9
+        finally:
+            worker.pause(False)
+        assert _state(kids["other"], "S") != "T" and _state(kids["unshare"], "S") != "T"
+    finally:
+        for p in [*child_pids(parent.pid), parent.pid]:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        parent.wait()

@@ -52,6 +52,34 @@ _GPU_DEVICES = ("/dev/nvidia*", "/dev/nvidia-caps/*", "/dev/dri/*")
 LOG_TAIL_BYTES = 4000
 
 
+#: Longest a stop waits for a starting worker's launcher child to run the worker (seconds).
+LAUNCH_WAIT_S = 0.5
+#: What the launcher runs before the worker's Python (``kerneljudge.worker.confine.command``).
+_LAUNCHERS = frozenset({"unshare", "setpriv"})
+
+
+def _launching(pid: int) -> set[int]:
+    """The children of launcher ``pid`` that still run a launcher's code (forked by
+    ``unshare --fork``, not yet executing the worker's Python), read from ``/proc``."""
+    out: set[int] = set()
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return out
+    for task in tasks:
+        try:
+            kids = [int(k) for k in (task / "children").read_text().split()]
+        except (OSError, ValueError):
+            continue
+        for kid in kids:
+            try:
+                if Path(f"/proc/{kid}/comm").read_text().strip() in _LAUNCHERS:
+                    out.add(kid)
+            except OSError:
+                continue
+    return out
+
+
 class WorkerProcess:
     """One worker process.
 
@@ -210,11 +238,26 @@ class WorkerProcess:
     def pause(self, paused: bool) -> None:
         """Stop (``SIGSTOP``) or continue (``SIGCONT``) the worker and all its descendants, so
         that nothing of it runs while another process is timed. A worker that has ended is
-        left alone: once reaped, its pid may be another process's."""
+        left alone: once reaped, its pid may be another process's.
+
+        ``unshare --fork --kill-child`` arms its child's parent-death signal in the child,
+        after the fork: a child stopped before that, in a supervisor killed meanwhile, would
+        outlive ``unshare`` and stay stopped for good. So the stop of a worker that has not
+        yet said it is ready (no candidate code has run in it, so the names in ``/proc`` are
+        the launcher's own) waits, at most :data:`LAUNCH_WAIT_S`, for the launcher's child to
+        run the worker's Python, and leaves it running if it has not. A ready worker is
+        stopped whole, whatever its processes are called."""
         if self.proc.poll() is not None:
             return
         sig = signal.SIGSTOP if paused else signal.SIGCONT
-        for pid in [self.proc.pid, *child_pids(self.proc.pid)]:
+        pids = [self.proc.pid, *child_pids(self.proc.pid)]
+        if paused and not self.ready:
+            deadline = time.monotonic() + LAUNCH_WAIT_S
+            while _launching(self.proc.pid) and time.monotonic() < deadline:
+                time.sleep(0.005)
+            pids = [self.proc.pid, *child_pids(self.proc.pid)]
+            pids = [p for p in pids if p not in _launching(self.proc.pid)]
+        for pid in pids:
             try:
                 os.kill(pid, sig)
             except (ProcessLookupError, PermissionError):
