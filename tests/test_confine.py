@@ -23,7 +23,7 @@ from kerneljudge.build import BuildCache, build
 from kerneljudge.candidate import Candidate
 from kerneljudge.worker import confine, process
 from kerneljudge.worker.process import WorkerProcess
-from kerneljudge.worker.sandbox import child_pids
+from kerneljudge.worker.sandbox import LAUNCH_WAIT_S, child_pids, launching_children
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 TINY = Path(__file__).parent / "fixtures" / "tiny_problem.py"
@@ -246,7 +246,7 @@ import json, sys, threading, time
 from pathlib import Path
 from kerneljudge import Judge, JudgeConfig
 from kerneljudge.worker.process import WorkerProcess
-from kerneljudge.worker.sandbox import child_pids
+from kerneljudge.worker.sandbox import LAUNCH_WAIT_S, child_pids, launching_children
 
 judge = Judge(Path(sys.argv[1]), JudgeConfig(device="cpu", cache_dir=sys.argv[2], threads=1))
 pool = judge._pool("cpu")
@@ -613,16 +613,15 @@ def test_a_confined_child_of_pid_1_runs() -> None:
     assert out.returncode == 0 and "Linux" in out.stdout, out.stderr
 
 
-def _state(pid: int, want: str = "T", wait_s: float = 2.0) -> str:
-    """The process's state letter, once it is ``want`` or after ``wait_s`` (a signal takes
+def _awaited_state(pid: int, want: str = "T", wait_s: float = 2.0) -> str:
+    """:func:`_state` of ``pid`` once it is ``want`` or after ``wait_s`` (a signal takes
     effect when the process next runs)."""
     deadline = time.monotonic() + wait_s
-    while True:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-        if state == want or time.monotonic() > deadline:
-            return state
+    state = _state(pid)
+    while state != want and time.monotonic() < deadline:
         time.sleep(0.01)
+        state = _state(pid)
+    return state
 
 
 @pytest.mark.parametrize("ready", [False, True])
@@ -644,7 +643,7 @@ def test_a_starting_worker_is_not_stopped_before_its_launcher_child_runs_python(
         while len(child_pids(parent.pid)) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
         kids = {Path(f"/proc/{p}/comm").read_text().strip(): p for p in child_pids(parent.pid)}
-        assert process._launching(parent.pid) == {kids["unshare"]}
+        assert launching_children(parent.pid) == {kids["unshare"]}
         worker = object.__new__(WorkerProcess)
         worker.proc = parent
         worker.ready = ready
@@ -652,14 +651,16 @@ def test_a_starting_worker_is_not_stopped_before_its_launcher_child_runs_python(
         worker.pause(True)
         waited = time.monotonic() - t0
         try:
-            assert _state(kids["other"]) == "T"
-            assert _state(parent.pid) == "T"
-            assert _state(kids["unshare"], "T", 2.0 if ready else 0.3) == ("T" if ready else "S")
+            assert _awaited_state(kids["other"]) == "T"
+            assert _awaited_state(parent.pid) == "T"
+            launching = _awaited_state(kids["unshare"], "T", 2.0 if ready else 0.3)
+            assert launching == ("T" if ready else "S")
             if not ready:
-                assert waited >= process.LAUNCH_WAIT_S * 0.9
+                assert waited >= LAUNCH_WAIT_S * 0.9
         finally:
             worker.pause(False)
-        assert _state(kids["other"], "S") != "T" and _state(kids["unshare"], "S") != "T"
+        assert _awaited_state(kids["other"], "S") != "T"
+        assert _awaited_state(kids["unshare"], "S") != "T"
     finally:
         for p in [*child_pids(parent.pid), parent.pid]:
             try:

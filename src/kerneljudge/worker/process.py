@@ -39,7 +39,7 @@ from kerneljudge.worker.protocol import (
     ChannelTimeout,
     MessageTooLarge,
 )
-from kerneljudge.worker.sandbox import candidate_environment, child_pids
+from kerneljudge.worker.sandbox import candidate_environment, child_pids, wait_launched
 from kerneljudge.worker.side import hand_over
 from kerneljudge.worker.stamps import socket_pair
 
@@ -50,34 +50,6 @@ _SRC_DIR = str(Path(__file__).resolve().parents[2])
 _GPU_DEVICES = ("/dev/nvidia*", "/dev/nvidia-caps/*", "/dev/dri/*")
 #: Bytes of a worker's log kept for a verdict.
 LOG_TAIL_BYTES = 4000
-
-
-#: Longest a stop waits for a starting worker's launcher child to run the worker (seconds).
-LAUNCH_WAIT_S = 0.5
-#: What the launcher runs before the worker's Python (``kerneljudge.worker.confine.command``).
-_LAUNCHERS = frozenset({"unshare", "setpriv"})
-
-
-def _launching(pid: int) -> set[int]:
-    """The children of launcher ``pid`` that still run a launcher's code (forked by
-    ``unshare --fork``, not yet executing the worker's Python), read from ``/proc``."""
-    out: set[int] = set()
-    try:
-        tasks = list(Path(f"/proc/{pid}/task").iterdir())
-    except OSError:
-        return out
-    for task in tasks:
-        try:
-            kids = [int(k) for k in (task / "children").read_text().split()]
-        except (OSError, ValueError):
-            continue
-        for kid in kids:
-            try:
-                if Path(f"/proc/{kid}/comm").read_text().strip() in _LAUNCHERS:
-                    out.add(kid)
-            except OSError:
-                continue
-    return out
 
 
 class WorkerProcess:
@@ -240,23 +212,15 @@ class WorkerProcess:
         that nothing of it runs while another process is timed. A worker that has ended is
         left alone: once reaped, its pid may be another process's.
 
-        ``unshare --fork --kill-child`` arms its child's parent-death signal in the child,
-        after the fork: a child stopped before that, in a supervisor killed meanwhile, would
-        outlive ``unshare`` and stay stopped for good. So the stop of a worker that has not
-        yet said it is ready (no candidate code has run in it, so the names in ``/proc`` are
-        the launcher's own) waits, at most :data:`LAUNCH_WAIT_S`, for the launcher's child to
-        run the worker's Python, and leaves it running if it has not. A ready worker is
-        stopped whole, whatever its processes are called."""
+        ``unshare --fork --kill-child`` arms its child's parent-death signal after the fork:
+        stopped before that, the child would outlive a supervisor killed meanwhile. So for a
+        worker not yet ready (no candidate code ran in it) a stop waits for that child to run
+        Python (:func:`~kerneljudge.worker.sandbox.wait_launched`), else leaves it running."""
         if self.proc.poll() is not None:
             return
         sig = signal.SIGSTOP if paused else signal.SIGCONT
-        pids = [self.proc.pid, *child_pids(self.proc.pid)]
-        if paused and not self.ready:
-            deadline = time.monotonic() + LAUNCH_WAIT_S
-            while _launching(self.proc.pid) and time.monotonic() < deadline:
-                time.sleep(0.005)
-            pids = [self.proc.pid, *child_pids(self.proc.pid)]
-            pids = [p for p in pids if p not in _launching(self.proc.pid)]
+        left = wait_launched(self.proc.pid) if paused and not self.ready else set()
+        pids = [p for p in [self.proc.pid, *child_pids(self.proc.pid)] if p not in left]
         for pid in pids:
             try:
                 os.kill(pid, sig)

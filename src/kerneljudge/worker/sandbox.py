@@ -29,6 +29,7 @@ import fnmatch
 import os
 import resource
 import sys
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -38,15 +39,18 @@ from kerneljudge.worker.threads import lingering_threads, thread_idents
 __all__ = [
     "COMPILER_TOOLS",
     "INDUCTOR_IN_PROCESS",
+    "LAUNCH_WAIT_S",
     "LOG_LIMIT_BYTES",
     "Sandbox",
     "candidate_environment",
     "child_pids",
+    "launching_children",
     "library_probe",
     "lingering_threads",
     "set_subreaper",
     "set_undumpable",
     "thread_idents",
+    "wait_launched",
 ]
 
 #: Largest log (stdout + stderr) a candidate worker may write; beyond it the worker gets SIGXFSZ.
@@ -211,6 +215,34 @@ def child_pids(pid: int) -> list[int]:
                 out.append(k)
                 frontier.append(k)
     return out
+
+
+#: What a worker's launcher runs before the worker's Python (``confine.command``).
+_LAUNCHERS = frozenset({"unshare", "setpriv"})
+#: Longest :func:`wait_launched` waits (seconds).
+LAUNCH_WAIT_S = 0.5
+
+
+def launching_children(pid: int) -> set[int]:
+    """The children of launcher ``pid`` still running a launcher's code (forked by ``unshare
+    --fork``, not yet running the worker's Python), by their names in ``/proc``."""
+    out: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            kids = [int(k) for k in (task / "children").read_text().split()]
+            out |= {k for k in kids if Path(f"/proc/{k}/comm").read_text().strip() in _LAUNCHERS}
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def wait_launched(pid: int, timeout_s: float = LAUNCH_WAIT_S) -> set[int]:
+    """Wait, at most ``timeout_s``, until no child of launcher ``pid`` runs a launcher's code
+    (:func:`launching_children`); returns those that still do."""
+    deadline = time.monotonic() + timeout_s
+    while (left := launching_children(pid)) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return left
 
 
 #: Names a library-loading probe may import (``from ctypes import cdll``, ``import sys``, ...).
