@@ -193,23 +193,27 @@ def limit_output(limit_bytes: int = LOG_LIMIT_BYTES) -> None:
         pass
 
 
+def _children(pid: int) -> list[int]:
+    """The live children of ``pid`` (of each of its threads), read from ``/proc``."""
+    kids: list[int] = []
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return kids
+    for task in tasks:
+        try:
+            kids.extend(int(k) for k in (task / "children").read_text().split())
+        except (OSError, ValueError):
+            continue
+    return kids
+
+
 def child_pids(pid: int) -> list[int]:
     """All live descendants of ``pid`` (children first), read from ``/proc``."""
     out: list[int] = []
     frontier = [pid]
     while frontier:
-        parent = frontier.pop()
-        kids: list[int] = []
-        task_dir = Path(f"/proc/{parent}/task")
-        try:
-            tasks = list(task_dir.iterdir())
-        except OSError:
-            continue
-        for task in tasks:
-            try:
-                kids.extend(int(k) for k in (task / "children").read_text().split())
-            except (OSError, ValueError):
-                continue
+        kids = _children(frontier.pop())
         for k in kids:
             if k not in out:
                 out.append(k)
@@ -227,11 +231,11 @@ def launching_children(pid: int) -> set[int]:
     """The children of launcher ``pid`` still running a launcher's code (forked by ``unshare
     --fork``, not yet running the worker's Python), by their names in ``/proc``."""
     out: set[int] = set()
-    for task in Path(f"/proc/{pid}/task").glob("*"):
+    for kid in _children(pid):
         try:
-            kids = [int(k) for k in (task / "children").read_text().split()]
-            out |= {k for k in kids if Path(f"/proc/{k}/comm").read_text().strip() in _LAUNCHERS}
-        except (OSError, ValueError):
+            if Path(f"/proc/{kid}/comm").read_text().strip() in _LAUNCHERS:
+                out.add(kid)
+        except OSError:
             continue
     return out
 
