@@ -12,7 +12,7 @@ request's time includes sending its tensors and receiving the reply), and the su
 functions by their own time (``cProfile``; the workers' time shows as waiting in ``select``).
 
 Run:  PYTHONPATH=src python3 benchmarks/verdict_profile.py [--mib 64] [--device cpu] [--workers]
-      [--verdicts 2] [--top 15] [--no-graph]
+      [--verdicts 2] [--top 15] [--no-graph] [--baselines eager,compile]
 """
 
 from __future__ import annotations
@@ -46,6 +46,9 @@ def main() -> None:
     parser.add_argument("--problem", type=Path, default=None, help="another problem file")
     parser.add_argument("--candidate", type=Path, default=None, help="its candidate")
     parser.add_argument(
+        "--baselines", default="eager", help="comma list of eager, compile (default: eager)"
+    )
+    parser.add_argument(
         "--no-graph", action="store_true", help="no CUDA-graph timing pass (launched calls only)"
     )
     args = parser.parse_args()
@@ -62,7 +65,7 @@ def main() -> None:
             problem, candidate = args.problem, args.candidate
         config = JudgeConfig(
             device=args.device,
-            baselines=("eager",),
+            baselines=tuple(args.baselines.split(",")),
             cache_dir=Path(tmp) / "c",
             graph_timing=not args.no_graph,
         )

@@ -668,3 +668,54 @@ def test_a_starting_worker_is_not_stopped_before_its_launcher_child_runs_python(
             except ProcessLookupError:
                 pass
         parent.wait()
+
+
+@pytest.mark.slow  # torch.compile of the reference, twice: tens of seconds on two cores
+def test_the_references_compile_cache_outlives_its_judge_and_no_candidate_writes_it(
+    tmp_path: Path,
+) -> None:
+    """With Landlock, the reference workers keep ``torch.compile``'s cache in the build cache's
+    ``inductor`` folder (:func:`kerneljudge.judge.reference_side.reference_environment`): a
+    second judge finds what the first compiled, and a candidate's native write there fails."""
+    from kerneljudge.judge.reference_side import reference_environment
+    from kerneljudge.timing import TimingConfig
+
+    cache = tmp_path / "cache"
+    if not confine.features().landlock_abi:
+        assert reference_environment(cache) == {}
+        pytest.skip("no Landlock on this host: the reference's compile cache is not kept")
+    folder = cache.resolve() / "inductor"
+    assert reference_environment(cache) == {"TORCHINDUCTOR_CACHE_DIR": str(folder)}
+    # Not where a candidate may write, nor where the judge's environment names one already.
+    assert reference_environment(Path.home() / ".triton" / "kj") == {}
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "mine")
+    try:
+        assert reference_environment(cache) == {}
+    finally:
+        del os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    poison = folder / "poison"
+    # torch.save opens a path in C++: the audit hook does not see it, only Landlock stops it.
+    escape = (
+        "if True:\n            try:\n                torch.save(torch.zeros(1), "
+        f"{str(poison)!r})\n            except RuntimeError:\n                pass"
+    )
+    path = tmp_path / "cand.py"
+    path.write_text(TINY_MODEL.replace("ESCAPE", escape))
+    config = JudgeConfig(
+        device="cpu",
+        cache_dir=cache,
+        baselines=("eager", "compile"),
+        timing_config=TimingConfig(max_time_s=0.2),
+        threads=1,
+    )
+    kept: list[set[Path]] = []
+    for _ in range(2):
+        with Judge(TINY, config) as judge:
+            verdict = judge.evaluate(path)
+        assert verdict.status is Status.CORRECT, verdict.reason
+        assert {m.name for m in verdict.timing.measurements} >= {"eager", "compile"}
+        kept.append({p for p in folder.rglob("*") if p.is_file()})
+        assert not poison.exists()
+    assert kept[0], "the first judge's compile left nothing in the cache"
+    # The second judge compiled nothing new: its graph was found, not written again.
+    assert kept[1] == kept[0]

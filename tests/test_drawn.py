@@ -107,6 +107,15 @@ def test_fingerprint_sees_values_shapes_dtypes_and_structure() -> None:
     w = x.clone()
     w[1] += 1.0
     assert fingerprint([x]) != fingerprint([w])
+    # A view that starts mid-word is summed as its copy is; a byte past the last whole int64
+    # word, or in the middle of one, between the sampled elements still shows.
+    bytes_ = torch.randint(0, 256, (8 * SAMPLE_ELEMENTS * 3 + 13,), dtype=torch.uint8)
+    view = bytes_[3:]
+    assert fingerprint([view]) == fingerprint([view.clone()])
+    for where in (-2, 8 * SAMPLE_ELEMENTS + 5):  # neither is a sampled element
+        changed = view.clone()
+        changed[where] ^= 1
+        assert fingerprint([view]) != fingerprint([changed])
     # A tensor without a plain byte view matches nothing, not even itself.
     sparse = torch.eye(3).to_sparse()
     assert fingerprint([sparse]) != fingerprint([sparse])

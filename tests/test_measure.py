@@ -261,6 +261,28 @@ def test_float64_oracle_writes_its_converted_inputs_over_the_spare_it_was_given(
     assert to_double([d], into=[spare[0]])[0] is d
 
 
+def test_call_copies_write_over_the_spare_copies_a_worker_keeps() -> None:
+    from kerneljudge.worker.calls import call_copies
+
+    g = torch.Generator().manual_seed(8)
+    x, strided = torch.randn(16, 4, generator=g), torch.randn(4, 16, generator=g).t()
+    spares: dict[str, list[object]] = {}
+    first = call_copies([x, strided, 3], spares)
+    assert spares["args"] is first and first[2] == 3
+    assert all(torch.equal(u, v) and u.data_ptr() != v.data_ptr() for u, v in zip(first, [x]))
+    pointer = first[0].data_ptr()
+    y = torch.randn(16, 4, generator=g)
+    second = call_copies([y, strided, 3], spares)
+    assert second[0].data_ptr() == pointer and torch.equal(second[0], y)
+    assert torch.equal(second[1], strided) and second[1].data_ptr() != strided.data_ptr()
+    # A call that writes to its copy leaves the inputs as they were; without spares, new copies.
+    second[0].zero_()
+    assert not torch.equal(y, second[0])
+    assert call_copies([y])[0].data_ptr() not in (pointer, y.data_ptr())
+    # A spare of another shape is not written over.
+    assert call_copies([torch.randn(3)], spares)[0].shape == (3,)
+
+
 def test_a_spare_whose_storage_a_call_resized_is_not_written_over() -> None:
     x = torch.randn(16, 4, generator=torch.Generator().manual_seed(6))
     spare = perturb([x], [True], 1)

@@ -14,7 +14,13 @@ __all__ = [
     "CandidateError",
     "DeviceError",
     "WorkerError",
+    "first_line",
 ]
+
+
+def first_line(text: str) -> str:
+    """The first non-blank line of ``text``, stripped."""
+    return next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
 
 
 class KernelJudgeError(Exception):

@@ -21,7 +21,7 @@ import torch
 
 from kerneljudge.check.beside import OutputsLost
 from kerneljudge.check.limits import meta_weight_bytes, tensor_bytes
-from kerneljudge.errors import ProblemError, WorkerError
+from kerneljudge.errors import ProblemError, WorkerError, first_line
 from kerneljudge.problem import Problem, probed_weight_bytes
 from kerneljudge.verdict import Mismatch, TrialResult
 from kerneljudge.worker import CandidateFault, WorkerDied, WorkerProcess, WorkerTimeout
@@ -32,11 +32,6 @@ __all__ = ["HeldTrial", "ReferenceFailed", "ReferenceSession", "first_line"]
 
 #: Limit of the reference's ``torch.compile`` (seconds; the run timeout when that is longer).
 COMPILE_TIMEOUT_S = 600.0
-
-
-def first_line(text: str) -> str:
-    """The first non-blank line of ``text``, stripped."""
-    return next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
 
 
 class ReferenceFailed(WorkerError):
@@ -122,11 +117,12 @@ class ReferenceSession:
         weight_seed: int,
         threads: int,
         worker: WorkerProcess | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         """Draw the constructor's arguments here from a fresh copy of ``problem`` (same text,
         own globals); the weights are drawn from ``weight_seed`` by the workers. ``worker``: a
         reference worker of ``device`` with ``threads`` started earlier, that has loaded no
-        problem (None: one is started here).
+        problem (None: one is started here). ``env``: added to its workers' environment.
 
         Raises:
             ProblemError: the problem's ``get_init_inputs`` raised here.
@@ -149,8 +145,8 @@ class ReferenceSession:
         self._weight_bytes = (
             meta_weight_bytes(self.problem, self.init_inputs) if probed is None else probed
         )
-        self._device, self._threads = device, threads
-        self.worker = worker or WorkerProcess("reference", device, threads=threads)
+        self._device, self._threads, self._env = device, threads, env
+        self.worker = worker or WorkerProcess("reference", device, env, threads=threads)
         self._ready = False
         self.failed = False
         self.answered = False
@@ -471,7 +467,7 @@ class ReferenceSession:
             self.compile_error = first_line(str(exc))
             if not self.worker.alive() and not self.killed:
                 self.worker.close()
-                self.worker = WorkerProcess("reference", self._device, threads=self._threads)
+                self.worker = WorkerProcess("reference", self._device, self._env, self._threads)
                 self._ready, self.answered = False, False
                 for seed, fields in list(self._held.values()):
                     if self.killed:

@@ -12,8 +12,9 @@ from typing import Any
 
 import torch
 
-from kerneljudge.check.reference import ReferenceFailed, ReferenceSession, first_line
+from kerneljudge.check.reference import ReferenceFailed, ReferenceSession
 from kerneljudge.check.trials import TrialRejected
+from kerneljudge.errors import first_line
 from kerneljudge.judge.reference_side import Prepared, problem_failed
 from kerneljudge.verdict import BuildResult, CheckResult, Status, TrialResult, Verdict
 from kerneljudge.worker import CandidateFault, WorkerDied, WorkerProcess, WorkerTimeout

@@ -29,10 +29,9 @@ from kerneljudge.candidate.backends import IMPORT_ONLY_BACKENDS
 from kerneljudge.candidate.policy import requires_custom_kernel, static_issues, static_reason
 from kerneljudge.check.limits import RunLimits, SetLimits
 from kerneljudge.check.memory import check_budget, reply_limit
-from kerneljudge.check.reference import first_line
 from kerneljudge.check.trials import Trials, run_trials
 from kerneljudge.device import build_arch, describe_device, named_device, resolve_device
-from kerneljudge.errors import WorkerError
+from kerneljudge.errors import WorkerError, first_line
 from kerneljudge.judge.config import JudgeConfig
 from kerneljudge.judge.outcome import (
     CANDIDATE_FAILURES,
@@ -42,7 +41,7 @@ from kerneljudge.judge.outcome import (
     build_failure,
     versions,
 )
-from kerneljudge.judge.reference_side import Prepared, ReferenceSide
+from kerneljudge.judge.reference_side import Prepared, ReferenceSide, reference_environment
 from kerneljudge.problem import Problem
 from kerneljudge.timing.stage import time_candidate
 from kerneljudge.verdict import (
@@ -86,9 +85,10 @@ class Judge:
         early = None if isinstance(problem, Problem) else named_device(self.config.device)
         started: dict[str, WorkerProcess] = {}
         gpu = early is not None and early.startswith("cuda")
+        ref_env = reference_environment(self.cache.root)
         try:
             if early is not None:
-                started[early] = WorkerProcess("reference", early, threads=self.config.threads)
+                started[early] = WorkerProcess("reference", early, ref_env, self.config.threads)
                 self._new_pool(early, record_ops=False).prestart()
             self.problem = (
                 problem if isinstance(problem, Problem) else Problem.load(problem, gpu_judge=gpu)
@@ -98,7 +98,9 @@ class Judge:
                 if record_ops:  # its workers lack the recording's warm-up: started again at need
                     pool.close()
                 pool.record_ops = record_ops
-            self.reference = ReferenceSide(self.problem, self.config.seed, self.config.threads)
+            self.reference = ReferenceSide(
+                self.problem, self.config.seed, self.config.threads, ref_env
+            )
             self.reference.early.update(started)
         except BaseException:
             with contextlib.ExitStack() as ending:  # every one ended, even if one raises

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 import secrets
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -39,10 +41,35 @@ __all__ = [
     "derive_seed",
     "preparation_key",
     "problem_failed",
+    "reference_environment",
 ]
 
 #: Shape set -> its trials, held in the reference worker, in the order they are checked.
 Prepared = dict[str, list[HeldTrial]]
+
+
+def reference_environment(cache_root: Path) -> dict[str, str]:
+    """What the environment of a judge's reference workers adds to the supervisor's:
+    ``TORCHINDUCTOR_CACHE_DIR`` set to ``<cache_root>/inductor``, so that the ``torch.compile``
+    of the reference (the ``compile`` baseline) finds what an earlier judge compiled; inductor's
+    own default lies beneath the worker's temporary folder, which ends with the worker. The
+    reference worker loads what it finds there, so it is set only where no candidate can write
+    there: Landlock confines candidate workers and build workers to their own folders
+    (``<cache_root>/builds``, their scratch folders, ``~/.triton``, ``~/.nv`` and the folders
+    ``TRITON_CACHE_DIR`` and ``TORCHINDUCTOR_CACHE_DIR`` name), and the folder lies beneath none
+    of them. Else, and where ``TORCHINDUCTOR_CACHE_DIR`` is set already, nothing is added.
+    """
+    from kerneljudge.worker.confine import features
+
+    if "TORCHINDUCTOR_CACHE_DIR" in os.environ or not features().landlock_abi:
+        return {}
+    folder = Path(cache_root).resolve() / "inductor"
+    home = Path(os.environ.get("HOME") or Path.home())
+    theirs = [cache_root / "builds", home / ".triton", home / ".nv"]
+    theirs += [Path(v) for v in [os.environ.get("TRITON_CACHE_DIR")] if v]
+    if any(folder.is_relative_to(Path(t).resolve()) for t in theirs):
+        return {}
+    return {"TORCHINDUCTOR_CACHE_DIR": str(folder)}
 
 
 class _Dropped(Exception):
@@ -169,10 +196,14 @@ class ReferenceSide:
         seed: the judge's configured seed (None: none); the weights both models get are drawn
             from :func:`weight_seed_of` it.
         threads: torch threads in the reference workers (0: torch's default).
+        env: added to the reference workers' environment (:func:`reference_environment`).
     """
 
-    def __init__(self, problem: Problem, seed: int | None, threads: int) -> None:
+    def __init__(
+        self, problem: Problem, seed: int | None, threads: int, env: dict[str, str] | None = None
+    ) -> None:
         self.problem, self.weight_seed, self.threads = problem, weight_seed_of(seed), threads
+        self.env = env
         #: The latest preparation; while one runs, the reference sessions are its.
         self.pending: Preparation | None = None
         self.closed = False
@@ -207,7 +238,13 @@ class ReferenceSide:
                 early = self.early.pop(device, None)
                 try:
                     self._sessions[key] = ReferenceSession(
-                        self.problem, shape_set, device, self.weight_seed, self.threads, early
+                        self.problem,
+                        shape_set,
+                        device,
+                        self.weight_seed,
+                        self.threads,
+                        early,
+                        self.env,
                     )
                 except BaseException:
                     if early is not None:  # it has loaded nothing: kept for the next session

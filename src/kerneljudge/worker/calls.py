@@ -31,6 +31,7 @@ __all__ = [
     "Confined",
     "align_state_dict",
     "candidate_lineno",
+    "call_copies",
     "candidate_traceback",
     "check_aftermath",
     "check_cpu_copyable",
@@ -88,6 +89,25 @@ def layout(values: Any) -> list[list[Any]]:
 def nbytes(values: list[Any]) -> int:
     """Bytes held by the tensors among ``values`` (other values count nothing)."""
     return sum(t.numel() * t.element_size() for t in values if isinstance(t, torch.Tensor))
+
+
+def call_copies(inputs: list[Any], spares: dict[str, list[Any]] | None = None) -> list[Any]:
+    """What one call of a model gets: a copy of each tensor of ``inputs`` (the call may write to
+    its arguments), other values as they are. ``spares`` (a worker's spare tensors): the copies
+    are written over those of its ``"args"`` entry where one can take them
+    (:func:`~kerneljudge.worker.measure.writable`), and become that entry; on the CPU a fresh
+    tensor of hundreds of MB costs its new pages on top of the copy (as for
+    :func:`~kerneljudge.worker.measure.perturb`'s ``into``)."""
+    spare = list(spares.get("args", ())) if spares is not None else []
+    copies: list[Any] = []
+    for i, x in enumerate(inputs):
+        dest = measure.writable(spare[i] if i < len(spare) else None, x)
+        if isinstance(x, torch.Tensor):
+            x = dest.copy_(x) if dest is not None and x.is_contiguous() else x.clone()
+        copies.append(x)
+    if spares is not None:
+        spares["args"] = copies
+    return copies
 
 
 def trial_fields(result: Any) -> dict[str, Any]:
@@ -185,11 +205,8 @@ def profile_rows(
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
 
-    def clones() -> list[Any]:
-        return [x.clone() if isinstance(x, torch.Tensor) else x for x in inputs]
-
-    call(clones())
-    batches = [clones() for _ in range(n)]  # cloned outside the profiled window
+    call(call_copies(inputs))
+    batches = [call_copies(inputs) for _ in range(n)]  # cloned outside the profiled window
     with profile(activities=activities) as prof:
         for args in batches:
             with record_function("ModelNew.forward"):

@@ -28,6 +28,7 @@ from kerneljudge.worker import digest, measure
 from kerneljudge.worker.calls import (
     Confined,
     align_state_dict,
+    call_copies,
     candidate_lineno,
     candidate_traceback,
     check_cpu_copyable,
@@ -277,7 +278,7 @@ class Worker(KeptTrials, CapturedCalls):
             # Decided on the inputs as sent (a copy to the device can change their layout),
             # as the supervisor decides when it rebuilds a timed call's inputs.
             self.nudgeable = (self.nudgeable + [nudgeable(received)])[-keep:]
-        args = [x.clone() if isinstance(x, torch.Tensor) else x for x in self.inputs]
+        args = call_copies(self.inputs, self.spares if audit else None)
         measure.poison(self.poison_bytes or nbytes(args), self.device)
         started = time.perf_counter()
         out = self._call(self.model, args, record_ops=bool(msg.get("record_ops")))
@@ -334,10 +335,7 @@ class Worker(KeptTrials, CapturedCalls):
         try:
             self.compiled = torch.compile(self.model)
             for _ in range(2):
-                self._call(
-                    self.compiled,
-                    [x.clone() if isinstance(x, torch.Tensor) else x for x in self.inputs],
-                )
+                self._call(self.compiled, call_copies(self.inputs))
         except Fault as exc:
             self.compiled = None
             raise Fault(f"torch.compile failed: {exc}") from None
