@@ -184,3 +184,41 @@ def test_stored_results_name_the_file_they_are_read_for(tmp_path: Path) -> None:
     assert first.log.startswith("a.py:3: error:") and first.messages[0].file == "a.py"
     assert second.log.startswith("kernel_code:3: error:")
     assert second.messages[0].file == "kernel_code" and "a.py" not in second.log
+
+
+def test_links_left_in_the_cache_are_replaced_never_written_through(tmp_path: Path) -> None:
+    """A run worker may write anywhere beneath ``builds/``: a link it leaves where the judge
+    later writes (an entry's files, or the entry's folder itself) is replaced, and nothing is
+    written where it pointed."""
+    cache = BuildCache(tmp_path / "cache")
+    src = (
+        "from torch.utils.cpp_extension import load_inline\n"
+        "import torch.nn as nn\n"
+        "if False:\n    load_inline(name='never', cpp_sources=[''])\n"
+        "class ModelNew(nn.Module):\n    pass\n"
+    )
+    cand = Candidate.from_source(src)
+    entry = cache.entry(cache.key(cand, "9.0"))
+    entry.mkdir(parents=True)
+    victims = tmp_path / "victims"
+    victims.mkdir()
+    names = ("candidate.py", ".lock", "build.log", "build-result.json")
+    for name in names:
+        (victims / name).write_text("keep")
+        (entry / name).symlink_to(victims / name)
+    result = build(cand, cache=cache, arch="9.0")
+    assert result.ok, result.log
+    assert [(victims / n).read_text() for n in names] == ["keep"] * len(names)
+    assert not any((entry / n).is_symlink() for n in names)
+    assert (entry / "candidate.py").read_text() == src
+    assert build(cand, cache=cache, arch="9.0").cached  # its stored result is read back
+    # A link in place of an entry's folder: the entry is made a real folder again.
+    other = Candidate.from_source(src + "# another entry\n")
+    other_entry = cache.entry(cache.key(other, "9.0"))
+    other_entry.parent.mkdir(parents=True, exist_ok=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    other_entry.symlink_to(elsewhere, target_is_directory=True)
+    assert build(other, cache=cache, arch="9.0").ok
+    assert not other_entry.is_symlink() and (other_entry / "candidate.py").is_file()
+    assert list(elsewhere.iterdir()) == []

@@ -670,6 +670,41 @@ def test_a_starting_worker_is_not_stopped_before_its_launcher_child_runs_python(
         parent.wait()
 
 
+def test_the_references_compile_cache_lies_where_no_candidate_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """:func:`~kerneljudge.judge.reference_side.reference_environment`: the build cache's
+    ``inductor`` folder where Landlock confines every writer, and nothing where a folder a
+    candidate may write lies beneath or above it, where it is a link, or where the judge's
+    environment names the caches already."""
+    from kerneljudge.judge.reference_side import reference_environment
+
+    cache = tmp_path / "cache"
+    for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "CUDA_CACHE_PATH"):
+        monkeypatch.delenv(var, raising=False)
+    if confine.features().landlock_abi < 3:
+        assert reference_environment(cache) == {}
+        pytest.skip("no Landlock ABI 3 on this host: the reference's compile cache is not kept")
+    folder = cache.resolve() / "inductor"
+    assert reference_environment(cache) == {
+        "TORCHINDUCTOR_CACHE_DIR": str(folder),
+        "TRITON_CACHE_DIR": str(folder / "triton"),
+    }
+    assert reference_environment(Path.home() / ".triton" / "kj") == {}
+    monkeypatch.setenv("CUDA_CACHE_PATH", str(tmp_path))  # above the cache: a candidate's
+    assert reference_environment(cache) == {}
+    monkeypatch.setenv("CUDA_CACHE_PATH", str(folder / "nv"))  # beneath the folder
+    assert reference_environment(cache) == {}
+    monkeypatch.delenv("CUDA_CACHE_PATH")
+    for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        monkeypatch.setenv(var, str(tmp_path / "mine"))
+        assert reference_environment(cache) == {}
+        monkeypatch.delenv(var)
+    cache.mkdir()
+    folder.symlink_to(tmp_path, target_is_directory=True)
+    assert reference_environment(cache) == {}
+
+
 @pytest.mark.slow  # torch.compile of the reference, twice: tens of seconds on two cores
 def test_the_references_compile_cache_outlives_its_judge_and_no_candidate_writes_it(
     tmp_path: Path,
@@ -681,18 +716,9 @@ def test_the_references_compile_cache_outlives_its_judge_and_no_candidate_writes
     from kerneljudge.timing import TimingConfig
 
     cache = tmp_path / "cache"
-    if not confine.features().landlock_abi:
-        assert reference_environment(cache) == {}
-        pytest.skip("no Landlock on this host: the reference's compile cache is not kept")
+    if not reference_environment(cache):
+        pytest.skip("the reference's compile cache is not kept here (no Landlock ABI 3)")
     folder = cache.resolve() / "inductor"
-    assert reference_environment(cache) == {"TORCHINDUCTOR_CACHE_DIR": str(folder)}
-    # Not where a candidate may write, nor where the judge's environment names one already.
-    assert reference_environment(Path.home() / ".triton" / "kj") == {}
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "mine")
-    try:
-        assert reference_environment(cache) == {}
-    finally:
-        del os.environ["TORCHINDUCTOR_CACHE_DIR"]
     poison = folder / "poison"
     # torch.save opens a path in C++: the audit hook does not see it, only Landlock stops it.
     escape = (

@@ -17,6 +17,8 @@ import hashlib
 import json
 import logging
 import os
+import secrets
+import shutil
 import signal
 import subprocess
 import time
@@ -100,22 +102,77 @@ class BuildCache:
     def store(self, key: str, result: BuildResult, name: str = "candidate") -> None:
         """Store ``result`` of ``key``, whose candidate file is named ``name`` in it (stored as
         :data:`SOURCE_NAME`)."""
-        path = self.entry(key) / "build-result.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(dataclasses.asdict(_named(result, name, SOURCE_NAME))))
-        tmp.replace(path)
+        blob = json.dumps(dataclasses.asdict(_named(result, name, SOURCE_NAME)))
+        write_new(self.real_entry(key) / "build-result.json", blob.encode())
+
+    def real_entry(self, key: str) -> Path:
+        """:meth:`entry`, made a real folder down from the cache's root: a component that is a
+        link or not a folder is removed first. Run workers may write anywhere beneath
+        ``builds/``, so one could have left a link there to a folder elsewhere, through which
+        this process (not confined) would write.
+
+        Raises:
+            OSError: the entry still resolves elsewhere (something was put back meanwhile).
+        """
+        entry, here = self.entry(key), self.root
+        for part in entry.relative_to(self.root).parts:
+            here = here / part
+            if here.is_symlink() or (here.exists() and not here.is_dir()):
+                here.unlink()
+            here.mkdir(parents=True, exist_ok=True)
+        if os.path.realpath(entry) != str(entry):
+            raise OSError(f"the build cache entry {entry} resolves elsewhere")
+        return entry
 
     @contextmanager
     def locked(self, key: str) -> Iterator[Path]:
         """Hold the entry's lock (other processes building the same key wait)."""
-        entry = self.entry(key)
-        entry.mkdir(parents=True, exist_ok=True)
-        with open(entry / ".lock", "w") as lock:
+        entry = self.real_entry(key)
+        path = entry / ".lock"
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            _remove(path)
+        # Never truncated, never followed: a link put there now fails the open.
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        with os.fdopen(fd, "r+b") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 yield entry
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _remove(path: Path) -> None:
+    """Remove ``path``: a link or file unlinked, a folder removed with what it holds (links in
+    it removed, not followed)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def open_new(path: Path) -> int:
+    """A descriptor of a new, empty regular file at ``path`` (open for writing): whatever was
+    there (a link a run worker left, say) is removed first, and the open neither follows a
+    link nor opens a file put there meanwhile (``O_EXCL | O_NOFOLLOW``).
+
+    Raises:
+        OSError: something was put at ``path`` between its removal and the open.
+    """
+    if path.is_symlink() or path.exists():
+        _remove(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    return os.open(path, flags, 0o644)
+
+
+def write_new(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` as a new file renamed into place: a link at ``path`` is
+    replaced, never written through (:func:`open_new` for the temporary file)."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    with os.fdopen(open_new(tmp), "wb") as f:
+        f.write(data)
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    os.replace(tmp, path)
 
 
 def _named(result: BuildResult, old: str, new: str) -> BuildResult:
@@ -170,6 +227,8 @@ def clear_stale_batons(cache: BuildCache, key: str, older_than_s: float = STALE_
         now = time.time()
         for lock in entry.glob("ext/*/lock"):
             try:
+                if any(p.is_symlink() for p in (lock.parent.parent, lock.parent, lock)):
+                    continue  # not a baton torch left: nothing is removed through a link
                 if now - lock.stat().st_mtime > older_than_s:
                     lock.unlink()
                     removed += 1
@@ -263,7 +322,7 @@ def build(
         if cached is not None:
             return cached
         source_path = entry / "candidate.py"
-        source_path.write_text(candidate.source)
+        write_new(source_path, candidate.source.encode())
         if candidate.backend in IMPORT_ONLY_BACKENDS:
             # Nothing to compile ahead of time: the run worker's import is the build.
             result = BuildResult(ok=True, backend=candidate.backend, cache_key=key)
@@ -279,7 +338,7 @@ def build(
         env["CUDA_VISIBLE_DEVICES"] = ""
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_SRC_DIR, env.get("PYTHONPATH")]))
         started = time.monotonic()
-        with open(log_path, "wb") as log_file:
+        with os.fdopen(open_new(log_path), "wb") as log_file:
             # Confined (see kerneljudge.worker.confine): the build worker and every tool it
             # starts live in their own PID namespace, which ends with the build worker, and
             # may write only inside this cache entry.

@@ -50,26 +50,35 @@ Prepared = dict[str, list[HeldTrial]]
 
 def reference_environment(cache_root: Path) -> dict[str, str]:
     """What the environment of a judge's reference workers adds to the supervisor's:
-    ``TORCHINDUCTOR_CACHE_DIR`` set to ``<cache_root>/inductor``, so that the ``torch.compile``
-    of the reference (the ``compile`` baseline) finds what an earlier judge compiled; inductor's
-    own default lies beneath the worker's temporary folder, which ends with the worker. The
-    reference worker loads what it finds there, so it is set only where no candidate can write
-    there: Landlock confines candidate workers and build workers to their own folders
-    (``<cache_root>/builds``, their scratch folders, ``~/.triton``, ``~/.nv`` and the folders
-    ``TRITON_CACHE_DIR`` and ``TORCHINDUCTOR_CACHE_DIR`` name), and the folder lies beneath none
-    of them. Else, and where ``TORCHINDUCTOR_CACHE_DIR`` is set already, nothing is added.
+    ``TORCHINDUCTOR_CACHE_DIR`` set to ``<cache_root>/inductor`` and ``TRITON_CACHE_DIR`` to
+    its ``triton`` folder, so that the ``torch.compile`` of the reference (the ``compile``
+    baseline) finds what an earlier judge compiled; inductor's own default lies beneath the
+    worker's temporary folder, which ends with the worker. The reference worker loads what it
+    finds there, so they are set only where no candidate can write there: Landlock (ABI 3 or
+    later, which also governs truncation) confines candidate workers, build workers and the
+    header maker to their own folders (beneath ``<cache_root>/builds``, the header store, their
+    scratch folders, ``~/.triton``, ``~/.nv`` or ``CUDA_CACHE_PATH``, and the folders
+    ``TRITON_CACHE_DIR`` and ``TORCHINDUCTOR_CACHE_DIR`` name), the folder is not a link, and
+    it lies neither beneath one of them nor above one. Else, and where either variable is set
+    already, nothing is added.
     """
+    from kerneljudge.build.pch import store_dir
     from kerneljudge.worker.confine import features
 
-    if "TORCHINDUCTOR_CACHE_DIR" in os.environ or not features().landlock_abi:
+    env = os.environ
+    if {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"} & env.keys() or features().landlock_abi < 3:
         return {}
-    folder = Path(cache_root).resolve() / "inductor"
-    home = Path(os.environ.get("HOME") or Path.home())
-    theirs = [cache_root / "builds", home / ".triton", home / ".nv"]
-    theirs += [Path(v) for v in [os.environ.get("TRITON_CACHE_DIR")] if v]
-    if any(folder.is_relative_to(Path(t).resolve()) for t in theirs):
+    root = Path(cache_root).resolve()
+    folder = root / "inductor"
+    home = Path(env.get("HOME") or Path.home())
+    theirs = [root / "builds", store_dir(root), home / ".triton", home / ".nv"]
+    theirs += [Path(v) for v in [env.get("CUDA_CACHE_PATH")] if v]
+    if folder.is_symlink() or os.path.realpath(folder) != str(folder):
         return {}
-    return {"TORCHINDUCTOR_CACHE_DIR": str(folder)}
+    for t in (Path(os.path.realpath(t)) for t in theirs):
+        if folder.is_relative_to(t) or t.is_relative_to(folder):
+            return {}
+    return {"TORCHINDUCTOR_CACHE_DIR": str(folder), "TRITON_CACHE_DIR": str(folder / "triton")}
 
 
 class _Dropped(Exception):
