@@ -96,9 +96,8 @@ def call_copies(inputs: list[Any], spares: dict[str, list[Any]] | None = None) -
     its arguments), other values as they are. ``spares`` (a worker's spare tensors): the copies
     are written over those of its ``"args"`` entry where one can take them
     (:func:`~kerneljudge.worker.measure.writable`; a non-contiguous input is always cloned),
-    and become that entry; on the CPU a fresh
-    tensor of hundreds of MB costs its new pages on top of the copy (as for
-    :func:`~kerneljudge.worker.measure.perturb`'s ``into``)."""
+    and become that entry; on the CPU a fresh tensor of hundreds of MB costs its new pages on
+    top of the copy (as for :func:`~kerneljudge.worker.measure.perturb`'s ``into``)."""
     spare = list(spares.get("args", ())) if spares is not None else []
     copies: list[Any] = []
     for i, x in enumerate(inputs):
