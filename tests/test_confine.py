@@ -696,8 +696,12 @@ def test_the_references_compile_cache_lies_where_no_candidate_writes(
     monkeypatch.setenv("CUDA_CACHE_PATH", str(folder / "nv"))  # beneath the folder
     assert reference_environment(cache) == {}
     monkeypatch.delenv("CUDA_CACHE_PATH")
+    # The judge's own values (which candidates inherit) are not the reference's, and may not
+    # lie above or beneath its folder.
     for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
         monkeypatch.setenv(var, str(tmp_path / "mine"))
+        assert reference_environment(cache)["TORCHINDUCTOR_CACHE_DIR"] == str(folder)
+        monkeypatch.setenv(var, str(folder / "x"))
         assert reference_environment(cache) == {}
         monkeypatch.delenv(var)
     cache.mkdir()
@@ -707,7 +711,7 @@ def test_the_references_compile_cache_lies_where_no_candidate_writes(
 
 @pytest.mark.slow  # torch.compile of the reference, twice: tens of seconds on two cores
 def test_the_references_compile_cache_outlives_its_judge_and_no_candidate_writes_it(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With Landlock, the reference workers keep ``torch.compile``'s cache in the build cache's
     ``inductor`` folder (:func:`kerneljudge.judge.reference_side.reference_environment`): a
@@ -715,6 +719,8 @@ def test_the_references_compile_cache_outlives_its_judge_and_no_candidate_writes
     from kerneljudge.judge.reference_side import reference_environment
     from kerneljudge.timing import TimingConfig
 
+    # Inductor sets this in any process that compiled once: here, an earlier test's.
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     cache = tmp_path / "cache"
     if not reference_environment(cache):
         pytest.skip("the reference's compile cache is not kept here (no Landlock ABI 3)")

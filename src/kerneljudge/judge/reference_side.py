@@ -58,21 +58,24 @@ def reference_environment(cache_root: Path) -> dict[str, str]:
     later, which also governs truncation) confines candidate workers, build workers and the
     header maker to their own folders (beneath ``<cache_root>/builds``, the header store, their
     scratch folders, ``~/.triton``, ``~/.nv`` or ``CUDA_CACHE_PATH``, and the folders
-    ``TRITON_CACHE_DIR`` and ``TORCHINDUCTOR_CACHE_DIR`` name), the folder is not a link, and
-    it lies neither beneath one of them nor above one. Else, and where either variable is set
-    already, nothing is added.
+    ``TRITON_CACHE_DIR`` and ``TORCHINDUCTOR_CACHE_DIR`` name in the supervisor's environment,
+    which candidates inherit), the folder is not a link, and it lies neither beneath one of
+    them nor above one. Else nothing is added. (The supervisor's own values are not the
+    reference's: candidates may write there, and inductor sets ``TORCHINDUCTOR_CACHE_DIR`` in
+    any process that compiled once.)
     """
     from kerneljudge.build.pch import store_dir
     from kerneljudge.worker.confine import features
 
     env = os.environ
-    if {"TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"} & env.keys() or features().landlock_abi < 3:
+    if features().landlock_abi < 3:
         return {}
     root = Path(cache_root).resolve()
     folder = root / "inductor"
     home = Path(env.get("HOME") or Path.home())
     theirs = [root / "builds", store_dir(root), home / ".triton", home / ".nv"]
-    theirs += [Path(v) for v in [env.get("CUDA_CACHE_PATH")] if v]
+    named = ("CUDA_CACHE_PATH", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
+    theirs += [Path(v) for v in map(env.get, named) if v]
     if folder.is_symlink() or os.path.realpath(folder) != str(folder):
         return {}
     for t in (Path(os.path.realpath(t)) for t in theirs):
