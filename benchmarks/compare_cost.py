@@ -6,10 +6,12 @@ reference, an honest candidate (the reference plus noise far below the tolerance
 float64 oracle are made on the CPU, as the reference worker holds them; the comparison then runs
 with ``device="cpu"`` and with ``device="cuda"`` (the reference worker's on a GPU), one right
 after the other, ``--repeats`` times each; the median seconds of each and their ratio are printed
-(and written to ``--json``).
+(and written to ``--json``). With ``--chunks A,B,...`` the CPU comparison runs once with each
+of those chunk sizes instead (:data:`kerneljudge.check.CHUNK`, elements), alternating, and each
+one's median is printed beside the first one's.
 
 Run:  PYTHONPATH=src python3 benchmarks/compare_cost.py [--min-mib 1] [--max-mib 256]
-      [--repeats 3] [--json OUT]
+      [--repeats 3] [--chunks 16384,31744] [--json OUT]
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+import kerneljudge.check as check
 from kerneljudge.check import compare_outputs
 
 
@@ -44,16 +47,16 @@ def main() -> None:
     parser.add_argument("--max-mib", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--chunks", default="", help="CPU chunk sizes to compare (elements)")
     args = parser.parse_args()
+    if args.chunks:
+        _chunks(args)
+        return
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     rows = []
     mib = args.min_mib
     while mib <= args.max_mib:
-        n = mib * (1 << 20) // 4
-        g = torch.Generator().manual_seed(mib)
-        oracle = torch.randn(n, generator=g, dtype=torch.float64)
-        ref = oracle.float()
-        cand = (oracle + 1e-9 * torch.randn(n, generator=g, dtype=torch.float64)).float()
+        ref, cand, oracle = _inputs(mib)
         times: dict[str, list[float]] = {d: [] for d in devices}
         for _ in range(args.repeats):
             for d in devices:  # side by side, alternating
@@ -65,14 +68,52 @@ def main() -> None:
         print(f"{mib:6d} MiB  cpu {row['cpu']:.4f} s{extra}", flush=True)
         del oracle, ref, cand
         mib *= 2
-    if args.json:
+    _write(args.json, rows)
+
+
+def _inputs(mib: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(reference, honest candidate, float64 oracle) of ``mib`` MiB of float32 output."""
+    n = mib * (1 << 20) // 4
+    g = torch.Generator().manual_seed(mib)
+    oracle = torch.randn(n, generator=g, dtype=torch.float64)
+    return (
+        oracle.float(),
+        (oracle + 1e-9 * torch.randn(n, generator=g, dtype=torch.float64)).float(),
+        oracle,
+    )
+
+
+def _chunks(args: argparse.Namespace) -> None:
+    """The CPU comparison's median seconds with each of ``args.chunks``, alternating."""
+    chunks = [int(c) for c in args.chunks.split(",")]
+    rows = []
+    mib = args.min_mib
+    while mib <= args.max_mib:
+        ref, cand, oracle = _inputs(mib)
+        times: dict[int, list[float]] = {c: [] for c in chunks}
+        for _ in range(args.repeats):
+            for c in chunks:
+                check.CHUNK = c
+                times[c].append(_seconds(ref, cand, oracle, "cpu"))
+        row = {"mib": mib, **{str(c): statistics.median(t) for c, t in times.items()}}
+        rows.append(row)
+        first = row[str(chunks[0])]
+        cells = "  ".join(f"{c}: {row[str(c)]:.4f} s ({row[str(c)] / first:.2f})" for c in chunks)
+        print(f"{mib:6d} MiB  {cells}", flush=True)
+        del ref, cand, oracle
+        mib *= 2
+    _write(args.json, rows)
+
+
+def _write(path: Path | None, rows: list[dict[str, float | None]]) -> None:
+    if path:
         meta = {
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
             "host": platform.node(),
             "torch": torch.__version__,
             "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         }
-        args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+        path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -274,3 +274,25 @@ def test_the_finite_fast_path_gives_the_masked_statistics_exactly() -> None:
             masked = _chunk_stats(e, a, oracle, atol, 1e-3, lazy=True)
             assert isinstance(masked, torch.Tensor)
             assert fast == pytest.approx(masked.tolist(), rel=0, abs=0, nan_ok=True)
+
+
+def test_the_finite_fast_path_leaves_every_non_finite_chunk_to_the_masks() -> None:
+    """A NaN or an infinity in any of the three chunks (the oracle's included), or a difference
+    that overflows float64, sends the chunk to the masks (None); allclose's test is decided
+    elementwise whenever a difference exceeds ``atol``."""
+    from kerneljudge.check import _finite_chunk_stats
+
+    base = torch.linspace(-4.0, 4.0, 100, dtype=torch.float64)
+    for which in range(3):
+        for bad in (float("nan"), float("inf"), -float("inf")):
+            chunks = [base.clone(), base.clone(), base.clone()]
+            chunks[which][37] = bad
+            assert _finite_chunk_stats(*chunks, 1e-5, 1e-3) is None, (which, bad)
+    huge = torch.tensor([1e308, 0.0], dtype=torch.float64)
+    assert _finite_chunk_stats(huge, -huge, None, 1e-5, 1e-3) is None
+    # |diff| above atol everywhere: close by rtol alone, then not.
+    ref = base + 10.0
+    within = _finite_chunk_stats(ref, ref * (1 + 5e-4), base.clone(), 1e-5, 1e-3)
+    beyond = _finite_chunk_stats(ref, ref * (1 + 5e-3), base.clone(), 1e-5, 1e-3)
+    assert within is not None and beyond is not None
+    assert within[1] > 1e-5 and within[4] == 1.0 and beyond[4] == 0.0
