@@ -751,3 +751,16 @@ def test_the_references_compile_cache_outlives_its_judge_and_no_candidate_writes
     assert kept[0], "the first judge's compile left nothing in the cache"
     # The second judge compiled nothing new: its graph was found, not written again.
     assert kept[1] == kept[0]
+
+
+def test_the_jit_caches_a_candidate_writes_follow_its_environment() -> None:
+    """:func:`~kerneljudge.worker.environment.jit_cache_folders`: the one list the candidate
+    worker's Landlock rules, its audit hook and the reference's compile cache check read."""
+    from kerneljudge.worker.environment import jit_cache_folders
+
+    env = {"HOME": "/h"}
+    assert jit_cache_folders(env, cuda=False) == ["/h/.triton"]
+    assert jit_cache_folders(env, cuda=True) == ["/h/.triton", "/h/.nv"]
+    env |= {"CUDA_CACHE_PATH": "/c", "TRITON_CACHE_DIR": "/t", "TORCHINDUCTOR_CACHE_DIR": "/i"}
+    assert jit_cache_folders(env, cuda=True) == ["/h/.triton", "/c", "/t", "/i"]
+    assert jit_cache_folders(env, cuda=False) == ["/h/.triton", "/t", "/i"]

@@ -66,16 +66,14 @@ def reference_environment(cache_root: Path) -> dict[str, str]:
     """
     from kerneljudge.build.pch import store_dir
     from kerneljudge.worker.confine import features
+    from kerneljudge.worker.environment import candidate_environment, jit_cache_folders
 
-    env = os.environ
     if features().landlock_abi < 3:
         return {}
     root = Path(cache_root).resolve()
     folder = root / "inductor"
-    home = Path(env.get("HOME") or Path.home())
-    theirs = [root / "builds", store_dir(root), home / ".triton", home / ".nv"]
-    named = ("CUDA_CACHE_PATH", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
-    theirs += [Path(v) for v in map(env.get, named) if v]
+    theirs = [root / "builds", store_dir(root)]
+    theirs += map(Path, jit_cache_folders(candidate_environment(dict(os.environ)), cuda=True))
     if folder.is_symlink() or os.path.realpath(folder) != str(folder):
         return {}
     for t in (Path(os.path.realpath(t)) for t in theirs):

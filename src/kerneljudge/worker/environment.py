@@ -2,14 +2,18 @@
 
 :func:`candidate_environment` filters the supervisor's environment for every worker and build
 process that runs candidate code; :data:`INDUCTOR_IN_PROCESS` keeps ``torch.compile`` in the
-calling process (see :mod:`kerneljudge.worker.sandbox` for what the audit hook allows).
+calling process (see :mod:`kerneljudge.worker.sandbox` for what the audit hook allows);
+:func:`jit_cache_folders` names the folders where such a process's JIT compilers keep their
+caches.
 """
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Mapping
 
-__all__ = ["INDUCTOR_IN_PROCESS", "candidate_environment"]
+__all__ = ["INDUCTOR_IN_PROCESS", "candidate_environment", "jit_cache_folders"]
 
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|COOKIE|SESSION")
 #: What a process running candidate code inherits of the judge's environment: the toolchain's
@@ -86,3 +90,15 @@ def candidate_environment(base: dict[str, str]) -> dict[str, str]:
     }
     env.update(INDUCTOR_IN_PROCESS)
     return env
+
+
+def jit_cache_folders(env: Mapping[str, str], cuda: bool) -> list[str]:
+    """The folders a process running candidate code with the environment ``env`` writes its JIT
+    compilers' caches beneath: Triton's default ``~/.triton``, the folders ``TRITON_CACHE_DIR``
+    and ``TORCHINDUCTOR_CACHE_DIR`` name, and with ``cuda`` the CUDA driver's (``CUDA_CACHE_PATH``,
+    else ``~/.nv``). ``~`` is ``env``'s ``HOME``, else this process's home folder."""
+    home = env.get("HOME") or os.path.expanduser("~")
+    out = [os.path.join(home, ".triton")]
+    if cuda:
+        out.append(env.get("CUDA_CACHE_PATH") or os.path.join(home, ".nv"))
+    return out + [env[v] for v in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR") if env.get(v)]

@@ -24,6 +24,7 @@ from typing import Any
 
 from kerneljudge.errors import WorkerError
 from kerneljudge.worker import confine
+from kerneljudge.worker.environment import jit_cache_folders
 from kerneljudge.worker.faults import (
     CandidateFault,
     WorkerDied,
@@ -163,12 +164,7 @@ class WorkerProcess:
         ``extra`` (the build cache, where its ``TORCH_EXTENSIONS_DIR`` will be)."""
         if self.role != "candidate":
             return None
-        home = env.get("HOME") or os.path.expanduser("~")
-        out = [str(self.scratch), os.path.join(home, ".triton"), *extra]
-        if self.device.startswith("cuda"):
-            out.append(env.get("CUDA_CACHE_PATH") or os.path.join(home, ".nv"))
-        out += [env[v] for v in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR") if env.get(v)]
-        return out
+        return [str(self.scratch), *extra, *jit_cache_folders(env, self.device.startswith("cuda"))]
 
     # ------------------------------------------------------------------ life cycle
     def wait_ready(self, timeout_s: float = 120.0) -> None:

@@ -39,6 +39,7 @@ from kerneljudge.worker.calls import (
     trial_fields,
 )
 from kerneljudge.worker.drawn import candidate_model, inputs_from_seed, seeded_weights
+from kerneljudge.worker.environment import jit_cache_folders
 from kerneljudge.worker.forward import (
     Fault,
     OpRecorder,
@@ -120,10 +121,8 @@ class Worker(KeptTrials, CapturedCalls):
         self.sandbox: Sandbox | None = None
         if role == "candidate":
             self.sandbox = Sandbox([os.getcwd(), os.environ.get("TMPDIR", os.getcwd())])
-            for var in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR"):
-                if os.environ.get(var):
-                    self.sandbox.allow_writes_to(os.environ[var])
-            self.sandbox.allow_writes_to(os.path.expanduser("~/.triton"))
+            for folder in jit_cache_folders(os.environ, cuda=False):
+                self.sandbox.allow_writes_to(folder)
             self.sandbox.install()
 
     def _confined(self) -> Confined:
