@@ -222,3 +222,38 @@ def test_links_left_in_the_cache_are_replaced_never_written_through(tmp_path: Pa
     assert build(other, cache=cache, arch="9.0").ok
     assert not other_entry.is_symlink() and (other_entry / "candidate.py").is_file()
     assert list(elsewhere.iterdir()) == []
+
+
+def test_a_cache_that_cannot_be_written_is_a_one_line_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cache folder that cannot hold builds is refused when the judge is made (a
+    configuration error naming ``cache_dir``); an entry that cannot be made, or that keeps
+    leading elsewhere however often it is made a real folder, fails the build with a
+    :class:`BuildCacheError` (a ``KernelJudgeError``: one line at the command line)."""
+    from kerneljudge import Judge, JudgeConfig
+    from kerneljudge.errors import BuildCacheError, ConfigError, KernelJudgeError
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(ConfigError, match="cannot hold builds") as refused:
+        Judge("causal_gqa", JudgeConfig(cache_dir=blocker / "cache", device="cpu"))
+    assert refused.value.field == "cache_dir"
+
+    cand = Candidate.from_source("import torch.nn as nn\nclass ModelNew(nn.Module):\n    pass\n")
+    with pytest.raises(BuildCacheError, match="cannot be made") as failed:
+        build(cand, cache=BuildCache(blocker / "cache"), arch="9.0")
+    assert isinstance(failed.value, KernelJudgeError) and isinstance(failed.value, OSError)
+
+    cache = BuildCache(tmp_path / "cache")
+    cache.check_writable()
+    entry = cache.entry(cache.key(cand, "9.0"))
+    real = os.path.realpath
+    monkeypatch.setattr(
+        os.path, "realpath", lambda p, *a, **k: "/elsewhere" if str(p) == str(entry) else real(p)
+    )
+    with pytest.raises(BuildCacheError, match="kept resolving elsewhere"):
+        build(cand, cache=cache, arch="9.0")
+    monkeypatch.undo()
+    assert build(cand, cache=cache, arch="9.0").ok
+    assert list((cache.root / "builds").glob(".probe-*")) == []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -274,6 +276,9 @@ def test_the_finite_fast_path_gives_the_masked_statistics_exactly() -> None:
             masked = _chunk_stats(e, a, oracle, atol, 1e-3, lazy=True)
             assert isinstance(masked, torch.Tensor)
             assert fast == pytest.approx(masked.tolist(), rel=0, abs=0, nan_ok=True)
+            # Signs too (approx takes -0.0 for 0.0): identical outputs give +0.0 errors.
+            same = _chunk_stats(e, e.clone(), e.clone(), atol, 1e-3, lazy=False)
+            assert [math.copysign(1.0, x) for x in same] == [1.0] * 10
 
 
 def test_the_finite_fast_path_leaves_every_non_finite_chunk_to_the_masks() -> None:
@@ -296,3 +301,28 @@ def test_the_finite_fast_path_leaves_every_non_finite_chunk_to_the_masks() -> No
     beyond = _finite_chunk_stats(ref, ref * (1 + 5e-3), base.clone(), 1e-5, 1e-3)
     assert within is not None and beyond is not None
     assert within[1] > 1e-5 and within[4] == 1.0 and beyond[4] == 0.0
+
+
+def test_an_infinite_rtol_is_decided_elementwise_and_0_over_0_hides_no_error() -> None:
+    """allclose's shortcut (every difference at most ``atol``) needs a finite ``rtol``: with
+    ``rtol`` inf, ``inf * 0`` is NaN and a zero reference element fails, as in the masks. With
+    ``atol`` 0, an element where reference and candidate are both 0 counts as no relative
+    error, so it never hides another element's from the maximum (whatever the chunks)."""
+    import kerneljudge.check as check
+
+    e = torch.tensor([0.0, 1.0], dtype=torch.float64)
+    fast = check._chunk_stats(e, e.clone(), None, 1e-5, math.inf, lazy=False)
+    masked = check._chunk_stats(e, e.clone(), None, 1e-5, math.inf, lazy=True)
+    assert isinstance(fast, list) and isinstance(masked, torch.Tensor)
+    assert fast[4] == masked.tolist()[4] == 0.0
+    ref = torch.ones(40_000)
+    ref[0] = 0.0
+    cand = ref.clone()
+    cand[20_000] = 2.0
+    for chunk in (7, 16_384, check.CHUNK, 1 << 20):
+        check.CHUNK, saved = chunk, check.CHUNK
+        try:
+            res = compare_outputs(ref, cand, atol=0.0, rtol=1e-4, mode="allclose")
+        finally:
+            check.CHUNK = saved
+        assert res.max_rel_err == 1.0, chunk

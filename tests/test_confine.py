@@ -704,6 +704,14 @@ def test_the_references_compile_cache_lies_where_no_candidate_writes(
         monkeypatch.setenv(var, str(folder / "x"))
         assert reference_environment(cache) == {}
         monkeypatch.delenv(var)
+    # Candidate workers' scratch folders (kj-* in the temporary folder) beneath it, or it
+    # beneath one of them.
+    monkeypatch.setattr(tempfile, "tempdir", str(folder / "tmp"))
+    assert reference_environment(cache) == {}
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert reference_environment(tmp_path / "kj-candidate-x" / "c") == {}
+    assert reference_environment(cache)["TORCHINDUCTOR_CACHE_DIR"] == str(folder)
+    monkeypatch.undo()
     cache.mkdir()
     folder.symlink_to(tmp_path, target_is_directory=True)
     assert reference_environment(cache) == {}

@@ -65,3 +65,9 @@ class DeviceError(KernelJudgeError):
 
 class WorkerError(KernelJudgeError):
     """A trusted worker (the reference process) failed: a harness bug, never a candidate's fault."""
+
+
+class BuildCacheError(KernelJudgeError, OSError):
+    """The build cache could not be written where a build or its result goes: the folder cannot
+    be made or written (not a folder, read-only, full), or an entry's folder still led elsewhere
+    after the judge had made it a real one (something put a link back meanwhile)."""

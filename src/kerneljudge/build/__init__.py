@@ -30,6 +30,7 @@ from kerneljudge.build import pch, toolchain
 from kerneljudge.build.log import parse_diagnostics, shape_log, trace_to_candidate
 from kerneljudge.candidate import Candidate
 from kerneljudge.candidate.backends import IMPORT_ONLY_BACKENDS
+from kerneljudge.errors import BuildCacheError, ConfigError
 from kerneljudge.verdict import BuildResult, CompilerMessage, decode
 from kerneljudge.worker import confine
 from kerneljudge.worker.sandbox import candidate_environment, child_pids
@@ -62,6 +63,22 @@ class BuildCache:
 
     def __init__(self, root: Path | str | None = None) -> None:
         self.root = (Path(root) if root is not None else default_cache_dir()).resolve()
+
+    def check_writable(self) -> None:
+        """Make the cache's ``builds`` folder and write a file there (removed again).
+
+        Raises:
+            ConfigError: (field ``cache_dir``) the folder cannot be made or written.
+        """
+        probe = self.root / "builds" / f".probe-{secrets.token_hex(6)}"
+        try:
+            probe.parent.mkdir(parents=True, exist_ok=True)
+            os.close(open_new(probe))
+            probe.unlink()
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+            why = f"cache_dir {self.root} cannot hold builds: {why}"
+            raise ConfigError("cache_dir", why) from None
 
     def key(self, candidate: Candidate, arch: str) -> str:
         """sha256 of source, backend and toolchain fingerprint."""
@@ -112,17 +129,24 @@ class BuildCache:
         this process (not confined) would write.
 
         Raises:
-            OSError: the entry still resolves elsewhere (something was put back meanwhile).
+            BuildCacheError: a folder could not be made, or the entry still resolved elsewhere
+                at the third try (something put a link back each time).
         """
-        entry, here = self.entry(key), self.root
-        for part in entry.relative_to(self.root).parts:
-            here = here / part
-            if here.is_symlink() or (here.exists() and not here.is_dir()):
-                here.unlink()
-            here.mkdir(parents=True, exist_ok=True)
-        if os.path.realpath(entry) != str(entry):
-            raise OSError(f"the build cache entry {entry} resolves elsewhere")
-        return entry
+        entry = self.entry(key)
+        for _ in range(3):
+            here = self.root
+            try:
+                for part in entry.relative_to(self.root).parts:
+                    here = here / part
+                    if here.is_symlink() or (here.exists() and not here.is_dir()):
+                        here.unlink()
+                    here.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                why = f"the build cache entry {entry} cannot be made: {exc}"
+                raise BuildCacheError(why) from None
+            if os.path.realpath(entry) == str(entry):
+                return entry
+        raise BuildCacheError(f"the build cache entry {entry} kept resolving elsewhere")
 
     @contextmanager
     def locked(self, key: str) -> Iterator[Path]:
@@ -132,7 +156,11 @@ class BuildCache:
         if path.is_symlink() or (path.exists() and not path.is_file()):
             _remove(path)
         # Never truncated, never followed: a link put there now fails the open.
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            why = f"the build cache's lock {path} cannot be opened: {exc}"
+            raise BuildCacheError(why) from None
         with os.fdopen(fd, "r+b") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
@@ -156,23 +184,38 @@ def open_new(path: Path) -> int:
     link nor opens a file put there meanwhile (``O_EXCL | O_NOFOLLOW``).
 
     Raises:
-        OSError: something was put at ``path`` between its removal and the open.
+        BuildCacheError: it cannot be made (the folder is not writable or full), or something
+            was put at ``path`` between its removal and the open.
     """
-    if path.is_symlink() or path.exists():
-        _remove(path)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    return os.open(path, flags, 0o644)
+    try:
+        if path.is_symlink() or path.exists():
+            _remove(path)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        return os.open(path, flags, 0o644)
+    except OSError as exc:
+        raise BuildCacheError(f"{path} cannot be written in the build cache: {exc}") from None
 
 
 def write_new(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` as a new file renamed into place: a link at ``path`` is
-    replaced, never written through (:func:`open_new` for the temporary file)."""
+    replaced, never written through (:func:`open_new` for the temporary file).
+
+    Raises:
+        BuildCacheError: it cannot be written (the folder is not writable or full, or something
+            was put in the temporary file's place).
+    """
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    with os.fdopen(open_new(tmp), "wb") as f:
-        f.write(data)
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(open_new(tmp), "wb") as f:
+            f.write(data)
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    except BuildCacheError:
+        raise
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise BuildCacheError(f"{path} cannot be written in the build cache: {exc}") from None
 
 
 def _named(result: BuildResult, old: str, new: str) -> BuildResult:
@@ -312,6 +355,9 @@ def build(
     Returns:
         A :class:`BuildResult`; ``ok`` False with shaped ``log`` and ``messages`` on failure,
         ``timed_out`` True when the limit was hit.
+
+    Raises:
+        BuildCacheError: the cache entry, its source, log or result could not be written.
     """
     static = _static_failure(candidate)
     if static is not None:

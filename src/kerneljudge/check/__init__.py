@@ -277,7 +277,7 @@ def _chunk_stats(
         bad = _nonfinite_mismatch(e64, a64).any()
     diff = torch.where(e_fin, (a64 - e64).abs(), 0.0)
     e_abs = torch.where(e_fin, e64.abs(), 0.0)
-    rel = torch.where(e_fin, diff / e_abs.clamp_min(atol), 0.0)  # 0/0 with atol = 0
+    rel = _no_zero_over_zero(torch.where(e_fin, diff / e_abs.clamp_min(atol), 0.0), atol)
     # allclose's rule |a - e| <= atol + rtol |e|; non-finite positions are equal here.
     close = (diff <= atol + rtol * e_abs).all()
     row: list[torch.Tensor | float] = [bad, diff.max(), diff.sum(), rel.max(), close]
@@ -304,7 +304,8 @@ def _finite_chunk_stats(
     ``tolist``: a non-finite value of ``e64``, ``a64`` or ``o64`` makes a difference's minimum
     or maximum non-finite (NaN propagates through them, an infinity reaches them), which then
     sends the chunk to the masks. allclose's elementwise test runs only where the largest
-    difference exceeds ``atol`` (below it every element passes, ``rtol`` being at least 0)."""
+    difference exceeds ``atol`` (below it every element passes, ``rtol`` being finite
+    and at least 0)."""
     diff = a64 - e64
     parts = list(torch.aminmax(diff))
     if o64 is not None:
@@ -314,23 +315,37 @@ def _finite_chunk_stats(
     diff.abs_()
     e_abs = e64.abs()
     floor = e_abs.clamp_min(atol)
-    parts += [diff.sum(), torch.div(diff, floor, out=floor).max()]  # 0/0 with atol = 0
+    parts += [diff.sum(), _no_zero_over_zero(torch.div(diff, floor, out=floor), atol).max()]
     values = torch.stack(parts).tolist()
     if not all(math.isfinite(v) for v in values[: 6 if o64 is not None else 2]):
         return None
-    max_abs = max(-values[0], values[1])
-    close = (max_abs <= atol and rtol >= 0) or bool((diff <= e_abs.mul_(rtol).add_(atol)).all())
+    max_abs = _abs_max(values[0], values[1])
+    shortcut = max_abs <= atol and 0 <= rtol < math.inf  # (an infinite rtol times 0 is NaN)
+    close = shortcut or bool((diff <= e_abs.mul_(rtol).add_(atol)).all())
     row = [0.0, max_abs, values[-2], values[-1], float(close)]
     if o64 is None:
         return row + [0.0] * 5
     o_min, o_max, cand_sq, ref_sq = values[6:10]
     return row + [
-        max(-values[2], values[3]),
+        _abs_max(values[2], values[3]),
         cand_sq,
-        max(-values[4], values[5]),
+        _abs_max(values[4], values[5]),
         ref_sq,
-        max(-o_min, o_max),
+        _abs_max(o_min, o_max),
     ]
+
+
+def _abs_max(low: float, high: float) -> float:
+    """The largest absolute value of a tensor whose minimum is ``low`` and maximum ``high``
+    (a zero as +0.0, as ``abs(t).max()`` gives it)."""
+    return max(abs(low), abs(high))
+
+
+def _no_zero_over_zero(rel: torch.Tensor, atol: float) -> torch.Tensor:
+    """``rel`` (relative errors, ``|diff| / max(|ref|, atol)``) with the NaN of 0/0, which only
+    ``atol`` 0 allows, counted as no error (in place): a NaN would hide its chunk's largest
+    relative error from the maximum over chunks."""
+    return rel.nan_to_num_(nan=0.0, posinf=math.inf) if atol <= 0 else rel
 
 
 def _scan(

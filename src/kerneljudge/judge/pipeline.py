@@ -72,16 +72,17 @@ class Judge:
 
     Raises:
         ProblemError: the problem cannot be loaded.
+        ConfigError: the build cache's folder cannot be written (field ``cache_dir``).
     """
 
     def __init__(self, problem: Problem | str | Path, config: JudgeConfig | None = None) -> None:
         self.config = config or JudgeConfig()
         self.cache = BuildCache(self.config.cache_dir)
+        self.cache.check_writable()
         self._pools: dict[str, WorkerPool] = {}
         self._devices: dict[str, DeviceInfo] = {}
         # A problem file is probed first (a fresh interpreter, seconds): where the device is
-        # named, the workers a first verdict needs start meanwhile. They load nothing before
-        # the problem has passed its probe.
+        # named, the workers a first verdict needs start meanwhile, loading nothing before it.
         early = None if isinstance(problem, Problem) else named_device(self.config.device)
         started: dict[str, WorkerProcess] = {}
         gpu = early is not None and early.startswith("cuda")
@@ -214,6 +215,7 @@ class Judge:
             CandidateError: the candidate file cannot be read.
             DeviceError: the candidate needs a GPU and none is visible.
             ProblemError: the reference failed before the candidate ran (it fails on its own).
+            BuildCacheError: the build cache could not be written.
             WorkerError: another harness failure.
         """
         cand = _as_candidate(candidate)

@@ -15,6 +15,7 @@ import functools
 import hashlib
 import os
 import secrets
+import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
@@ -57,13 +58,14 @@ def reference_environment(cache_root: Path) -> dict[str, str]:
     finds there, so they are set only where no candidate can write there: Landlock (ABI 3 or
     later, which also governs truncation) confines candidate workers, build workers and the
     header maker to their own folders (beneath ``<cache_root>/builds``, the header store, their
-    scratch folders, ``~/.triton``, ``~/.nv`` or ``CUDA_CACHE_PATH``, and the folders
-    ``TRITON_CACHE_DIR`` and ``TORCHINDUCTOR_CACHE_DIR`` name in the supervisor's environment,
-    which candidates inherit), the folder is not a link, and it lies neither beneath one of
-    them nor above one. Else nothing is added. (The supervisor's own values are not the
-    reference's: candidates may write there, and inductor sets ``TORCHINDUCTOR_CACHE_DIR`` in
-    any process that compiled once.)
-    """
+    scratch folders (``kj-*`` in the temporary folder), ``~/.triton``, ``~/.nv`` and
+    ``CUDA_CACHE_PATH``, and the folders ``TRITON_CACHE_DIR`` and ``TORCHINDUCTOR_CACHE_DIR``
+    name in the supervisor's environment, which candidates inherit), the folder is not a link,
+    and it lies neither beneath one of them nor above one. Else nothing is added. (The
+    supervisor's own values are not the reference's: candidates may write there, and inductor
+    sets ``TORCHINDUCTOR_CACHE_DIR`` in any process that compiled once.) The supervisor's
+    environment is read when this is called: a cache folder it names only later is not checked
+    against (docs/security.md)."""
     from kerneljudge.build.pch import store_dir
     from kerneljudge.worker.confine import features
     from kerneljudge.worker.environment import candidate_environment, jit_cache_folders
@@ -72,13 +74,21 @@ def reference_environment(cache_root: Path) -> dict[str, str]:
         return {}
     root = Path(cache_root).resolve()
     folder = root / "inductor"
-    theirs = [root / "builds", store_dir(root)]
-    theirs += map(Path, jit_cache_folders(candidate_environment(dict(os.environ)), cuda=True))
+    env = candidate_environment(dict(os.environ))
+    # ~/.nv whether or not CUDA_CACHE_PATH names another folder now (it may not at a spawn).
+    home = Path(env.get("HOME") or Path.home()) / ".nv"
+    theirs = [root / "builds", store_dir(root), home, *map(Path, jit_cache_folders(env, True))]
     if folder.is_symlink() or os.path.realpath(folder) != str(folder):
         return {}
     for t in (Path(os.path.realpath(t)) for t in theirs):
         if folder.is_relative_to(t) or t.is_relative_to(folder):
             return {}
+    # Candidate workers' scratch folders: kj-* folders of the temporary folder.
+    scratch = Path(os.path.realpath(tempfile.gettempdir()))
+    if scratch.is_relative_to(folder) or (
+        folder.is_relative_to(scratch) and folder.relative_to(scratch).parts[0].startswith("kj-")
+    ):
+        return {}
     return {"TORCHINDUCTOR_CACHE_DIR": str(folder), "TRITON_CACHE_DIR": str(folder / "triton")}
 
 
