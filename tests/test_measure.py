@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 
 from kerneljudge.timing.stage import Batch
@@ -30,13 +31,13 @@ def test_perturb_is_exact_given_the_seed_and_changes_every_continuous_input() ->
         if isinstance(u, torch.Tensor):
             assert torch.equal(u.view(torch.uint8), v.view(torch.uint8))
     x, mask, ids, row, k = a
-    # rolled along dim 0 (6 rows) and nudged: same values but one, different content
+    # rows along dim 0 (6 of them) reordered and nudged: same values but one, other content
     assert not torch.equal(x, args[0])
     assert torch.allclose(x.flatten().sort().values, args[0].flatten().sort().values, atol=1e-6)
     # rows along later dims stay rows: every perturbed row is an original row (but one element)
     originals = {tuple(r.tolist()) for r in args[0]}
     assert sum(tuple(r.tolist()) in originals for r in x) >= 5
-    # a tensor with a single row is rolled along its first longer dimension
+    # a tensor with a single row is reordered along its first longer dimension
     assert not torch.equal(row, args[3])
     # masks, ids and non-tensors are copied unchanged, never aliased
     assert torch.equal(mask, args[1]) and mask.data_ptr() != args[1].data_ptr()
@@ -124,14 +125,13 @@ def test_fp8_inputs_keep_their_classification_and_roll_as_bytes() -> None:
     assert not continuous(x.to(torch.float8_e4m3fn))
     e5m2 = x.to(torch.float8_e5m2)
     assert continuous(e5m2)
-    (rolled,) = perturb([e5m2], [True], seed=11)
-    assert rolled.dtype == torch.float8_e5m2 and rolled.shape == e5m2.shape
-    shifts = [
-        s
-        for s in range(1, 6)
-        if torch.equal(torch.roll(e5m2.view(torch.uint8), s, 0), rolled.view(torch.uint8))
-    ]
-    assert len(shifts) == 1  # the same bytes, rolled (1-byte formats are not nudged)
+    (moved,) = perturb([e5m2], [True], seed=11)
+    assert moved.dtype == torch.float8_e5m2 and moved.shape == e5m2.shape
+    order = torch.randperm(e5m2.shape[0], generator=torch.Generator().manual_seed(11))
+    if torch.equal(order, torch.arange(e5m2.shape[0])):
+        order = order.roll(1)
+    # the same bytes, rows reordered (1-byte formats are not nudged)
+    assert torch.equal(e5m2.view(torch.uint8)[order], moved.view(torch.uint8))
 
 
 def test_tqdm_monitor_thread_is_not_a_lingering_candidate_thread() -> None:
@@ -183,7 +183,7 @@ def test_tqdm_monitor_thread_is_not_lingering_after_a_call() -> None:
             bar.close()
 
 
-def test_perturb_into_an_earlier_result_gives_the_same_bits_as_torch_roll() -> None:
+def test_perturb_into_an_earlier_result_gives_the_same_bits_as_a_row_order() -> None:
     g = torch.Generator().manual_seed(3)
     x = torch.randn(7, 1, 5, generator=g)
     strided = torch.randn(5, 8, generator=g).t()  # not contiguous
@@ -201,15 +201,16 @@ def test_perturb_into_an_earlier_result_gives_the_same_bits_as_torch_roll() -> N
             assert u.is_contiguous() and v.is_contiguous() and u.shape == v.shape
             assert torch.equal(u.view(torch.uint8), v.view(torch.uint8))
     assert again[4] == 2.5
-    # The same as rolling with torch.roll along the first dimension longer than one, then
-    # flipping the lowest bit of one element, with the same draws.
+    # The same as the rows along the first dimension longer than one in a random order (not
+    # their own), then the lowest bit of one element flipped, with the same draws.
     gen = torch.Generator().manual_seed(77)
     for t, got in zip(args[:3], fresh[:3]):
         d = next(d for d in range(t.dim()) if t.shape[d] > 1)
-        shift = int(torch.randint(1, t.shape[d], (1,), generator=gen))
+        order = torch.randperm(t.shape[d], generator=gen)
+        assert not torch.equal(order, torch.arange(t.shape[d]))  # (else rolled by one)
         j = int(torch.randint(0, t.numel(), (1,), generator=gen))
         bits = t.contiguous().view(torch.int16 if t.element_size() == 2 else torch.int32)
-        want = torch.roll(bits, shift, d).contiguous().view(-1)
+        want = bits.index_select(d, order).contiguous().view(-1)
         want[j] ^= 1
         assert torch.equal(got.view(bits.dtype).view(-1), want)
     # A spare of another shape or dtype is not written over.
@@ -291,3 +292,22 @@ def test_a_spare_whose_storage_a_call_resized_is_not_written_over() -> None:
     assert again[0].untyped_storage().nbytes() == x.numel() * 4
     got, want = again[0].reshape(-1).sort().values, x.reshape(-1).sort().values
     assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_a_rows_order_is_never_their_own_and_past_the_bound_they_are_rolled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two rows are always swapped (a random order may draw the identity: it is shifted by
+    one); a first dimension longer than ``PERMUTED_ROWS_MAX`` is rolled instead."""
+    from kerneljudge.worker import measure
+
+    x = torch.tensor([[1.5, 2.5], [3.5, 4.5]])
+    for seed in range(20):
+        (y,) = perturb([x], [True], seed)
+        swapped = x[[1, 0]]
+        assert (y != swapped).sum() <= 1 and torch.allclose(y, swapped, rtol=1e-6, atol=0)
+    monkeypatch.setattr(measure, "PERMUTED_ROWS_MAX", 4)
+    long = torch.arange(1.5, 9.5)  # 8 rows of one element: rolled
+    (rolled,) = perturb([long], [True], 3)
+    shifts = [s for s in range(1, 8) if (torch.roll(long, s) != rolled).sum() <= 1]
+    assert len(shifts) == 1

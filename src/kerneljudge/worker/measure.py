@@ -1,10 +1,10 @@
 """The timed loop run inside a worker, identical for the reference and the candidate.
 
 Per call, outside the timed window: new inputs made from one of the input sets (rotating) by
-:func:`perturb` under a per-call seed (each continuous floating input rolled by a random shift
-along its first dimension longer than one, then one element nudged by one unit in the last
+:func:`perturb` under a per-call seed (each continuous floating input's rows along its first
+dimension longer than one put in a random order, then one element nudged by one unit in the last
 place; inputs whose values are all integers, such as masks and ids, are copied unchanged), so
-that calls do not see the same content (short of a chance repeat among (rows - 1) x elements
+that calls do not see the same content (short of a chance repeat among (rows! - 1) x elements
 choices) and a result cached on content, shape or address is the answer to other inputs; freed
 memory poisoned with NaN bit patterns (so that an output the call did not write is wrong); and
 the L2 cache flushed by writing a buffer twice its size. Inside the window: the call, then a
@@ -83,9 +83,8 @@ PIPELINE_DEPTH = 2
 SNAPSHOT_DEVICE_SHARE = 1 / 8
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 #: GPU clock cycles the device spins before a replay's start event (10-20 us at 1-2 GHz): the
-#: host has the graph's launch queued by the time the device reaches the event, so the launch's
-#: host latency is not in the replay's time. Short, since it lies inside the stamped window of
-#: both sides and its length follows the SM clock.
+#: host has the graph's launch queued by then, so its host latency is not in the replay's time.
+#: Short, since it lies inside the stamped window of both sides and follows the SM clock.
 REPLAY_LEAD_CYCLES = 20_000
 
 
@@ -149,6 +148,10 @@ def nudge(args: list[Any], which: list[bool], gen: torch.Generator) -> None:
             view[j] ^= torch.isfinite(x.view(-1)[j]).to(view.dtype)
 
 
+#: The longest first dimension whose rows :func:`perturb` puts in a random order (longer: rolled).
+PERMUTED_ROWS_MAX = 1 << 20
+
+
 def perturb(
     args: list[Any],
     which: list[bool],
@@ -157,15 +160,16 @@ def perturb(
     *,
     into: list[Any] | None = None,
 ) -> list[Any]:
-    """The inputs of one timed call: ``args`` with each tensor flagged in ``which`` rolled by a
-    random shift (1 to size-1) along its first dimension longer than one and one random element
-    nudged by one ulp; other tensors cloned, non-tensors as they are.
-
-    Exact and deterministic given ``seed`` (the draws come from a CPU generator), on any device:
-    the supervisor rebuilds a checked call's inputs on the CPU and runs the reference on them.
-    A roll keeps every value and every row along later dimensions; a problem whose inputs have
-    structure along the first (triangular, symmetric, sorted) sets ``ROLL_TIMED_INPUTS =
-    False`` and gets ``roll=False``: the nudge only.
+    """The inputs of one timed call: ``args`` with each tensor flagged in ``which`` given its
+    rows along its first dimension longer than one in a random order other than their own
+    (``torch.randperm``; past :data:`PERMUTED_ROWS_MAX` rows rolled by a random shift, 1 to
+    size-1: a roll alone gives a set a few hundred inputs, which a cache keyed on a few elements
+    covers within a thousand calls) and one random element nudged by one ulp; other tensors
+    cloned, non-tensors as they are. Exact and deterministic given ``seed`` (CPU generator
+    draws), on any device: the reference is run on the same inputs rebuilt. A new order keeps
+    every value and every row along later dimensions; a problem whose inputs have structure
+    along the first (triangular, symmetric, sorted) sets ``ROLL_TIMED_INPUTS = False`` and gets
+    ``roll=False``: the nudge only.
 
     ``into``: an earlier return value of this function, whose tensors are written over where
     one has the shape, dtype and device the new input needs (and is contiguous), instead of
@@ -185,18 +189,21 @@ def perturb(
             out.append(_copy(dest, x) if dest is not None and x.is_contiguous() else x.clone())
             continue
         dims = [d for d in range(x.dim()) if x.shape[d] > 1] if roll else []
-        # Rolled as same-width integers: the same bits, and CUDA has no fp8 roll.
-        bits = x.view(_INT_VIEW[x.element_size()])
+        bits = x.view(_INT_VIEW[x.element_size()])  # moved as integers: CUDA has no fp8 roll
         y = (
             dest.view(bits.dtype)
             if dest is not None
             else torch.empty(x.shape, dtype=bits.dtype, device=x.device)
         )
-        if dims:
+        if dims and x.shape[dims[0]] <= PERMUTED_ROWS_MAX:
+            d = dims[0]
+            order = torch.randperm(x.shape[d], generator=gen)
+            if torch.equal(order, torch.arange(x.shape[d])):  # never the rows' own order
+                order = order.roll(1)
+            torch.index_select(bits, d, order.to(x.device), out=y)
+        elif dims:  # torch.roll's result, written as its two slices
             d, size = dims[0], x.shape[dims[0]]
             shift = int(torch.randint(1, size, (1,), generator=gen))
-            # torch.roll's result, written as its two slices: y[shift:] = x[:-shift] and
-            # y[:shift] = x[-shift:] along d.
             _copy(y.narrow(d, shift, size - shift), bits.narrow(d, 0, size - shift))
             _copy(y.narrow(d, 0, shift), bits.narrow(d, size - shift, shift))
         else:
