@@ -17,10 +17,12 @@ Run:  PYTHONPATH=src python3 benchmarks/compare_cost.py [--min-mib 1] [--max-mib
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import platform
 import statistics
 import time
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -54,21 +56,33 @@ def main() -> None:
         return
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     rows = []
+    ways = {d: functools.partial(_seconds, device=d) for d in devices}
+    for mib, row in _medians(args, ways):
+        ratio = row["cpu"] / row["cuda"] if "cuda" in row else None
+        rows.append({"mib": mib, **row, "cpu_over_cuda": ratio})
+        extra = f"  cuda {row['cuda']:.4f} s  cpu/cuda {ratio:.1f}" if ratio else ""
+        print(f"{mib:6d} MiB  cpu {row['cpu']:.4f} s{extra}", flush=True)
+    _write(args.json, rows)
+
+
+Way = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], float]
+
+
+def _medians(
+    args: argparse.Namespace, ways: dict[str, Way]
+) -> Iterator[tuple[int, dict[str, float]]]:
+    """For each size from ``args.min_mib`` to ``args.max_mib`` MiB (doubling): the median
+    seconds of each of ``ways`` over ``args.repeats`` rounds, the ways alternating."""
     mib = args.min_mib
     while mib <= args.max_mib:
         ref, cand, oracle = _inputs(mib)
-        times: dict[str, list[float]] = {d: [] for d in devices}
+        times: dict[str, list[float]] = {name: [] for name in ways}
         for _ in range(args.repeats):
-            for d in devices:  # side by side, alternating
-                times[d].append(_seconds(ref, cand, oracle, d))
-        row = {"mib": mib, **{d: statistics.median(t) for d, t in times.items()}}
-        ratio = row["cpu"] / row["cuda"] if "cuda" in row else None
-        rows.append({**row, "cpu_over_cuda": ratio})
-        extra = f"  cuda {row['cuda']:.4f} s  cpu/cuda {ratio:.1f}" if ratio else ""
-        print(f"{mib:6d} MiB  cpu {row['cpu']:.4f} s{extra}", flush=True)
-        del oracle, ref, cand
+            for name, way in ways.items():  # side by side, alternating
+                times[name].append(way(ref, cand, oracle))
+        del ref, cand, oracle
+        yield mib, {name: statistics.median(t) for name, t in times.items()}
         mib *= 2
-    _write(args.json, rows)
 
 
 def _inputs(mib: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -87,22 +101,18 @@ def _chunks(args: argparse.Namespace) -> None:
     """The CPU comparison's median seconds with each of ``args.chunks``, alternating."""
     chunks = [int(c) for c in args.chunks.split(",")]
     rows = []
-    mib = args.min_mib
-    while mib <= args.max_mib:
-        ref, cand, oracle = _inputs(mib)
-        times: dict[int, list[float]] = {c: [] for c in chunks}
-        for _ in range(args.repeats):
-            for c in chunks:
-                check.CHUNK = c
-                times[c].append(_seconds(ref, cand, oracle, "cpu"))
-        row = {"mib": mib, **{str(c): statistics.median(t) for c, t in times.items()}}
-        rows.append(row)
+    ways = {str(c): functools.partial(_chunked, c) for c in chunks}
+    for mib, row in _medians(args, ways):
+        rows.append({"mib": mib, **row})
         first = row[str(chunks[0])]
         cells = "  ".join(f"{c}: {row[str(c)]:.4f} s ({row[str(c)] / first:.2f})" for c in chunks)
         print(f"{mib:6d} MiB  {cells}", flush=True)
-        del ref, cand, oracle
-        mib *= 2
     _write(args.json, rows)
+
+
+def _chunked(chunk: int, ref: torch.Tensor, cand: torch.Tensor, oracle: torch.Tensor) -> float:
+    check.CHUNK = chunk
+    return _seconds(ref, cand, oracle, "cpu")
 
 
 def _write(path: Path | None, rows: list[dict[str, float | None]]) -> None:
