@@ -71,13 +71,13 @@ class BuildCache:
             ConfigError: (field ``cache_dir``) the folder cannot be made or written.
         """
         probe = self.root / "builds" / f".probe-{secrets.token_hex(6)}"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
             probe.parent.mkdir(parents=True, exist_ok=True)
-            os.close(open_new(probe))
+            os.close(os.open(probe, flags, 0o600))
             probe.unlink()
         except OSError as exc:
-            why = exc.strerror or str(exc)
-            why = f"cache_dir {self.root} cannot hold builds: {why}"
+            why = f"cache_dir {self.root} cannot hold builds: {exc.strerror or exc}"
             raise ConfigError("cache_dir", why) from None
 
     def key(self, candidate: Candidate, arch: str) -> str:
@@ -205,14 +205,13 @@ def write_new(path: Path, data: bytes) -> None:
             was put in the temporary file's place).
     """
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    fd = open_new(tmp)
     try:
-        with os.fdopen(open_new(tmp), "wb") as f:
+        with os.fdopen(fd, "wb") as f:
             f.write(data)
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
         os.replace(tmp, path)
-    except BuildCacheError:
-        raise
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise BuildCacheError(f"{path} cannot be written in the build cache: {exc}") from None

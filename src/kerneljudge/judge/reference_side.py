@@ -76,8 +76,8 @@ def reference_environment(cache_root: Path) -> dict[str, str]:
     folder = root / "inductor"
     env = candidate_environment(dict(os.environ))
     # ~/.nv whether or not CUDA_CACHE_PATH names another folder now (it may not at a spawn).
-    home = Path(env.get("HOME") or Path.home()) / ".nv"
-    theirs = [root / "builds", store_dir(root), home, *map(Path, jit_cache_folders(env, True))]
+    nv = Path(env.get("HOME") or Path.home()) / ".nv"
+    theirs = [root / "builds", store_dir(root), nv, *map(Path, jit_cache_folders(env, True))]
     if folder.is_symlink() or os.path.realpath(folder) != str(folder):
         return {}
     for t in (Path(os.path.realpath(t)) for t in theirs):
