@@ -3,7 +3,9 @@ themselves are tested in tests/gpu/test_graph_timing_gpu.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -22,6 +24,8 @@ from kerneljudge.verdict import (
     Verdict,
 )
 from kerneljudge.verdict.render import graph_lines
+from kerneljudge.worker import graphs
+from kerneljudge.worker.forward import Fault
 from kerneljudge.worker.graphs import NotCapturable, capture, signature
 from kerneljudge.worker.replies import CaptureReply, MalformedReply
 
@@ -128,6 +132,48 @@ def test_graph_timing_option_is_checked_and_carried() -> None:
 def test_capture_needs_a_cuda_device_and_says_so() -> None:
     with pytest.raises(NotCapturable, match="CUDA"):
         capture(lambda x: x + 1, [torch.ones(3)], torch.device("cpu"))
+
+
+class _Capturer(graphs.CapturedCalls):
+    """The capture handler alone, on a CPU stand-in for a GPU worker."""
+
+    def __init__(self) -> None:
+        self.device = torch.device("cpu")
+        self.model = lambda x: x + 1
+        self.compiled = None
+        self.sets = [[torch.ones(4)]]
+        self.graphs = {}
+
+    def _confined(self) -> Any:
+        return contextlib.nullcontext()
+
+    def _check_output(self, out: Any) -> None:
+        pass
+
+
+def test_no_room_for_a_capture_is_a_refusal_not_a_fault(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The static copies of an 8 GiB input set ran out of device memory on the H200 while the
+    # reference worker held the rest: the verdict must go on with launched timing alone.
+    released: list[bool] = []
+
+    def no_room(*args: Any, **kwargs: Any) -> None:
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB.")
+
+    monkeypatch.setattr(graphs, "capture", no_room)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: released.append(True))
+    worker = _Capturer()
+    reply = worker.op_capture({"target": "candidate"})
+    assert reply["captured"] is False
+    assert reply["reason"].startswith("out of memory while capturing")
+    assert released and worker.graphs == {}
+    CaptureReply.decode(reply, "candidate")  # a well-formed reply
+
+    def exits(*args: Any, **kwargs: Any) -> None:
+        raise SystemExit(3)
+
+    monkeypatch.setattr(graphs, "capture", exits)  # anything else from the forward stays a fault
+    with pytest.raises(Fault, match="capturing the forward failed: SystemExit"):
+        worker.op_capture({"target": "candidate"})
 
 
 def test_signature_binds_shapes_layouts_and_values() -> None:

@@ -228,7 +228,10 @@ class CapturedCalls:
         Returns ``captured`` (bool), ``reason`` (why not, one line; empty when captured) and
         ``capture_s`` (seconds, on this worker's clock). The capture runs confined: what the
         sandbox refuses is a rejecting Fault, as in any call; an exception that is not an
-        ``Exception`` (``SystemExit``) from the forward is a Fault too.
+        ``Exception`` (``SystemExit``) from the forward is a Fault too. Running out of device
+        memory anywhere in it (the static copies of an input set of GiBs, the replay check's
+        copies) is a refusal, as a capture that runs out inside the forward is: the stage
+        then times the target by its launched calls alone.
         """
         import time
 
@@ -244,6 +247,7 @@ class CapturedCalls:
                 "reason": "the kept input sets differ in shape, layout or value arguments",
                 "capture_s": 0.0,
             }
+        out_of_memory = False
         try:
             with self._confined():
                 self.graphs[target] = capture(fn, self.sets[0], self.device, self._check_output)
@@ -251,6 +255,13 @@ class CapturedCalls:
             return {"captured": False, "reason": str(exc), "capture_s": time.monotonic() - started}
         except Fault:
             raise
+        except torch.cuda.OutOfMemoryError:  # the static copies or the replay check's
+            out_of_memory = True
         except BaseException as exc:  # noqa: BLE001 - SystemExit and the like from the forward
             raise Fault(f"capturing the forward failed: {type(exc).__name__}: {exc}") from None
+        if out_of_memory:  # past the handler, whose traceback held the copies made so far
+            self.graphs.pop(target, None)
+            torch.cuda.empty_cache()  # the device is shared with the other worker
+            why = "out of memory while capturing: no room for the static inputs and outputs"
+            return {"captured": False, "reason": why, "capture_s": time.monotonic() - started}
         return {"captured": True, "reason": "", "capture_s": time.monotonic() - started}
