@@ -192,6 +192,26 @@ def test_mask_inputs_are_not_nudged_during_timing(tmp_path: Path) -> None:
     assert timed.get("candidate", 0) >= 5, timed
 
 
+def test_a_kernel_that_relies_on_triangular_inputs_is_correct_when_timed(tmp_path: Path) -> None:
+    """Timed calls keep the structure of the inputs: a candidate that reads only the upper
+    triangles of the problem's upper triangular inputs passes the audit of its timed calls
+    (rows put in another order would have made its results differ from the reference's)."""
+    config = JudgeConfig(
+        device="cpu",
+        cache_dir=tmp_path,
+        trials=2,
+        baselines=("eager",),
+        threads=1,
+        timing_config=TimingConfig(max_time_s=0.3, min_samples=5),
+    )
+    with Judge(Path(__file__).parent / "fixtures" / "triangular_problem.py", config) as j:
+        v = j.evaluate(CANDIDATES / "triangular_good.py")
+    assert v.status is Status.CORRECT, v.reason
+    assert v.timing is not None
+    timed = {m.name: m.samples for m in v.timing.measurements}
+    assert timed.get("candidate", 0) >= 5, timed
+
+
 def test_outputs_of_timed_calls_are_audited(judge: Judge) -> None:
     v = evaluate(judge, "degrades_when_timed.py")
     assert v.check is not None and v.check.passed  # the trials alone are fooled

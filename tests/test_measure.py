@@ -299,15 +299,15 @@ def test_a_rows_order_is_never_their_own_and_past_the_bound_they_are_rolled(
 ) -> None:
     """Two rows are always swapped (a random order may draw the identity: it is shifted by
     one); a first dimension longer than ``PERMUTED_ROWS_MAX`` is rolled instead."""
-    from kerneljudge.worker import measure
+    from kerneljudge.worker import perturbation
 
     x = torch.tensor([[1.5, 2.5], [3.5, 4.5]])
     for seed in range(20):
         (y,) = perturb([x], [True], seed)
         swapped = x[[1, 0]]
         assert (y != swapped).sum() <= 1 and torch.allclose(y, swapped, rtol=1e-6, atol=0)
-    monkeypatch.setattr(measure, "PERMUTED_ROWS_MAX", 4)
-    long = torch.arange(1.5, 9.5)  # 8 rows of one element: rolled
+    monkeypatch.setattr(perturbation, "PERMUTED_ROWS_MAX", 4)
+    long = torch.tensor([3.5, 1.5, 8.5, 2.5, 6.5, 4.5, 7.5, 5.5])  # 8 rows of one element: rolled
     (rolled,) = perturb([long], [True], 3)
     shifts = [s for s in range(1, 8) if (torch.roll(long, s) != rolled).sum() <= 1]
     assert len(shifts) == 1

@@ -276,9 +276,10 @@ class Problem:
 
     @property
     def roll_timed_inputs(self) -> bool:
-        """Whether timed calls roll the inputs (``ROLL_TIMED_INPUTS``, default True): False for
-        a problem whose inputs have structure along their first dimension (triangular,
-        symmetric or sorted data), whose timed inputs are then nudged only."""
+        """Whether timed calls reorder or scale the inputs (``ROLL_TIMED_INPUTS``, default
+        True; triangular, symmetric and sorted dimensions are found and kept in order either
+        way, :mod:`kerneljudge.worker.perturbation`): False for a problem whose inputs have
+        structure the judge cannot see, whose timed inputs are then nudged only."""
         return bool(getattr(self.module, "ROLL_TIMED_INPUTS", True))
 
     @property

@@ -7,9 +7,10 @@
   policy (:mod:`kerneljudge.candidate.policy`) in the workers; their count (views aside) feeds
   the lint's ``not_launch_bound`` check.
 * :func:`continuous`: which inputs are continuous floating data and which are masks, ids or
-  integer-valued (not rolled or nudged between timed calls, see
-  :func:`kerneljudge.worker.measure.perturb`). The implementation is the timed loop's own
-  (:func:`kerneljudge.worker.measure.continuous`), named here so that no second copy appears.
+  integer-valued (not reordered, scaled or nudged between timed calls, see
+  :func:`kerneljudge.worker.perturbation.perturb`); :func:`nudgeable`: how each is changed.
+  The implementation is the timed loop's own (:mod:`kerneljudge.worker.perturbation`), named
+  here so that no second copy appears.
 
 The linter imports this module, so what it vouches for is what the judge computes. Imports only
 the standard library, torch and :mod:`kerneljudge.worker` modules, as a sandboxed worker may.
@@ -25,6 +26,7 @@ import torch
 import torch.utils._python_dispatch
 
 from kerneljudge.worker.measure import continuous, writable
+from kerneljudge.worker.perturbation import Plan, plans
 
 __all__ = [
     "Fault",
@@ -254,6 +256,8 @@ class OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def nudgeable(values: list[Any]) -> list[bool]:
-    """Per value, whether the timed loop changes it between calls (:func:`continuous`)."""
-    return [continuous(x) for x in values]
+def nudgeable(values: list[Any]) -> list[Plan | None]:
+    """Per value, how the timed loop changes it between calls: a
+    :class:`~kerneljudge.worker.perturbation.Plan` for a :func:`continuous` tensor (from its
+    values' structure), None for anything else (:func:`kerneljudge.worker.perturbation.plans`)."""
+    return plans(values)

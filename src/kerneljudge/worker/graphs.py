@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from kerneljudge.worker.forward import Fault
-from kerneljudge.worker.measure import continuous, flatten_tensors, load_static, perturb
+from kerneljudge.worker.measure import flatten_tensors, load_static, perturb, plans
 
 __all__ = [
     "REPLAY_ATOL",
@@ -171,7 +171,7 @@ def _recover(caller: Any) -> None:
 def _check_replay(
     fn: Callable[..., Any], captured: Captured, args: list[Any], device: torch.device
 ) -> None:
-    which = [continuous(x) for x in args]
+    which = plans(args)
     caller = _current_stream(device)
     with torch.no_grad():
         try:

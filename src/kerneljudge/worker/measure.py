@@ -1,14 +1,18 @@
 """The timed loop run inside a worker, identical for the reference and the candidate.
 
 Per call, outside the timed window: new inputs made from one of the input sets (rotating) by
-:func:`perturb` under a per-call seed (each continuous floating input's rows along its first
-dimension longer than one put in a random order, then one element nudged by one unit in the last
-place; inputs whose values are all integers, such as masks and ids, are copied unchanged), so
-that calls do not see the same content (short of a chance repeat among (rows! - 1) x elements
-choices) and a result cached on content, shape or address is the answer to other inputs; freed
-memory poisoned with NaN bit patterns (so that an output the call did not write is wrong); and
-the L2 cache flushed by writing a buffer twice its size. Inside the window: the call, then a
-device-wide synchronisation, so work left on any stream is counted.
+:func:`perturb` (:mod:`kerneljudge.worker.perturbation`) under a per-call seed: each continuous
+floating input's slices along its first dimension longer than one that holds no structure put in
+a random order (a dimension along which the values are sorted, and the last two of a triangular
+or symmetric input, keep theirs; such a matrix with no other dimension to reorder is scaled by
+positive row and column factors instead), then one element nudged by one unit in the last place;
+inputs whose values are all integers, such as masks and ids, are copied unchanged. So calls do
+not see the same content (short of a chance repeat among (rows! - 1) x elements choices, fewer
+for structured inputs) and a result cached on content, shape or address is the answer to other
+inputs. Also outside the window: freed memory poisoned with NaN bit patterns (so that an output
+the call did not write is wrong), and the L2 cache flushed by writing a buffer twice its size.
+Inside the window: the call, then a device-wide synchronisation, so work left on any stream is
+counted.
 
 In a verdict the loop is observed through the worker's stamp socket
 (:mod:`kerneljudge.worker.stamps`): a datagram right before the start mark and one right after
@@ -29,6 +33,16 @@ from typing import Any
 
 import torch
 
+from kerneljudge.worker.perturbation import (
+    CONTINUOUS_BLOCK,
+    PERMUTED_ROWS_MAX,
+    Plan,
+    continuous,
+    nudge,
+    perturb,
+    plans,
+    writable,
+)
 from kerneljudge.worker.sandbox import thread_idents
 from kerneljudge.worker.stamps import (
     COMMIT_HEAD,
@@ -40,8 +54,10 @@ from kerneljudge.worker.stamps import (
     output_digest,
 )
 
-__all__ = ["Link", "ThreadLeftRunning", "flatten_tensors", "load_static", "unwritten",
-           "writable", "nudge", "perturb", "poison", "time_calls"]  # fmt: skip
+# The input perturbation is defined in kerneljudge.worker.perturbation, and named here too.
+__all__ = ["CONTINUOUS_BLOCK", "PERMUTED_ROWS_MAX", "Link", "Plan", "ThreadLeftRunning",
+           "continuous", "flatten_tensors", "load_static", "nudge", "perturb", "plans",
+           "poison", "time_calls", "unwritten", "writable"]  # fmt: skip
 
 # Captured when the worker starts, before candidate code can patch them: the C-level event
 # methods cannot be replaced from Python, and a later patch of the Python names does not reach
@@ -81,7 +97,6 @@ PIPELINE_DEPTH = 2
 #: where an output takes more than a sixteenth of the device), so they stay on the device: a
 #: 6 GiB output's copy to the host took 4.7 s on the H200 (``benchmarks/timed_loop_steps.py``).
 SNAPSHOT_DEVICE_SHARE = 1 / 8
-_INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 #: GPU clock cycles the device spins before a replay's start event (10-20 us at 1-2 GHz): the
 #: host has the graph's launch queued by then, so its host latency is not in the replay's time.
 #: Short, since it lies inside the stamped window of both sides and follows the SM clock.
@@ -99,135 +114,6 @@ def flatten_tensors(value: Any) -> list[torch.Tensor]:
     if isinstance(value, (tuple, list)):
         return [t for v in value for t in flatten_tensors(v)]
     return []
-
-
-#: Elements :func:`continuous` reads at a time: the first block decides for almost every real
-#: input (a random float tensor), so the cost does not grow with the tensor.
-CONTINUOUS_BLOCK = 1 << 16
-
-
-def continuous(x: Any) -> bool:
-    """Whether ``x`` is a floating tensor with some non-integer value (not a mask or ids).
-
-    Reads ``CONTINUOUS_BLOCK`` elements at a time in storage order and stops at the first
-    block with a finite non-integer value, so the answer depends on the values only and is the
-    same wherever it is computed (the supervisor and both workers decide it on the same inputs).
-    """
-    if not (isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel()):
-        return False
-    if not x.is_contiguous() or x.element_size() not in _INT_VIEW:
-        return False
-    flat = x.reshape(-1)
-    try:
-        for start in range(0, flat.numel(), CONTINUOUS_BLOCK):
-            block = flat[start : start + CONTINUOUS_BLOCK]
-            finite = torch.isfinite(block)  # in x's own dtype: raises for most fp8 formats
-            v = block.float()
-            if bool((finite & (v != v.trunc())).any()):
-                return True
-    except (RuntimeError, TypeError):  # a dtype without these ops (most fp8 formats)
-        return False
-    return False
-
-
-def nudge(args: list[Any], which: list[bool], gen: torch.Generator) -> None:
-    """Move one random element of each tensor flagged in ``which`` by one ulp, in place.
-
-    Flipping the lowest mantissa bit keeps a finite value of 2 bytes or more finite; an
-    infinity (it would become NaN) and 1-byte (fp8) formats, where the flip can make a NaN,
-    are left alone. The draw is made either way, so the generator's sequence does not depend
-    on the values, and the test of the value runs on the tensor's device (no synchronisation).
-    """
-    for x, flagged in zip(args, which):
-        if flagged:
-            j = int(torch.randint(0, x.numel(), (1,), generator=gen))
-            if x.element_size() < 2:
-                continue
-            view = x.view(_INT_VIEW[x.element_size()]).view(-1)
-            # flip the lowest mantissa bit (one ulp) where the value is finite
-            view[j] ^= torch.isfinite(x.view(-1)[j]).to(view.dtype)
-
-
-#: The longest first dimension whose rows :func:`perturb` puts in a random order (longer: rolled).
-PERMUTED_ROWS_MAX = 1 << 20
-
-
-def perturb(
-    args: list[Any],
-    which: list[bool],
-    seed: int,
-    roll: bool = True,
-    *,
-    into: list[Any] | None = None,
-) -> list[Any]:
-    """The inputs of one timed call: ``args`` with each tensor flagged in ``which`` given its
-    rows along its first dimension longer than one in a random order other than their own
-    (``torch.randperm``; past :data:`PERMUTED_ROWS_MAX` rows rolled by a random shift, 1 to
-    size-1: a roll alone gives a set a few hundred inputs, which a cache keyed on a few elements
-    covers within a thousand calls) and one random element nudged by one ulp; other tensors
-    cloned, non-tensors as they are. Exact and deterministic given ``seed`` (CPU generator
-    draws), on any device: the reference is run on the same inputs rebuilt. A new order keeps
-    every value and every row along later dimensions; a problem whose inputs have structure
-    along the first (triangular, symmetric, sorted) sets ``ROLL_TIMED_INPUTS = False`` and gets
-    ``roll=False``: the nudge only.
-
-    ``into``: an earlier return value of this function, whose tensors are written over where
-    one has the shape, dtype and device the new input needs (and is contiguous), instead of
-    new ones allocated; the values are the same either way. On the CPU a new tensor of
-    hundreds of MB costs its fresh pages on top of the copy (a 128 MiB input on a 2-core
-    host: 51 ms a call against 25 ms written over, docs/benchmarks/2026-12-02-cpu-timed-loop.md).
-    """
-    gen = torch.Generator().manual_seed(seed)
-    spare = list(into) if into is not None else []
-    out: list[Any] = []
-    for i, (x, flagged) in enumerate(zip(args, which)):
-        if not isinstance(x, torch.Tensor):
-            out.append(x)
-            continue
-        dest = writable(spare[i] if i < len(spare) else None, x)
-        if not flagged:
-            out.append(_copy(dest, x) if dest is not None and x.is_contiguous() else x.clone())
-            continue
-        dims = [d for d in range(x.dim()) if x.shape[d] > 1] if roll else []
-        bits = x.view(_INT_VIEW[x.element_size()])  # moved as integers: CUDA has no fp8 roll
-        y = (
-            dest.view(bits.dtype)
-            if dest is not None
-            else torch.empty(x.shape, dtype=bits.dtype, device=x.device)
-        )
-        if dims and x.shape[dims[0]] <= PERMUTED_ROWS_MAX:
-            d = dims[0]
-            order = torch.randperm(x.shape[d], generator=gen)
-            if torch.equal(order, torch.arange(x.shape[d])):  # never the rows' own order
-                order = order.roll(1)
-            torch.index_select(bits, d, order.to(x.device), out=y)
-        elif dims:  # torch.roll's result, written as its two slices
-            d, size = dims[0], x.shape[dims[0]]
-            shift = int(torch.randint(1, size, (1,), generator=gen))
-            _copy(y.narrow(d, shift, size - shift), bits.narrow(d, 0, size - shift))
-            _copy(y.narrow(d, 0, shift), bits.narrow(d, size - shift, shift))
-        else:
-            _copy(y, bits)
-        y = y.view(x.dtype)
-        nudge([y], [True], gen)
-        out.append(y)
-    return out
-
-
-def writable(t: Any, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor | None:
-    """``t`` when a copy of ``like`` (converted to ``dtype``, default its own) can be written
-    over it in place: a contiguous tensor of its shape, that dtype and its device, whose
-    storage is all there (a call can resize it through an alias); else None."""
-    if (
-        isinstance(t, torch.Tensor)
-        and t.shape == like.shape
-        and t.dtype == (dtype or like.dtype)
-        and t.device == like.device
-        and t.is_contiguous()
-        and t.untyped_storage().nbytes() >= (t.storage_offset() + t.numel()) * t.element_size()
-    ):
-        return t
-    return None
 
 
 def poison(nbytes: int, device: torch.device) -> None:
@@ -335,7 +221,7 @@ def time_calls(
     device: torch.device,
     flush: torch.Tensor | None,
     poison_bytes: int,
-    nudgeable: list[list[bool]] | None = None,
+    nudgeable: list[list[Plan | None]] | None = None,
     check_call: Callable[[Any], None] | None = None,
     roll: bool = True,
     link: Link | None = None,
@@ -354,8 +240,9 @@ def time_calls(
         device: where the calls run; CUDA events time them on a GPU, ``perf_counter_ns`` on CPU.
         flush: a buffer larger than the L2 cache, rewritten before each call (None on CPU).
         poison_bytes: how much freed memory to poison before each call.
-        nudgeable: per set, which arguments :func:`perturb` changes (see :func:`continuous`);
-            None: all continuous floating arguments, decided here.
+        nudgeable: per set, how :func:`perturb` changes each argument (a
+            :class:`~kerneljudge.worker.perturbation.Plan`, None for unchanged); None: decided
+            here (:func:`~kerneljudge.worker.perturbation.plans`).
         check_call: called with each output right after its end mark (may raise).
         roll: passed to :func:`perturb`.
         link: the stamp socket of the batch (see :mod:`kerneljudge.worker.stamps`): each
@@ -388,7 +275,7 @@ def time_calls(
         preparation to the end), in seconds.
     """
     if nudgeable is None:
-        nudgeable = [[continuous(x) for x in args] for args in input_sets]
+        nudgeable = [plans(args) for args in input_sets]
     cuda = device.type == "cuda"
     start_ev = _Event(enable_timing=True) if cuda else None
     end_ev = _Event(enable_timing=True) if cuda else None

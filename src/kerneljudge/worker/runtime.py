@@ -50,6 +50,7 @@ from kerneljudge.worker.forward import (
 )
 from kerneljudge.worker.graphs import CapturedCalls
 from kerneljudge.worker.kept_trials import KeptTrials, release
+from kerneljudge.worker.perturbation import Plan
 from kerneljudge.worker.protocol import Channel
 from kerneljudge.worker.sandbox import (
     Sandbox,
@@ -106,7 +107,7 @@ class Worker(KeptTrials, CapturedCalls):
         self.source_path: str | None = None
         self.inputs: list[Any] = []
         self.sets: list[list[Any]] = []  # the kept input sets of the timed loop
-        self.nudgeable: list[list[bool]] = []
+        self.nudgeable: list[list[Plan | None]] = []  # per kept set, per input (perturb's)
         self.snapshots: dict[int, Any] = {}  # the timed calls' kept outputs, by audit slot
         self.graphs = {}  # captured forwards by target (kerneljudge.worker.graphs)
         #: The reference's side of the trials, by the supervisor's key: outputs and float64

