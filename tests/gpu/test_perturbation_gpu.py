@@ -30,6 +30,7 @@ def _inputs() -> list[torch.Tensor]:
             ((base + base.T) / 2).to(dtype),
             torch.rand(4, 64, 64, generator=g).triu().to(dtype),
             torch.rand(8, 300, generator=g).sort(-1).values.to(dtype),
+            torch.rand(5000, generator=g).sort().values.to(dtype),
             torch.randn(33, 17, generator=g).to(dtype),
         ]
     return out
@@ -46,9 +47,13 @@ def test_plans_and_perturbed_bits_are_the_same_on_the_gpu_as_on_the_cpu() -> Non
             assert on_gpu.is_cuda
             same = torch.equal(on_gpu.cpu().view(torch.uint8), on_cpu.view(torch.uint8))
             assert same, (tuple(x.shape), x.dtype, plan, seed)
-    # The scaled ones are among them (a triangular and a symmetric matrix alone).
-    assert plan_for(_inputs()[0]) == Plan(None, "triangular")
-    assert plan_for(_inputs()[2]) == Plan(None, "symmetric")
+    # Every kind of change is among them.
+    found = {plan_for(x) for x in _inputs()}
+    assert Plan(None, scale="triangular", nudge=False) in found
+    assert Plan(None, symmetric=True, nudge=False) in found
+    assert Plan(None, scale="uniform", nudge=False) in found
+    assert Plan(0, scale="triangular", nudge=False) in found
+    assert Plan(0, nudge=False) in found and Plan(0) in found
 
 
 def test_a_kernel_that_relies_on_triangular_inputs_is_correct_on_the_gpu(tmp_path: Path) -> None:
