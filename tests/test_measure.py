@@ -31,12 +31,13 @@ def test_perturb_is_exact_given_the_seed_and_changes_every_continuous_input() ->
         if isinstance(u, torch.Tensor):
             assert torch.equal(u.view(torch.uint8), v.view(torch.uint8))
     x, mask, ids, row, k = a
-    # rows along dim 0 (6 of them) reordered and nudged: same values but one, other content
+    # rows along dim 0 (6 of them) and columns reordered and nudged: same values but one
     assert not torch.equal(x, args[0])
     assert torch.allclose(x.flatten().sort().values, args[0].flatten().sort().values, atol=1e-6)
-    # rows along later dims stay rows: every perturbed row is an original row (but one element)
-    originals = {tuple(r.tolist()) for r in args[0]}
-    assert sum(tuple(r.tolist()) in originals for r in x) >= 5
+    # every perturbed row holds an original row's values (but one element), in another order
+    originals = {tuple(r.sort().values.tolist()) for r in args[0]}
+    assert sum(tuple(r.sort().values.tolist()) in originals for r in x) >= 5
+    assert not any(torch.equal(r, o) for r in x for o in args[0])
     # a tensor with a single row is reordered along its first longer dimension
     assert not torch.equal(row, args[3])
     # masks, ids and non-tensors are copied unchanged, never aliased
@@ -127,11 +128,13 @@ def test_fp8_inputs_keep_their_classification_and_roll_as_bytes() -> None:
     assert continuous(e5m2)
     (moved,) = perturb([e5m2], [True], seed=11)
     assert moved.dtype == torch.float8_e5m2 and moved.shape == e5m2.shape
-    order = torch.randperm(e5m2.shape[0], generator=torch.Generator().manual_seed(11))
-    if torch.equal(order, torch.arange(e5m2.shape[0])):
-        order = order.roll(1)
-    # the same bytes, rows reordered (1-byte formats are not nudged)
-    assert torch.equal(e5m2.view(torch.uint8)[order], moved.view(torch.uint8))
+    gen = torch.Generator().manual_seed(11)
+    order = torch.randperm(e5m2.shape[0], generator=gen)
+    order = order.roll(1) if torch.equal(order, torch.arange(len(order))) else order
+    shift = int(torch.randint(1, e5m2.shape[1], (1,), generator=gen))
+    # the same bytes, rows reordered and columns rolled (1-byte formats are not nudged)
+    want = e5m2.view(torch.uint8)[order].roll(shift, -1)
+    assert torch.equal(want, moved.view(torch.uint8))
 
 
 def test_tqdm_monitor_thread_is_not_a_lingering_candidate_thread() -> None:
@@ -201,16 +204,16 @@ def test_perturb_into_an_earlier_result_gives_the_same_bits_as_a_row_order() -> 
             assert u.is_contiguous() and v.is_contiguous() and u.shape == v.shape
             assert torch.equal(u.view(torch.uint8), v.view(torch.uint8))
     assert again[4] == 2.5
-    # The same as the rows along the first dimension longer than one in a random order (not
-    # their own), then the lowest bit of one element flipped, with the same draws.
+    # The same as the rows along the first dimension in a random order (not their own), the
+    # columns rolled, then the lowest bit of one element flipped, with the same draws.
     gen = torch.Generator().manual_seed(77)
     for t, got in zip(args[:3], fresh[:3]):
-        d = next(d for d in range(t.dim()) if t.shape[d] > 1)
-        order = torch.randperm(t.shape[d], generator=gen)
-        assert not torch.equal(order, torch.arange(t.shape[d]))  # (else rolled by one)
+        order = torch.randperm(t.shape[0], generator=gen)
+        assert not torch.equal(order, torch.arange(len(order)))  # (else rolled by one)
+        shift = int(torch.randint(1, t.shape[-1], (1,), generator=gen))
         j = int(torch.randint(0, t.numel(), (1,), generator=gen))
         bits = t.contiguous().view(torch.int16 if t.element_size() == 2 else torch.int32)
-        want = bits.index_select(d, order).contiguous().view(-1)
+        want = bits.index_select(0, order).roll(shift, -1).contiguous().view(-1)
         want[j] ^= 1
         assert torch.equal(got.view(bits.dtype).view(-1), want)
     # A spare of another shape or dtype is not written over.
@@ -298,13 +301,14 @@ def test_a_rows_order_is_never_their_own_and_past_the_bound_they_are_rolled(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Two rows are always swapped (a random order may draw the identity: it is shifted by
-    one); a first dimension longer than ``PERMUTED_ROWS_MAX`` is rolled instead."""
+    one), and two columns (rolled by one); a first dimension longer than
+    ``PERMUTED_ROWS_MAX`` is rolled instead."""
     from kerneljudge.worker import perturbation
 
     x = torch.tensor([[1.5, 2.5], [3.5, 4.5]])
     for seed in range(20):
         (y,) = perturb([x], [True], seed)
-        swapped = x[[1, 0]]
+        swapped = x[[1, 0]][:, [1, 0]]
         assert (y != swapped).sum() <= 1 and torch.allclose(y, swapped, rtol=1e-6, atol=0)
     monkeypatch.setattr(perturbation, "PERMUTED_ROWS_MAX", 4)
     long = torch.tensor([3.5, 1.5, 8.5, 2.5, 6.5, 4.5, 7.5, 5.5])  # 8 rows of one element: rolled

@@ -3,17 +3,18 @@
 Per call, outside the timed window: new inputs made from one of the input sets (rotating) by
 :func:`perturb` (:mod:`kerneljudge.worker.perturbation`) under a per-call seed: each continuous
 floating input with no structure gets the slices along one dimension (the first with 8 or more,
-else the longest) put in a random order and one element nudged by one unit in the last place; an
-input whose values are triangular, symmetric or sorted keeps those dimensions in order and is not
-nudged, reordered along another dimension and, where none has 8 slices, changed in a way that
-keeps its structure (rows and columns of a symmetric matrix in one order, a triangular one's
-scaled, else one factor for all); inputs whose values are all integers, such as masks and ids,
-are copied unchanged. So calls do not see the same content (short of a chance repeat among the
-orders and nudges or factors a set allows) and a result cached on content, shape or address is
-the answer to other inputs. Also outside the window: freed memory poisoned with NaN bit
-patterns (so that an output the call did not write is wrong), and the L2 cache flushed by
-writing a buffer twice its size. Inside the window: the call, then a device-wide
-synchronisation, so work left on any stream is counted.
+else the longest) put in a random order, those along its last dimension rolled, and one
+element nudged by one unit in the last place; an input whose values are triangular, symmetric or
+sorted keeps those dimensions in order and is not nudged, reordered along its other dimensions
+and, where none has 8 slices, changed in a way that keeps its structure (rows and columns of a
+symmetric matrix in one order, a triangular one's scaled, else one factor for all); inputs
+whose values are all integers, such as masks and ids, are copied unchanged. So calls do not
+see the same content (short of a chance repeat among the orders and nudges or factors a set
+allows) and a result cached on content, shape or address is the answer to other inputs.
+Also outside the window: freed memory poisoned with NaN bit patterns (so that an output the
+call did not write is wrong), and the L2 cache flushed by writing a buffer twice its size.
+Inside the window: the call, then a device-wide synchronisation, so work left on any stream
+is counted.
 
 In a verdict the loop is observed through the worker's stamp socket
 (:mod:`kerneljudge.worker.stamps`): a datagram right before the start mark and one right after
