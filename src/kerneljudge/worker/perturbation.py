@@ -269,15 +269,14 @@ def perturb(
     than their own (``torch.randperm``; past :data:`PERMUTED_ROWS_MAX` of them rolled by a
     random shift, 1 to size-1: a roll alone gives a set a few hundred inputs, which a cache
     keyed on a few elements covers within a thousand calls), which keeps every value; with
-    ``plan.columns``, the slices along the last dimension rolled by a random shift;
-    with ``plan.symmetric``, the last two dimensions put in
-    one random order other than their own together; with ``plan.scale``, the scaling of
-    :func:`_scale` (each element moved by 3% or more before its rounding in the dtype,
-    :func:`scale_factors`, :func:`uniform_factor`); with ``plan.nudge``, one random element
-    moved by one ulp. ``roll=False`` (a problem's ``ROLL_TIMED_INPUTS = False``, for structure
-    :func:`structure` cannot see): the nudge only, whatever the plan. Exact and deterministic
-    given ``seed`` (CPU generator draws), on any device: the reference is run on the same
-    inputs rebuilt.
+    ``plan.columns``, the slices along the last dimension rolled by a random shift (1 to
+    size-1); with ``plan.symmetric``, the last two dimensions put in one random order other
+    than their own together; with ``plan.scale``, the scaling of :func:`_scale` (each element
+    moved by 3% or more before its rounding in the dtype, :func:`scale_factors`,
+    :func:`uniform_factor`); with ``plan.nudge``, one random element moved by one ulp.
+    ``roll=False`` (a problem's ``ROLL_TIMED_INPUTS = False``, for structure :func:`structure`
+    cannot see): the nudge only, whatever the plan. Exact and deterministic given ``seed``
+    (CPU generator draws), on any device: the reference is run on the same inputs rebuilt.
 
     ``into``: an earlier return value of this function, whose tensors are written over where
     one has the shape, dtype and device the new input needs (and is contiguous), instead of
