@@ -50,7 +50,7 @@ def test_plans_and_perturbed_bits_are_the_same_on_the_gpu_as_on_the_cpu() -> Non
     # Every kind of change is among them.
     found = {plan_for(x) for x in _inputs()}
     assert Plan(None, scale="triangular", nudge=False) in found
-    assert Plan(None, symmetric=True, nudge=False) in found
+    assert Plan(None, scale="symmetric", nudge=False) in found
     assert Plan(None, scale="uniform", nudge=False) in found
     assert Plan(0, scale="triangular", nudge=False) in found
     assert Plan(0, nudge=False) in found and Plan(0, columns=True) in found

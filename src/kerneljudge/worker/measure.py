@@ -7,7 +7,7 @@ else the longest) put in a random order, those along its last dimension rolled, 
 element nudged by one unit in the last place; an input whose values are triangular, symmetric or
 sorted keeps those dimensions in order and is not nudged, reordered along its other dimensions
 and, where none has 8 slices, changed in a way that keeps its structure (rows and columns of a
-symmetric matrix in one order, a triangular one's scaled, else one factor for all); inputs
+triangular matrix scaled, a symmetric one's by one set of factors, else one factor for all); inputs
 whose values are all integers, such as masks and ids, are copied unchanged. So calls do not
 see the same content (short of a chance repeat among the orders and nudges or factors a set
 allows) and a result cached on content, shape or address is the answer to other inputs.

@@ -11,11 +11,13 @@ a random shift (so that a forward that treats rows on their own cannot answer fr
 rows), and one element nudged by one ulp. A structured input is not nudged (one ulp can break
 a tie of a sorted line, exact symmetry or a zero); its free dimensions are reordered the same
 way, and where none with at least :data:`ORDERED_SLICES_MIN` slices is free, it is also changed
-in a way that keeps its structure: a symmetric matrix's rows and columns put in one random order, a
-triangular one's rows and columns scaled by positive factors, anything else (a sorted vector, a
-triangular matrix sorted along its rows) scaled by one positive factor. One factor is the
-weakest change: a forward whose output scales with its input can undo it from a cache, and in
-bfloat16 it has 124 values.
+in a way that keeps its structure: a triangular or symmetric matrix's rows and columns scaled
+by positive factors below one (the same factors for rows and columns of a symmetric one, so it
+stays symmetric; zeros, a band, definiteness kept), anything else (a sorted vector, a matrix
+sorted along its rows) scaled by one factor in (1/2, 1). Factors below one cannot overflow.
+One factor is the weakest change: a forward whose output scales with its input can undo it
+from a cache, and in bfloat16 it has 120 values; and rounding after it can make two
+neighbouring values of a sorted line equal (order is kept, strict order not).
 
 A sample can miss structure (a triangular matrix with fewer than :data:`MATRIX_PAIRS_MIN`
 pairs below its diagonal, a sorted line too short to tell from chance, structure of other
@@ -86,10 +88,10 @@ PERMUTED_ROWS_MAX = 1 << 20
 #: free dimension with this many is reordered; with none, a structured input gets a change that
 #: keeps its structure on top (a first dimension of 2 alone gave an input set one timed content).
 ORDERED_SLICES_MIN = 8
-#: Elements of the factor block one multiply of :func:`perturb`'s scaling covers at a time, and
-#: of the block one gather of its column reorder moves at a time.
+#: Elements one multiply of :func:`perturb`'s scaling, or one step of its column roll, covers
+#: on the CPU (:func:`_block`; 64 times that on a GPU).
 _SCALE_BLOCK = 1 << 20
-#: Scale factors lie in [1 + 2^-this, 1 + 2^(1-this)) (:func:`scale_factors`).
+#: Scale factors lie in (1 - 2^(1-this), 1 - 2^-this] (:func:`scale_factors`).
 _SCALE_EXP = 5
 
 
@@ -135,18 +137,17 @@ class Plan:
             keyed on their values. A roll, not a random order: on a busy 2-core CPU, for a
             4096 x 4096 float32 input, a gather along the last dimension took 142-156 ms, the
             roll 44-62 ms, the row order alone 7-20 ms.
-        symmetric: the last two dimensions put in one random order together (rows and columns
-            of a symmetric matrix: it stays symmetric, every value kept).
         scale: ``"triangular"``, the last two dimensions scaled by positive row and column
-            factors (:func:`scale_factors`; zeros stay zeros); ``"uniform"``, every element by
-            one positive factor (order along every dimension, zeros and symmetry kept); None.
+            factors (:func:`scale_factors`; zeros stay zeros); ``"symmetric"``, the same with
+            one set of factors for rows and columns (exact symmetry, zeros and definiteness
+            kept); ``"uniform"``, every element by one positive factor (order along every
+            dimension, zeros and symmetry kept); None.
         nudge: one random element moved by one ulp (unstructured inputs only).
     """
 
     reorder: int | None
     columns: bool = False
-    symmetric: bool = False
-    scale: Literal["triangular", "uniform"] | None = None
+    scale: Literal["triangular", "symmetric", "uniform"] | None = None
     nudge: bool = True
 
 
@@ -160,9 +161,9 @@ def plan_for(x: torch.Tensor) -> Plan:
     the most slices. The last dimension is rolled too where it is free and another is the one
     reordered (``Plan.columns``). An input with no structure:
     those reorders and the nudge. A structured one: no nudge, and where no free dimension has
-    ``ORDERED_SLICES_MIN`` slices, also a symmetric matrix's rows and columns in one random
-    order, else a triangular one's rows and columns scaled (unless it is sorted along them),
-    else one factor for all of it.
+    ``ORDERED_SLICES_MIN`` slices, also a symmetric matrix's rows and columns scaled by one
+    set of factors, else a triangular one's by factors of their own (neither where it is
+    sorted along them), else one factor for all of it.
     """
     found = structure(x)
     last = x.dim() - 1
@@ -181,7 +182,7 @@ def plan_for(x: torch.Tensor) -> Plan:
         return Plan(reorder, columns, nudge=False)
     sorted_matrix = bool({last - 1, last} & set(found.sorted_dims))
     if found.symmetric and not sorted_matrix:
-        return Plan(reorder, columns, symmetric=True, nudge=False)
+        return Plan(reorder, columns, scale="symmetric", nudge=False)
     if (found.lower_zero or found.upper_zero) and not sorted_matrix:
         return Plan(reorder, columns, scale="triangular", nudge=False)
     return Plan(reorder, columns, scale="uniform", nudge=False)
@@ -194,27 +195,28 @@ def plans(values: Sequence[Any]) -> list[Plan | None]:
 
 
 def scale_factors(n: int, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
-    """``n`` factors in [1 + s, 1 + 2s), s = 2^-5, drawn from ``gen``: ``(n,)`` CPU tensor of
-    ``dtype`` (float16, bfloat16, float32 or float64), each exactly ``1 + s + k 2^-m`` for m
-    the dtype's mantissa bits and an integer k < s 2^m, so its value is the same in any dtype
-    it is converted to on the way. A product of two is at least (1 + s)^2 = 1.0635 (past the
-    loosest usual rtol, 1e-2; a value times it, rounded in bfloat16, moves by 5% or more)."""
+    """``n`` factors in (1 - 2s, 1 - s], s = 2^-5, drawn from ``gen``: ``(n,)`` CPU tensor of
+    ``dtype`` (float16, bfloat16, float32 or float64), each exactly ``1 - s - k 2^-(m+1)`` for
+    m the dtype's mantissa bits and an integer k < s 2^(m+1) (the dtype's spacing in [1/2, 1)),
+    so its value is the same in any dtype it is converted to on the way. A product of two is
+    at most (1 - s)^2 = 0.9385 (a value times it moves by 6.1% or more, past the loosest usual
+    rtol, 1e-2; 5% or more after its rounding in bfloat16) and never overflows."""
     mant = -int(math.log2(torch.finfo(dtype).eps))
     k = torch.randint(
-        0, 1 << (mant - _SCALE_EXP), (n,), generator=gen, dtype=torch.int64, device=_CPU
+        0, 1 << (mant + 1 - _SCALE_EXP), (n,), generator=gen, dtype=torch.int64, device=_CPU
     )
-    return (1 + 2.0**-_SCALE_EXP + k.double() * 2.0**-mant).to(dtype)
+    return (1 - 2.0**-_SCALE_EXP - k.double() * 2.0 ** -(mant + 1)).to(dtype)
 
 
 def uniform_factor(dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
-    """One factor in [1 + 2^-5, 2), drawn from ``gen``: a 0-dim CPU tensor of ``dtype``
-    (float16, bfloat16, float32 or float64), exactly ``1 + 2^-5 + k 2^-m`` (m the dtype's
-    mantissa bits, at most 52): 124 values in bfloat16, 992 in float16, 2^23 - 2^18 in
-    float32."""
+    """One factor in (1/2, 1 - 2^-5], drawn from ``gen``: a 0-dim CPU tensor of ``dtype``
+    (float16, bfloat16, float32 or float64), exactly ``1 - 2^-5 - k 2^-(m+1)`` (m the dtype's
+    mantissa bits, at most 52; k < 2^m - 2^(m-4)): 120 values in bfloat16, 960 in float16,
+    2^23 - 2^19 in float32. Below one, so a finite input stays finite."""
     mant = -int(math.log2(torch.finfo(dtype).eps))
-    top = (1 << mant) - (1 << (mant - _SCALE_EXP))
+    top = (1 << mant) - (1 << (mant + 1 - _SCALE_EXP))
     k = torch.randint(0, top, (1,), generator=gen, dtype=torch.int64, device=_CPU)
-    return (1 + 2.0**-_SCALE_EXP + k.double() * 2.0**-mant).to(dtype)[0]
+    return (1 - 2.0**-_SCALE_EXP - k.double() * 2.0 ** -(mant + 1)).to(dtype)[0]
 
 
 def _scale(x: torch.Tensor, y: torch.Tensor, how: str, gen: torch.Generator) -> None:
@@ -222,14 +224,16 @@ def _scale(x: torch.Tensor, y: torch.Tensor, how: str, gen: torch.Generator) -> 
     product rounded once in ``x``'s dtype (IEEE: the same bits on any device). ``how``
     ``"uniform"``: every element by one factor (:func:`uniform_factor`); ``"triangular"``:
     over the last two dimensions (R, C), ``y[..., i, j] = x[..., i, j] * (r[i] * c[j])``
-    (:func:`scale_factors`), written a block of rows at a time."""
+    (:func:`scale_factors`); ``"symmetric"``: the same with ``c = r`` (IEEE multiplies
+    commute, so ``r[i] * r[j]`` is symmetric bit for bit). Written a block of rows at a time
+    (:func:`_block`)."""
     if how == "uniform":
         torch.mul(x, uniform_factor(x.dtype, gen).to(x.device), out=y)
         return
     rows, cols = x.shape[-2], x.shape[-1]
     r = scale_factors(rows, x.dtype, gen).to(x.device)
-    c = scale_factors(cols, x.dtype, gen).to(x.device)
-    step = max(1, _SCALE_BLOCK // cols)
+    c = r if how == "symmetric" else scale_factors(cols, x.dtype, gen).to(x.device)
+    step = max(1, _block(x) // cols)
     for i in range(0, rows, step):
         factors = r[i : i + step, None] * c[None, :]
         torch.mul(x[..., i : i + step, :], factors, out=y[..., i : i + step, :])
@@ -270,9 +274,8 @@ def perturb(
     random shift, 1 to size-1: a roll alone gives a set a few hundred inputs, which a cache
     keyed on a few elements covers within a thousand calls), which keeps every value; with
     ``plan.columns``, the slices along the last dimension rolled by a random shift (1 to
-    size-1); with ``plan.symmetric``, the last two dimensions put in one random order other
-    than their own together; with ``plan.scale``, the scaling of :func:`_scale` (each element
-    moved by 3% or more before its rounding in the dtype, :func:`scale_factors`,
+    size-1); with ``plan.scale``, the scaling of :func:`_scale` (each element moved by 3% or
+    more before its rounding in the dtype, by factors below one, :func:`scale_factors`,
     :func:`uniform_factor`); with ``plan.nudge``, one random element moved by one ulp.
     ``roll=False`` (a problem's ``ROLL_TIMED_INPUTS = False``, for structure :func:`structure`
     cannot see): the nudge only, whatever the plan. Exact and deterministic given ``seed``
@@ -321,12 +324,6 @@ def perturb(
                 src = y
             size = x.shape[-1]
             _roll_columns(y, int(torch.randint(1, size, (1,), generator=gen, device=_CPU)))
-        if change.symmetric:  # rows and columns in one order: P x P^T
-            order = _order(x.shape[-1], gen).to(x.device)
-            rows = torch.index_select(src, x.dim() - 2, order)
-            torch.index_select(rows, x.dim() - 1, order, out=y)
-            del rows
-            src = y
         if change.scale is not None:
             _scale(src.view(x.dtype), y.view(x.dtype), change.scale, gen)
             src = y
@@ -341,18 +338,23 @@ def perturb(
 
 def _roll_columns(y: torch.Tensor, shift: int) -> None:
     """Roll the contiguous ``y`` by ``shift`` along its last dimension, in place (the bits
-    of ``torch.roll(y, shift, -1)``), a block of about ``_SCALE_BLOCK`` elements at a time on
-    the CPU, 64 times that on a GPU (an 8 GiB input in 32 blocks, not 2048 blocks of three
-    launches each): a copy of a block, not of all of ``y``."""
+    of ``torch.roll(y, shift, -1)``), a block of about :func:`_block` elements at a time: a
+    copy of a block, not of all of ``y``."""
     cols = y.shape[-1]
     rows = y.view(-1, cols)
-    block = _SCALE_BLOCK if y.device.type == "cpu" else _SCALE_BLOCK << 6
-    step = max(1, block // cols)
+    step = max(1, _block(y) // cols)
     for i in range(0, rows.shape[0], step):
         part = rows[i : i + step]
         was = part.clone()
         _copy(part[:, shift:], was[:, : cols - shift])
         _copy(part[:, :shift], was[:, cols - shift :])
+
+
+def _block(x: torch.Tensor) -> int:
+    """Elements a blockwise change of ``x`` (a scaling, a column roll) covers at a time:
+    ``_SCALE_BLOCK`` on the CPU, 64 times that on a GPU (an 8 GiB input in 32 blocks, not
+    2048 blocks of two or three launches each)."""
+    return _SCALE_BLOCK if x.device.type == "cpu" else _SCALE_BLOCK << 6
 
 
 def _order(n: int, gen: torch.Generator) -> torch.Tensor:
