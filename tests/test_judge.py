@@ -212,6 +212,26 @@ def test_a_kernel_that_relies_on_triangular_inputs_is_correct_when_timed(tmp_pat
     assert timed.get("candidate", 0) >= 5, timed
 
 
+def test_a_transposed_input_is_changed_between_timed_calls(tmp_path: Path) -> None:
+    """An input laid out as a transpose is changed between timed calls like any other (it was
+    copied as it was, so every timed call saw a trial's content again): a candidate that
+    answers zeros to content it has seen before is right on every call."""
+    config = JudgeConfig(
+        device="cpu",
+        cache_dir=tmp_path,
+        trials=2,
+        baselines=("eager",),
+        threads=1,
+        timing_config=TimingConfig(max_time_s=0.3, min_samples=5),
+    )
+    with Judge(Path(__file__).parent / "fixtures" / "transposed_problem.py", config) as j:
+        v = j.evaluate(CANDIDATES / "wrong_on_repeat.py")
+    assert v.status is Status.CORRECT, v.reason
+    assert v.timing is not None
+    timed = {m.name: m.samples for m in v.timing.measurements}
+    assert timed.get("candidate", 0) >= 5, timed
+
+
 def test_outputs_of_timed_calls_are_audited(judge: Judge) -> None:
     v = evaluate(judge, "degrades_when_timed.py")
     assert v.check is not None and v.check.passed  # the trials alone are fooled

@@ -117,7 +117,8 @@ def test_continuous_reads_past_an_integral_first_block() -> None:
     assert not continuous(late)
     assert continuous(torch.randn(5, 7, dtype=torch.bfloat16))
     assert not continuous(torch.arange(10))  # integer dtype
-    assert not continuous(torch.randn(8, 8).t())  # not contiguous: left alone
+    assert continuous(torch.randn(8, 8).t())  # a transpose: dense, read in storage order
+    assert not continuous(torch.randn(8, 8)[:, ::2])  # a slice with gaps: left alone
 
 
 def test_fp8_inputs_keep_their_classification_and_roll_as_bytes() -> None:
@@ -189,7 +190,7 @@ def test_tqdm_monitor_thread_is_not_lingering_after_a_call() -> None:
 def test_perturb_into_an_earlier_result_gives_the_same_bits_as_a_row_order() -> None:
     g = torch.Generator().manual_seed(3)
     x = torch.randn(7, 1, 5, generator=g)
-    strided = torch.randn(5, 8, generator=g).t()  # not contiguous
+    strided = torch.randn(5, 8, generator=g).t()  # not contiguous: comes back transposed
     half = torch.randn(9, 3, generator=g).half()
     ids = torch.randint(0, 9, (4, 2), generator=g)
     args = [x, strided, half, ids, 2.5]
@@ -201,8 +202,8 @@ def test_perturb_into_an_earlier_result_gives_the_same_bits_as_a_row_order() -> 
     assert [t.data_ptr() for t in again if isinstance(t, torch.Tensor)] == pointers
     for u, v in zip(fresh, again):
         if isinstance(u, torch.Tensor):
-            assert u.is_contiguous() and v.is_contiguous() and u.shape == v.shape
-            assert torch.equal(u.view(torch.uint8), v.view(torch.uint8))
+            assert u.stride() == v.stride() and u.shape == v.shape
+            assert torch.equal(u.contiguous().view(torch.uint8), v.contiguous().view(torch.uint8))
     assert again[4] == 2.5
     # The same as the rows along the first dimension in a random order (not their own), the
     # columns rolled, then the lowest bit of one element flipped, with the same draws.
@@ -215,7 +216,7 @@ def test_perturb_into_an_earlier_result_gives_the_same_bits_as_a_row_order() -> 
         bits = t.contiguous().view(torch.int16 if t.element_size() == 2 else torch.int32)
         want = bits.index_select(0, order).roll(shift, -1).contiguous().view(-1)
         want[j] ^= 1
-        assert torch.equal(got.view(bits.dtype).view(-1), want)
+        assert torch.equal(got.contiguous().view(bits.dtype).view(-1), want)
     # A spare of another shape or dtype is not written over.
     other = perturb([x.double()], [True], 77, into=[x.clone()])
     assert other[0].dtype == torch.float64

@@ -339,3 +339,22 @@ def test_a_symmetric_band_keeps_its_band_and_nothing_overflows(dtype: torch.dtyp
     vector = torch.linspace(-1, 1, 1000).to(dtype) * torch.finfo(dtype).max
     (v,) = perturb([vector], [plan_for(vector)], 3)
     assert plan_for(vector).scale == "uniform" and bool(torch.isfinite(v).all())
+
+
+def test_a_transposed_or_channels_last_input_is_changed_and_keeps_its_layout() -> None:
+    """A dense input in another layout gets the change its values would get contiguous, bit
+    for bit, and comes back in its own layout; a slice with gaps or an expanded view does not
+    count as continuous (copied as it is)."""
+    g = _gen(31)
+    for x in (
+        torch.randn(96, 64, generator=g).t(),
+        torch.randn(4, 8, 5, 6, generator=g).to(memory_format=torch.channels_last),
+    ):
+        assert not x.is_contiguous() and continuous(x)
+        plan = plans([x])
+        assert plan == plans([x.contiguous()]) and plan[0] is not None
+        (y,) = perturb([x], plan, 12)
+        (z,) = perturb([x.contiguous()], plan, 12)
+        assert y.stride() == x.stride() and torch.equal(y, z) and not torch.equal(y, x)
+    assert not continuous(torch.randn(8, 64, generator=g)[:, ::2])
+    assert not continuous(torch.randn(64, generator=g).expand(8, 64))

@@ -71,6 +71,7 @@ __all__ = [
     "plan_for",
     "plans",
     "scale_factors",
+    "storage_order",
     "structure",
     "uniform_factor",
     "writable",
@@ -96,23 +97,37 @@ _SCALE_EXP = 5
 
 
 def continuous(x: Any) -> bool:
-    """Whether ``x`` is a floating tensor with some non-integer value (not a mask or ids).
+    """Whether ``x`` is a floating tensor with some non-integer value (not a mask or ids),
+    laid out densely (contiguous, or a permutation of contiguous: a transpose, channels last).
 
     Reads ``CONTINUOUS_BLOCK`` elements at a time in storage order and stops at the first
     block with a finite non-integer value, so the answer depends on the values only and is the
     same wherever it is computed (the supervisor and both workers decide it on the same inputs).
+    A slice with gaps or an expanded view (a stride of 0, rows that are one row) is not
+    changed between timed calls: its values are copied as they are.
     """
     if not (isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel()):
         return False
-    if not x.is_contiguous() or x.element_size() not in _INT_VIEW:
+    flat = storage_order(x)
+    if flat is None or x.element_size() not in _INT_VIEW:
         return False
-    flat = x.reshape(-1)
     if x.dtype not in FLOAT_DTYPES:  # most fp8 formats lack these ops: no change for them
         try:
             return _any_fraction(flat)
         except (RuntimeError, TypeError):
             return False
     return _any_fraction(flat)  # a device error here is the worker's fault, not "no"
+
+
+def storage_order(x: torch.Tensor) -> torch.Tensor | None:
+    """``x``'s elements as a 1-dim view in the order they lie in memory, where ``x`` is dense
+    and non-overlapping (its dimensions, sorted by stride, are contiguous); else None."""
+    if x.is_contiguous():
+        return x.view(-1)
+    strides = x.stride()
+    by_stride = sorted(range(x.dim()), key=lambda d: (-strides[d], d))
+    dense = x.permute(by_stride)
+    return dense.view(-1) if dense.is_contiguous() else None
 
 
 def _any_fraction(flat: torch.Tensor) -> bool:
@@ -280,6 +295,7 @@ def perturb(
     ``roll=False`` (a problem's ``ROLL_TIMED_INPUTS = False``, for structure :func:`structure`
     cannot see): the nudge only, whatever the plan. Exact and deterministic given ``seed``
     (CPU generator draws), on any device: the reference is run on the same inputs rebuilt.
+    A changed input has ``x``'s layout (a transposed input comes back transposed).
 
     ``into``: an earlier return value of this function, whose tensors are written over where
     one has the shape, dtype and device the new input needs (and is contiguous), instead of
@@ -297,14 +313,15 @@ def perturb(
         dest = writable(spare[i] if i < len(spare) else None, x)
         change = plan_for(x) if how is True else how if isinstance(how, Plan) else None
         if change is None:
-            out.append(_copy(dest, x) if dest is not None and x.is_contiguous() else x.clone())
+            out.append(_copy(dest, x) if dest is not None else x.clone())
             continue
         if not roll:
             change = Plan(None)
         bits = x.view(_INT_VIEW[x.element_size()])  # moved as integers: CUDA has no fp8 roll
+        laid_out = x.is_contiguous()  # else built contiguous, then copied into x's layout
         y = (
             dest.view(bits.dtype)
-            if dest is not None
+            if dest is not None and laid_out
             else torch.empty(x.shape, dtype=bits.dtype, device=x.device)
         )
         src = bits  # what the next change reads: y once one has written it
@@ -332,6 +349,8 @@ def perturb(
         y = y.view(x.dtype)
         if change.nudge:
             nudge([y], [True], gen)
+        if not laid_out:  # x's own layout (a transpose stays one)
+            y = _copy(dest if dest is not None else torch.empty_like(x), y)
         out.append(y)
     return out
 
@@ -368,14 +387,15 @@ def _order(n: int, gen: torch.Generator) -> torch.Tensor:
 
 def writable(t: Any, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor | None:
     """``t`` when a copy of ``like`` (converted to ``dtype``, default its own) can be written
-    over it in place: a contiguous tensor of its shape, that dtype and its device, whose
-    storage is all there (a call can resize it through an alias); else None."""
+    over it in place: a tensor of its shape, that dtype and its device, contiguous (where
+    ``like`` is; else with ``like``'s strides), whose storage is all there (a call can resize
+    it through an alias); else None."""
     if (
         isinstance(t, torch.Tensor)
         and t.shape == like.shape
         and t.dtype == (dtype or like.dtype)
         and t.device == like.device
-        and t.is_contiguous()
+        and (t.is_contiguous() if like.is_contiguous() else t.stride() == like.stride())
         and t.untyped_storage().nbytes() >= (t.storage_offset() + t.numel()) * t.element_size()
     ):
         return t
