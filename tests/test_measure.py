@@ -74,6 +74,32 @@ def test_timed_calls_see_new_content() -> None:
     assert kept == {}
 
 
+def test_freed_memory_is_poisoned_after_the_inputs_are_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Making a call's inputs frees blocks that held them (a transposed input is built
+    contiguous, then copied into its own layout): the poison comes after, so an output the
+    call leaves unwritten cannot read this call's inputs from a reused block."""
+    from kerneljudge.worker import measure
+
+    events: list[str] = []
+    made, poisoned = measure.perturb, measure.poison
+    monkeypatch.setattr(
+        measure, "perturb", lambda *a, **k: events.append("inputs") or made(*a, **k)
+    )
+    monkeypatch.setattr(
+        measure, "poison", lambda *a, **k: events.append("poison") or poisoned(*a, **k)
+    )
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        events.append("call")
+        return x * 2
+
+    x = torch.randn(64, 32, generator=torch.Generator().manual_seed(2)).t()
+    time_calls(fn, [[x]], n=3, warmup=1, device=torch.device("cpu"), flush=None, poison_bytes=4096)
+    assert events == ["inputs", "poison", "call"] * 4
+
+
 def test_old_wall_clock_sums_no_longer_decide() -> None:
     # batches without stamped windows (the sum rule's inputs only): no rule fires
     seen = {

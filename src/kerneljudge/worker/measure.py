@@ -302,13 +302,15 @@ def time_calls(
         if i == warmup:
             wall0 = _perf_counter_ns()
         k = i % len(input_sets)
-        poison(poison_bytes, device)
         if i:
             seed = link.seed(i) if link is not None else _randbits(62)
         # Written over the previous call's inputs (perturb's ``into``); the call gets aliases
         # of them, so changing its tensors' sizes leaves the buffers as they are, a buffer
         # whose storage it shrank is not reused, and every element is written again.
         spare = perturb(input_sets[k], nudgeable[k], seed, roll, into=spare)
+        # After perturb: the blocks it freed (a transposed input's contiguous build, a column
+        # roll's block copies) held this call's inputs, which an unwritten output would read.
+        poison(poison_bytes, device)
         args = [x.detach() if isinstance(x, torch.Tensor) else x for x in spare]
         if replay is not None:
             load_static(static_args, static_outputs, args)

@@ -13,11 +13,11 @@ a tie of a sorted line, exact symmetry or a zero); its free dimensions are reord
 way, and where none with at least :data:`ORDERED_SLICES_MIN` slices is free, it is also changed
 in a way that keeps its structure: a triangular or symmetric matrix's rows and columns scaled
 by positive factors below one (the same factors for rows and columns of a symmetric one, so it
-stays symmetric; zeros, a band, definiteness kept), anything else (a sorted vector, a matrix
-sorted along its rows) scaled by one factor in (1/2, 1). Factors below one cannot overflow.
-One factor is the weakest change: a forward whose output scales with its input can undo it
-from a cache, and in bfloat16 it has 120 values; and rounding after it can make two
-neighbouring values of a sorted line equal (order is kept, strict order not).
+stays symmetric; zeros and a band kept, definiteness up to rounding), anything else (a sorted
+vector, a matrix sorted along its rows) scaled by one factor in (1/2, 1). Factors below one
+cannot overflow. One factor is the weakest change: a forward whose output scales with its
+input can undo it from a cache, and in bfloat16 it has 120 values; and rounding after it can
+make two neighbouring values of a sorted line equal (order is kept, strict order not).
 
 A sample can miss structure (a triangular matrix with fewer than :data:`MATRIX_PAIRS_MIN`
 pairs below its diagonal, a sorted line too short to tell from chance, structure of other
@@ -154,9 +154,10 @@ class Plan:
             roll 44-62 ms, the row order alone 7-20 ms.
         scale: ``"triangular"``, the last two dimensions scaled by positive row and column
             factors (:func:`scale_factors`; zeros stay zeros); ``"symmetric"``, the same with
-            one set of factors for rows and columns (exact symmetry, zeros and definiteness
-            kept); ``"uniform"``, every element by one positive factor (order along every
-            dimension, zeros and symmetry kept); None.
+            one set of factors for rows and columns (exact symmetry and zeros; definiteness
+            up to rounding: a nearly singular one can round to indefinite); ``"uniform"``,
+            every element by one positive factor (order along every dimension, zeros and
+            symmetry kept); None.
         nudge: one random element moved by one ulp (unstructured inputs only).
     """
 
@@ -298,7 +299,8 @@ def perturb(
     A changed input has ``x``'s layout (a transposed input comes back transposed).
 
     ``into``: an earlier return value of this function, whose tensors are written over where
-    one has the shape, dtype and device the new input needs (and is contiguous), instead of
+    one has the shape, dtype and device the new input needs (and is contiguous, or has
+    ``x``'s strides where ``x`` is not: :func:`writable`), instead of
     new ones allocated; the values are the same either way. On the CPU a new tensor of
     hundreds of MB costs its fresh pages on top of the copy (a 128 MiB input on a 2-core
     host: 51 ms a call against 25 ms written over, docs/benchmarks/2026-12-02-cpu-timed-loop.md).
@@ -395,7 +397,11 @@ def writable(t: Any, like: torch.Tensor, dtype: torch.dtype | None = None) -> to
         and t.shape == like.shape
         and t.dtype == (dtype or like.dtype)
         and t.device == like.device
-        and (t.is_contiguous() if like.is_contiguous() else t.stride() == like.stride())
+        and (
+            t.is_contiguous()
+            if like.is_contiguous()
+            else t.stride() == like.stride() and storage_order(like) is not None
+        )
         and t.untyped_storage().nbytes() >= (t.storage_offset() + t.numel()) * t.element_size()
     ):
         return t
