@@ -192,10 +192,9 @@ def test_mask_inputs_are_not_nudged_during_timing(tmp_path: Path) -> None:
     assert timed.get("candidate", 0) >= 5, timed
 
 
-def test_a_kernel_that_relies_on_triangular_inputs_is_correct_when_timed(tmp_path: Path) -> None:
-    """Timed calls keep the structure of the inputs: a candidate that reads only the upper
-    triangles of the problem's upper triangular inputs passes the audit of its timed calls
-    (rows put in another order would have made its results differ from the reference's)."""
+def _correct_with_timed_calls(tmp_path: Path, problem: str, candidate: str) -> None:
+    """``candidate`` on the fixture ``problem`` (CPU, two trials, eager only) is ``correct``
+    and was timed (five calls or more), so every audited timed call matched."""
     config = JudgeConfig(
         device="cpu",
         cache_dir=tmp_path,
@@ -204,32 +203,26 @@ def test_a_kernel_that_relies_on_triangular_inputs_is_correct_when_timed(tmp_pat
         threads=1,
         timing_config=TimingConfig(max_time_s=0.3, min_samples=5),
     )
-    with Judge(Path(__file__).parent / "fixtures" / "triangular_problem.py", config) as j:
-        v = j.evaluate(CANDIDATES / "triangular_good.py")
+    with Judge(Path(__file__).parent / "fixtures" / problem, config) as j:
+        v = j.evaluate(CANDIDATES / candidate)
     assert v.status is Status.CORRECT, v.reason
     assert v.timing is not None
     timed = {m.name: m.samples for m in v.timing.measurements}
     assert timed.get("candidate", 0) >= 5, timed
+
+
+def test_a_kernel_that_relies_on_triangular_inputs_is_correct_when_timed(tmp_path: Path) -> None:
+    """Timed calls keep the structure of the inputs: a candidate that reads only the upper
+    triangles of the problem's upper triangular inputs passes the audit of its timed calls
+    (rows put in another order would have made its results differ from the reference's)."""
+    _correct_with_timed_calls(tmp_path, "triangular_problem.py", "triangular_good.py")
 
 
 def test_a_transposed_input_is_changed_between_timed_calls(tmp_path: Path) -> None:
     """An input laid out as a transpose is changed between timed calls like any other (it was
     copied as it was, so every timed call saw a trial's content again): a candidate that
     answers zeros to content it has seen before is right on every call."""
-    config = JudgeConfig(
-        device="cpu",
-        cache_dir=tmp_path,
-        trials=2,
-        baselines=("eager",),
-        threads=1,
-        timing_config=TimingConfig(max_time_s=0.3, min_samples=5),
-    )
-    with Judge(Path(__file__).parent / "fixtures" / "transposed_problem.py", config) as j:
-        v = j.evaluate(CANDIDATES / "wrong_on_repeat.py")
-    assert v.status is Status.CORRECT, v.reason
-    assert v.timing is not None
-    timed = {m.name: m.samples for m in v.timing.measurements}
-    assert timed.get("candidate", 0) >= 5, timed
+    _correct_with_timed_calls(tmp_path, "transposed_problem.py", "wrong_on_repeat.py")
 
 
 def test_outputs_of_timed_calls_are_audited(judge: Judge) -> None:
