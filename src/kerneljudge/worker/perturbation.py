@@ -301,9 +301,9 @@ def perturb(
     ``into``: an earlier return value of this function, whose tensors are written over where
     one has the shape, dtype and device the new input needs (and is contiguous, or has ``x``'s
     strides where ``x`` is not: :func:`writable`), instead of new ones allocated; the values
-    are the same either way. On the CPU a new tensor of
-    hundreds of MB costs its fresh pages on top of the copy (a 128 MiB input on a 2-core
-    host: 51 ms a call against 25 ms written over, docs/benchmarks/2026-12-02-cpu-timed-loop.md).
+    are the same either way. On the CPU a new tensor of hundreds of MB costs its fresh pages
+    on top of the copy (a 128 MiB input on a 2-core host: 51 ms a call against 25 ms written
+    over, docs/benchmarks/2026-12-02-cpu-timed-loop.md).
     """
     gen = torch.Generator().manual_seed(seed)
     spare = list(into) if into is not None else []
