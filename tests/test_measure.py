@@ -9,7 +9,14 @@ import torch
 
 from kerneljudge.timing.stage import Batch
 from kerneljudge.timing.timer_rule import TimerCheck, timer_check
-from kerneljudge.worker.measure import continuous, perturb, time_calls
+from kerneljudge.worker.measure import (
+    LOOP_DEVICE_SHARE,
+    PIPELINE_DEPTH,
+    continuous,
+    perturb,
+    pipeline_depth,
+    time_calls,
+)
 
 
 def _inputs() -> list[object]:
@@ -342,3 +349,18 @@ def test_a_rows_order_is_never_their_own_and_past_the_bound_they_are_rolled(
     (rolled,) = perturb([long], [True], 3)
     shifts = [s for s in range(1, 8) if (torch.roll(long, s) != rolled).sum() <= 1]
     assert len(shifts) == 1
+
+
+def test_a_gpu_loop_holds_no_committed_outputs_where_its_buffers_would_pass_its_share() -> None:
+    """Both sides' loops run on one device at once: the 6 GiB input and output of KernelBench's
+    19_ReLU on an 80 GiB card made 43 GiB a loop with two copies held, and the second loop
+    ran out of memory. The depth is read from sizes alone, alike on both sides."""
+    gib = 2**30
+    card = 80 * gib
+    assert pipeline_depth(6 * gib, 6 * gib, card) == 0
+    assert pipeline_depth(gib, gib, card) == PIPELINE_DEPTH
+    share = int(LOOP_DEVICE_SHARE * card)
+    at_share = share // (4 + PIPELINE_DEPTH)  # 2 inputs and 2 + depth outputs, all this size
+    assert pipeline_depth(at_share, at_share, card) == PIPELINE_DEPTH
+    assert pipeline_depth(at_share + 3, at_share, card) == 0  # 6 bytes past it
+    assert pipeline_depth(0, 0, 0) == PIPELINE_DEPTH  # nothing on the device: nothing to hold

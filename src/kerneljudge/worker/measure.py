@@ -58,8 +58,9 @@ from kerneljudge.worker.stamps import (
 
 # The input perturbation is defined in kerneljudge.worker.perturbation, and named here too.
 __all__ = ["CONTINUOUS_BLOCK", "PERMUTED_ROWS_MAX", "Link", "Plan", "ThreadLeftRunning",
-           "continuous", "flatten_tensors", "load_static", "nudge", "perturb", "plans",
-           "poison", "time_calls", "unwritten", "writable"]  # fmt: skip
+           "continuous", "flatten_tensors", "load_static", "nudge", "perturb",
+           "pipeline_depth", "plans", "poison", "time_calls", "unwritten",
+           "writable"]  # fmt: skip
 
 # Captured when the worker starts, before candidate code can patch them: the C-level event
 # methods cannot be replaced from Python, and a later patch of the Python names does not reach
@@ -92,6 +93,13 @@ _MARK, _HEAD, _ITEM, _SEED, _SLOT = MARK, COMMIT_HEAD, COMMIT_ITEM, SEED, SLOT
 _MAX_OUTPUTS = MAX_OUTPUTS
 #: Committed calls whose outputs the loop holds while their audit slot is on its way.
 PIPELINE_DEPTH = 2
+#: The share of a GPU's memory one worker's timed loop may take for a call's own buffers before
+#: it holds no committed call's outputs while their slot is on its way (:func:`pipeline_depth`):
+#: the candidate's and the reference's loops run on the device at the same time, their calls in
+#: turns, and the reference may keep its trials (a quarter of the device,
+#: :data:`kerneljudge.worker.kept_trials.KEEP_DEVICE_SHARE`) and the candidate its audited
+#: calls' outputs (:data:`SNAPSHOT_DEVICE_SHARE`) beside them.
+LOOP_DEVICE_SHARE = 1 / 4
 #: The share of a GPU's memory the kept outputs of audited calls may take there; the ones past
 #: it are copied to the host when their slot arrives (between calls, outside any window). The
 #: supervisor sizes the number of audited calls to the same share
@@ -103,6 +111,21 @@ SNAPSHOT_DEVICE_SHARE = 1 / 8
 #: host has the graph's launch queued by then, so its host latency is not in the replay's time.
 #: Short, since it lies inside the stamped window of both sides and follows the SM clock.
 REPLAY_LEAD_CYCLES = 20_000
+
+
+def pipeline_depth(input_bytes: int, output_bytes: int, device_bytes: int) -> int:
+    """How many committed calls' output copies a GPU worker's timed loop holds while their
+    audit slots are on their way: :data:`PIPELINE_DEPTH`, or 0 (each call's slot waited for
+    right after its commit, a round trip to the supervisor between calls) where a call's own
+    buffers with them, ``2 * input_bytes + (2 + PIPELINE_DEPTH) * output_bytes`` (the inputs
+    and their perturbed copy, the outputs and their copy, the held copies), would take more
+    than :data:`LOOP_DEVICE_SHARE` of ``device_bytes``. Read from sizes alone, which are the
+    same for both sides of a timing, so both hold alike and wait alike between their calls.
+
+    On an 80 GiB device, a 6 GiB input and output: 36 GiB with the held copies, 24 GiB without;
+    both loops together with the copies took more than the device holds."""
+    need = 2 * input_bytes + (2 + PIPELINE_DEPTH) * output_bytes
+    return PIPELINE_DEPTH if need <= LOOP_DEVICE_SHARE * device_bytes else 0
 
 
 def _device_bytes(tensors: Any) -> int:
@@ -250,7 +273,8 @@ def time_calls(
         link: the stamp socket of the batch (see :mod:`kerneljudge.worker.stamps`): each
             call's window is marked on it, its outputs' digests committed, its seed read from
             the supervisor (sent when the previous call's window closed) and its audit slot
-            read after the commit (up to ``PIPELINE_DEPTH`` calls later). None: seeds from
+            read after the commit (up to ``PIPELINE_DEPTH`` calls later, or at once on a GPU
+            where :func:`pipeline_depth` says so). None: seeds from
             this process's entropy, nothing marked or kept (for use outside a verdict).
         seed: the first call's :func:`perturb` seed (with ``link``).
         threads_before: Python threads that may be alive at an end mark (None: not checked);
@@ -293,9 +317,11 @@ def time_calls(
     graph_outputs = graph.outputs if replay is not None else None
     static_outputs = flatten_tensors(graph_outputs)
     spare: list[Any] | None = None
-    room = 0
+    room = memory = 0
+    depth = PIPELINE_DEPTH
     if cuda:
-        room = int(SNAPSHOT_DEVICE_SHARE * torch.cuda.get_device_properties(device).total_memory)
+        memory = torch.cuda.get_device_properties(device).total_memory
+        room = int(SNAPSHOT_DEVICE_SHARE * memory)
         room -= sum(map(_device_bytes, (kept_before or {}).values()))
     wall0 = _perf_counter_ns()
     for i in range(total):
@@ -377,7 +403,9 @@ def time_calls(
                 raise ValueError(f"forward returned {len(copies)} tensors; at most {_MAX_OUTPUTS}")
             link.commit(i, [_output_digest(t) for t in copies])
             pending.append((i, copies))
-            while len(pending) > (PIPELINE_DEPTH if i + 1 < total else 0):
+            if cuda and not i:
+                depth = pipeline_depth(_device_bytes(input_sets[k]), _device_bytes(copies), memory)
+            while len(pending) > (depth if i + 1 < total else 0):
                 j, held = pending.pop(0)
                 slot = link.slot(j)
                 if slot >= 0:

@@ -32,7 +32,7 @@ from kerneljudge.worker.faults import (
     WorkerReplyTooLarge,
     WorkerTimeout,
 )
-from kerneljudge.worker.profiling import PROFILE_ENV, PROFILE_FILE
+from kerneljudge.worker.profiling import MEMORY_FILE, PROFILE_ENV, PROFILE_FILE
 from kerneljudge.worker.protocol import (
     MAX_MESSAGE_BYTES,
     Channel,
@@ -283,10 +283,11 @@ class WorkerProcess:
                 pass
         self.kill()
         keep = os.environ.get(PROFILE_ENV)
-        profile = self.scratch / PROFILE_FILE
-        # Only a plain file: a candidate could leave a link to a file of this process's user.
-        if keep and not profile.is_symlink() and profile.is_file():
-            shutil.copy(profile, Path(keep) / f"{self.role}-{self.id}.prof")
+        for name, suffix in ((PROFILE_FILE, "prof"), (MEMORY_FILE, "mem")):
+            kept = self.scratch / name
+            # Only a plain file: a candidate could leave a link to a file of this process's user.
+            if keep and not kept.is_symlink() and kept.is_file():
+                shutil.copy(kept, Path(keep) / f"{self.role}-{self.id}.{suffix}")
         shutil.rmtree(self.scratch, ignore_errors=True)
 
     def log_tail(self, limit: int = LOG_TAIL_BYTES) -> str:

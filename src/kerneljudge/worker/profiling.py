@@ -1,40 +1,74 @@
-"""A profile of a worker's request handlers, for finding where a verdict's time goes in the
-workers (``benchmarks/verdict_profile.py --workers``); off unless :data:`PROFILE_ENV` is set."""
+"""A profile of a worker's request handlers, for finding where a verdict's time and device
+memory go in the workers (``benchmarks/verdict_profile.py --workers``); off unless
+:data:`PROFILE_ENV` is set."""
 
 from __future__ import annotations
 
 import contextlib
 import cProfile
 import os
+import sys
 import tempfile
+import time
 from collections.abc import Iterator
+from typing import Any
 
-__all__ = ["PROFILE_ENV", "PROFILE_FILE", "RequestProfiler"]
+__all__ = ["MEMORY_FILE", "PROFILE_ENV", "PROFILE_FILE", "RequestProfiler"]
 
 #: Environment variable naming a folder: when set, every worker profiles its request handlers
 #: (cProfile) and the supervisor copies each worker's profile there when it closes the worker.
 PROFILE_ENV = "KERNELJUDGE_WORKER_PROFILE"
 #: The profile's file name in a worker's scratch folder.
 PROFILE_FILE = "requests.prof"
+#: The file in a worker's scratch folder with one line per request on a CUDA worker: the wall
+#: clock (s), the request, then torch's allocated and reserved device memory after it and the
+#: allocated peak during it (GiB), and the device's free memory after it (GiB, all processes).
+MEMORY_FILE = "requests.mem"
 
 
 class RequestProfiler:
     """A ``cProfile`` of a worker's request handlers when :data:`PROFILE_ENV` is set (else it
     does nothing), written to the worker's scratch folder (``TMPDIR``) as
     :data:`PROFILE_FILE` after every request; the supervisor keeps it when it closes the worker
-    (``benchmarks/verdict_profile.py --workers``)."""
+    (``benchmarks/verdict_profile.py --workers``), and on a CUDA worker a line of its device
+    memory per request in :data:`MEMORY_FILE`."""
 
     def __init__(self) -> None:
         self.profile = cProfile.Profile() if os.environ.get(PROFILE_ENV) else None
 
     @contextlib.contextmanager
-    def request(self) -> Iterator[None]:
+    def request(self, op: str = "") -> Iterator[None]:
         if self.profile is None:
             yield
             return
+        cuda = _cuda()
+        if cuda is not None:
+            cuda.reset_peak_memory_stats()
         self.profile.enable()
         try:
             yield
         finally:
             self.profile.disable()
             self.profile.dump_stats(os.path.join(tempfile.gettempdir(), PROFILE_FILE))
+            if cuda is not None:
+                _memory_line(cuda, op)
+
+
+def _cuda() -> Any:
+    """``torch.cuda`` where this worker has made a CUDA context, else None."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return None
+    return torch.cuda
+
+
+def _memory_line(cuda: Any, op: str) -> None:
+    gib = 2**30
+    free, _ = cuda.mem_get_info()
+    line = (
+        f"{time.time():.3f} {op} allocated {cuda.memory_allocated() / gib:.2f} "
+        f"reserved {cuda.memory_reserved() / gib:.2f} "
+        f"peak {cuda.max_memory_allocated() / gib:.2f} free {free / gib:.2f}\n"
+    )
+    with open(os.path.join(tempfile.gettempdir(), MEMORY_FILE), "a") as f:
+        f.write(line)

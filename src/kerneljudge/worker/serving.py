@@ -46,7 +46,7 @@ def serve(chan: Channel, worker: Any) -> int:
             chan.send({"ok": False, "fault": False, "error": f"unknown op {op!r}", "nonce": nonce})
             continue
         try:
-            with profiler.request():
+            with profiler.request(op):
                 reply = handler(msg)
             reply["ok"] = True
         except Fault as exc:
