@@ -133,3 +133,8 @@ def test_capture_checks_its_replay_against_the_call() -> None:
         capture(counted, [x], device)
     with pytest.raises(NotCapturable, match="captur"):
         capture(lambda t: t * float(t.sum()), [x], device)  # a host read of a device value
+    # The failed capture left the default generator usable: draws after it work and repeat.
+    torch.manual_seed(5)
+    first = torch.randn(8, device=device)
+    torch.manual_seed(5)
+    torch.testing.assert_close(torch.randn(8, device=device), first)

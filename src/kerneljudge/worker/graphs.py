@@ -146,7 +146,7 @@ def capture(
                 outputs = fn(*static)
         _synchronize()
     except Exception as exc:  # noqa: BLE001 - whatever the forward raised under capture
-        _recover(caller)
+        _recover(caller, device)
         raise NotCapturable(_reason(exc)) from None
     if check_output is not None:
         check_output(outputs)
@@ -157,14 +157,23 @@ def capture(
     return captured
 
 
-def _recover(caller: Any) -> None:
+def _recover(caller: Any, device: torch.device) -> None:
     """Leave no failed capture behind: the caller's stream current again (a capture that fails
-    in its end leaves its own stream current) and the device synchronised (a failure there is
-    the capture's, already reported)."""
+    in its end leaves its own stream current), the device synchronised (a failure there is
+    the capture's, already reported), and the device's default generator usable again: a
+    capture that fails before its end leaves it marked as being captured, and every later
+    draw on it in this process raised "Offset increment outside graph capture encountered
+    unexpectedly". Its state is replaced by a copy, the same seed and offset, not marked."""
     try:
         _set_stream(caller)
         _synchronize()
     except Exception:  # noqa: BLE001
+        pass
+    try:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        generator = torch.cuda.default_generators[index]
+        generator.graphsafe_set_state(generator.clone_state())
+    except Exception:  # noqa: BLE001 - a torch without these: its draws raise as they did
         pass
 
 
@@ -181,7 +190,7 @@ def _check_replay(
             got = [t.clone() for t in flatten_tensors(captured.replay())]
             _synchronize()
         except Exception as exc:  # noqa: BLE001
-            _recover(caller)
+            _recover(caller, device)
             raise NotCapturable(f"the replay check failed: {_reason(exc)}") from None
     same = len(got) == len(expected) and all(
         g.shape == e.shape
