@@ -772,3 +772,27 @@ def test_the_jit_caches_a_candidate_writes_follow_its_environment() -> None:
     env |= {"CUDA_CACHE_PATH": "/c", "TRITON_CACHE_DIR": "/t", "TORCHINDUCTOR_CACHE_DIR": "/i"}
     assert jit_cache_folders(env, cuda=True) == ["/h/.triton", "/c", "/t", "/i"]
     assert jit_cache_folders(env, cuda=False) == ["/h/.triton", "/t", "/i"]
+
+
+def test_a_profiled_worker_leaves_its_request_profile_and_no_link_is_followed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the profile variable set, a closed worker's request profile is copied to its folder;
+    a link the worker left in its scratch folder in place of the memory log is not followed (a
+    CPU worker writes no memory log)."""
+    from kerneljudge.worker.profiling import MEMORY_FILE, PROFILE_ENV
+
+    kept = tmp_path / "profiles"
+    kept.mkdir()
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the supervisor's file")
+    monkeypatch.setenv(PROFILE_ENV, str(kept))
+    w = WorkerProcess("candidate", "cpu", threads=1)
+    try:
+        w.wait_ready()
+        w.request("pin", timeout_s=60, cpus=sorted(os.sched_getaffinity(0)), threads=1)
+        (w.scratch / MEMORY_FILE).symlink_to(secret)
+    finally:
+        w.close()
+    names = sorted(p.name for p in kept.iterdir())
+    assert names == [f"candidate-{w.id}.prof"], names
