@@ -352,9 +352,9 @@ def test_a_rows_order_is_never_their_own_and_past_the_bound_they_are_rolled(
 
 
 def test_a_gpu_loop_holds_no_committed_outputs_where_its_buffers_would_pass_its_share() -> None:
-    """Both sides' loops run on one device at once: the 6 GiB input and output of KernelBench's
-    19_ReLU on an 80 GiB card made 43 GiB a loop with two copies held, and the second loop
-    ran out of memory. The depth is read from sizes alone, alike on both sides."""
+    """The 6 GiB input and output of KernelBench's 19_ReLU on an 80 GiB card: the loops'
+    timed calls peaked at 43 and 49 GiB with two copies held, and one ran out of memory. The
+    depth is read from sizes alone, alike on both sides."""
     gib = 2**30
     card = 80 * gib
     assert pipeline_depth(6 * gib, 6 * gib, card) == 0
@@ -363,4 +363,5 @@ def test_a_gpu_loop_holds_no_committed_outputs_where_its_buffers_would_pass_its_
     at_share = share // (4 + PIPELINE_DEPTH)  # 2 inputs and 2 + depth outputs, all this size
     assert pipeline_depth(at_share, at_share, card) == PIPELINE_DEPTH
     assert pipeline_depth(at_share + 3, at_share, card) == 0  # 6 bytes past it
+    assert pipeline_depth(at_share, at_share, card, static_bytes=6) == 0  # a graph's copies
     assert pipeline_depth(0, 0, 0) == PIPELINE_DEPTH  # nothing on the device: nothing to hold

@@ -24,6 +24,8 @@ from kerneljudge.worker.protocol import Channel
 from kerneljudge.worker.stamps import (
     KIND_SHA256,
     KIND_TREE,
+    BatchObservation,
+    CallRecord,
     Observer,
     output_digest,
     socket_pair,
@@ -307,10 +309,24 @@ def test_a_slot_kept_anew_drops_the_earlier_batchs_outputs_of_that_slot() -> Non
     assert torch.equal(kept[0][0], torch.tanh(args[0]))
 
 
+def test_a_wait_for_the_audit_slot_is_not_the_workers_time_between_calls() -> None:
+    """A GPU loop that holds no committed outputs waits for each call's slot after its commit;
+    the time between calls runs from the latest of the commit and both answers (ns stamps)."""
+    obs = BatchObservation(n=1, warmup=1)
+    obs.calls[0] = CallRecord(1, start_ns=0, end_ns=1_000, commit_ns=1_100, next_seed_ns=1_000)
+    obs.calls[0].slot_ns = 5_000  # the slot went out late: the worker waited for it
+    obs.calls[1] = CallRecord(2, start_ns=6_000, end_ns=7_000, commit_ns=7_100)
+    _, gaps = _observed(obs)
+    assert gaps == (pytest.approx((100 + 1_000) / 1e6),)
+    obs.calls[0].slot_ns = None  # no slot stamp: from the commit and the seed, as before
+    assert _observed(obs)[1] == (pytest.approx((100 + 4_900) / 1e6),)
+
+
 def test_observed_calls_hold_their_reported_times_and_kept_outputs_bind() -> None:
     sets = [[torch.randn(64, 32)], [torch.randn(64, 32)]]
     (times, kept, _), obs = _observe(lambda x: torch.tanh(x @ x.T), sets, 12, 2, lambda i: i % 3)
     assert obs.complete()
+    assert all(rec.commit_ns <= rec.slot_ns for rec in obs.calls.values())  # type: ignore[operator]
     windows, gaps = _observed(obs)
     assert len(windows) == 12 and len(gaps) == 13
     assert all(w >= t for w, t in zip(windows, times))  # the stamps enclose the clock reads

@@ -39,7 +39,9 @@ class KeptCall:
 
 def observed(obs: BatchObservation) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Windows of the timed calls and the worker's time between consecutive calls, warm-up
-    ones included (the same loop), in ms."""
+    ones included (the same loop), in ms: end mark to commit, then from the latest of the
+    commit and the sending of the next call's seed and of this call's audit slot (the loop may
+    wait for either) to the next start mark."""
     total = obs.warmup + obs.n
     calls = obs.calls
     timed = range(obs.warmup, total)
@@ -48,7 +50,7 @@ def observed(obs: BatchObservation) -> tuple[tuple[float, ...], tuple[float, ...
         (
             (calls[i].commit_ns - calls[i].end_ns)  # type: ignore[operator]
             + calls[i + 1].start_ns
-            - max(calls[i].commit_ns, calls[i].next_seed_ns)  # type: ignore[type-var]
+            - max(calls[i].commit_ns, calls[i].next_seed_ns, calls[i].slot_ns or 0)  # type: ignore[type-var]
         )
         / 1e6
         for i in range(total - 1)

@@ -4,9 +4,10 @@ stamps of each call's boundaries (:mod:`kerneljudge.worker.stamps`).
 Per timed call ``i`` the supervisor has the window ``W_i = E_i - S_i`` between the kernel stamps
 of the datagrams sent right before the start mark and right after the end mark, and the time
 ``r_i`` the worker reported; per pair of consecutive timed calls, the worker's own time between
-them, ``h_i = (C_i - E_i) + (S_{i+1} - max(C_i, N_i))`` (end mark to commit, then from the commit or
-the sending of the next call's seed, whichever is later, to the next start mark; work on the
-next call needs its seed; warm-up calls included: copying, digesting and checking the outputs,
+them, ``h_i = (C_i - E_i) + (S_{i+1} - max(C_i, N_i, K_i))`` (end mark to commit, then from the
+latest of the commit, the sending of the next call's seed and that of this call's audit slot to
+the next start mark; work on the next call needs its seed, and a loop that holds no committed
+outputs waits for the slot; warm-up calls included: copying, digesting and checking the outputs,
 poisoning, perturbing the next inputs). The reference runs the same loop in a trusted worker,
 at the same moment (alternating batches), on the same inputs.
 

@@ -163,7 +163,8 @@ def _recover(caller: Any, device: torch.device) -> None:
     the capture's, already reported), and the device's default generator usable again: a
     capture that fails before its end leaves it marked as being captured, and every later
     draw on it in this process raised "Offset increment outside graph capture encountered
-    unexpectedly". Its state is replaced by a copy, the same seed and offset, not marked."""
+    unexpectedly". Its state is replaced by a copy, the same seed and offset, not marked (a
+    graph captured before in this process keeps the state it registered)."""
     try:
         _set_stream(caller)
         _synchronize()

@@ -95,10 +95,10 @@ _MAX_OUTPUTS = MAX_OUTPUTS
 PIPELINE_DEPTH = 2
 #: The share of a GPU's memory one worker's timed loop may take for a call's own buffers before
 #: it holds no committed call's outputs while their slot is on its way (:func:`pipeline_depth`):
-#: the candidate's and the reference's loops run on the device at the same time, their calls in
-#: turns, and the reference may keep its trials (a quarter of the device,
-#: :data:`kerneljudge.worker.kept_trials.KEEP_DEVICE_SHARE`) and the candidate its audited
-#: calls' outputs (:data:`SNAPSHOT_DEVICE_SHARE`) beside them.
+#: the other worker holds what it keeps on the device meanwhile (its input sets; the reference
+#: its trials, up to a quarter of the device,
+#: :data:`kerneljudge.worker.kept_trials.KEEP_DEVICE_SHARE`; the candidate its audited calls'
+#: outputs, :data:`SNAPSHOT_DEVICE_SHARE`).
 LOOP_DEVICE_SHARE = 1 / 4
 #: The share of a GPU's memory the kept outputs of audited calls may take there; the ones past
 #: it are copied to the host when their slot arrives (between calls, outside any window). The
@@ -113,18 +113,24 @@ SNAPSHOT_DEVICE_SHARE = 1 / 8
 REPLAY_LEAD_CYCLES = 20_000
 
 
-def pipeline_depth(input_bytes: int, output_bytes: int, device_bytes: int) -> int:
+def pipeline_depth(
+    input_bytes: int, output_bytes: int, device_bytes: int, static_bytes: int = 0
+) -> int:
     """How many committed calls' output copies a GPU worker's timed loop holds while their
     audit slots are on their way: :data:`PIPELINE_DEPTH`, or 0 (each call's slot waited for
     right after its commit, a round trip to the supervisor between calls) where a call's own
-    buffers with them, ``2 * input_bytes + (2 + PIPELINE_DEPTH) * output_bytes`` (the inputs
-    and their perturbed copy, the outputs and their copy, the held copies), would take more
-    than :data:`LOOP_DEVICE_SHARE` of ``device_bytes``. Read from sizes alone, which are the
-    same for both sides of a timing, so both hold alike and wait alike between their calls.
+    buffers with them, ``2 * input_bytes + static_bytes + (2 + PIPELINE_DEPTH) *
+    output_bytes`` (the largest input set and its perturbed copy, a captured graph's static
+    inputs and outputs, the outputs and their copy, the held copies), would take more than
+    :data:`LOOP_DEVICE_SHARE` of ``device_bytes``. Read from sizes alone, the same on both
+    sides of a timing where the candidate's outputs are the reference's sizes on the device;
+    the supervisor counts neither wait in a worker's time between calls
+    (:func:`kerneljudge.timing.sampling.observed`).
 
     On an 80 GiB device, a 6 GiB input and output: 36 GiB with the held copies, 24 GiB without;
-    both loops together with the copies took more than the device holds."""
-    need = 2 * input_bytes + (2 + PIPELINE_DEPTH) * output_bytes
+    with them the reference's timed calls peaked at 43 GiB, and one ran out of memory beside
+    what the candidate's worker held."""
+    need = 2 * input_bytes + static_bytes + (2 + PIPELINE_DEPTH) * output_bytes
     return PIPELINE_DEPTH if need <= LOOP_DEVICE_SHARE * device_bytes else 0
 
 
@@ -404,7 +410,9 @@ def time_calls(
             link.commit(i, [_output_digest(t) for t in copies])
             pending.append((i, copies))
             if cuda and not i:
-                depth = pipeline_depth(_device_bytes(input_sets[k]), _device_bytes(copies), memory)
+                largest = max(map(_device_bytes, input_sets))
+                static = _device_bytes(static_args) + _device_bytes(static_outputs)
+                depth = pipeline_depth(largest, _device_bytes(copies), memory, static)
             while len(pending) > (depth if i + 1 < total else 0):
                 j, held = pending.pop(0)
                 slot = link.slot(j)

@@ -32,7 +32,7 @@ from kerneljudge.worker.faults import (
     WorkerReplyTooLarge,
     WorkerTimeout,
 )
-from kerneljudge.worker.profiling import MEMORY_FILE, PROFILE_ENV, PROFILE_FILE
+from kerneljudge.worker.profiling import PROFILE_ENV, keep_profile
 from kerneljudge.worker.protocol import (
     MAX_MESSAGE_BYTES,
     Channel,
@@ -283,11 +283,8 @@ class WorkerProcess:
                 pass
         self.kill()
         keep = os.environ.get(PROFILE_ENV)
-        for name, suffix in ((PROFILE_FILE, "prof"), (MEMORY_FILE, "mem")):
-            kept = self.scratch / name
-            # Only a plain file: a candidate could leave a link to a file of this process's user.
-            if keep and not kept.is_symlink() and kept.is_file():
-                shutil.copy(kept, Path(keep) / f"{self.role}-{self.id}.{suffix}")
+        if keep:
+            keep_profile(self.scratch, Path(keep), f"{self.role}-{self.id}")
         shutil.rmtree(self.scratch, ignore_errors=True)
 
     def log_tail(self, limit: int = LOG_TAIL_BYTES) -> str:

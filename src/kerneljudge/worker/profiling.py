@@ -7,13 +7,16 @@ from __future__ import annotations
 import contextlib
 import cProfile
 import os
+import shutil
+import stat
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
-__all__ = ["MEMORY_FILE", "PROFILE_ENV", "PROFILE_FILE", "RequestProfiler"]
+__all__ = ["MEMORY_FILE", "PROFILE_ENV", "PROFILE_FILE", "RequestProfiler", "keep_profile"]
 
 #: Environment variable naming a folder: when set, every worker profiles its request handlers
 #: (cProfile) and the supervisor copies each worker's profile there when it closes the worker.
@@ -43,15 +46,22 @@ class RequestProfiler:
             return
         cuda = _cuda()
         if cuda is not None:
-            cuda.reset_peak_memory_stats()
+            _quietly(cuda.reset_peak_memory_stats)
         self.profile.enable()
         try:
             yield
         finally:
             self.profile.disable()
             self.profile.dump_stats(os.path.join(tempfile.gettempdir(), PROFILE_FILE))
-            if cuda is not None:
-                _memory_line(cuda, op)
+            if cuda is not None:  # a device error here must not replace the request's outcome
+                _quietly(lambda: _memory_line(cuda, op))
+
+
+def _quietly(work: Any) -> None:
+    try:
+        work()
+    except Exception:  # noqa: BLE001 - a sticky device error: the request reports its own
+        pass
 
 
 def _cuda() -> Any:
@@ -72,3 +82,20 @@ def _memory_line(cuda: Any, op: str) -> None:
     )
     with open(os.path.join(tempfile.gettempdir(), MEMORY_FILE), "a") as f:
         f.write(line)
+
+
+def keep_profile(scratch: Path, folder: Path, stem: str, limit: int = 1 << 30) -> None:
+    """Copy a closed worker's :data:`PROFILE_FILE` and :data:`MEMORY_FILE` from its ``scratch``
+    folder to ``folder`` as ``<stem>.prof`` and ``<stem>.mem``: each only where it is a regular
+    file of at most ``limit`` bytes, opened without following a link (a candidate could leave
+    one to a file of the supervisor's user), its bytes alone (no mode bits)."""
+    for name, suffix in ((PROFILE_FILE, "prof"), (MEMORY_FILE, "mem")):
+        try:
+            fd = os.open(scratch / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue
+        with os.fdopen(fd, "rb") as f:
+            info = os.fstat(f.fileno())
+            if stat.S_ISREG(info.st_mode) and info.st_size <= limit:
+                with open(folder / f"{stem}.{suffix}", "wb") as out:
+                    shutil.copyfileobj(f, out)

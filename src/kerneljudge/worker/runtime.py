@@ -357,11 +357,12 @@ class Worker(KeptTrials, CapturedCalls):
         graph = self.graphs.get(str(msg.get("target"))) if msg.get("graph") else None
         if fn is None or not self.sets or (msg.get("graph") and graph is None):
             raise RuntimeError(f"nothing to time for target {msg.get('target')!r}")
+        self._drop_spares()  # not held while the contestants are timed
         flush_bytes = int(msg.get("flush_bytes", 0))
         if self.device.type == "cuda" and flush_bytes:
             if self.flush is None or self.flush.numel() != flush_bytes:
+                # After the cached blocks went back: carved out of one, it could keep it reserved.
                 self.flush = torch.empty(flush_bytes, dtype=torch.uint8, device=self.device)
-        self._drop_spares()  # not held while the contestants are timed
         before = thread_idents()
         spec = msg.get("link")
         link = None

@@ -17,7 +17,10 @@ of call ``i + 1``, drawn here: the worker learns a call's inputs only after the 
 window closed, so it cannot compute ahead inside a window. On ``C_i`` it answers ``K``: the audit
 slot of call ``i`` (or -1), also drawn here, after the commit. The worker holds the copies of the
 last few calls until their ``K`` arrives (it rarely waits: the answers travel while it copies,
-digests and prepares the next call), then keeps or drops them.
+digests and prepares the next call), then keeps or drops them; a GPU loop whose buffers would
+take too much of the device holds none and waits for each ``K`` right after its commit
+(:func:`kerneljudge.worker.measure.pipeline_depth`). The worker's time between calls is counted
+from the latest of its commit and the sending of both answers, so that wait is not in it.
 
 Datagrams carry a batch id; those of another batch are dropped on both sides. Layouts
 (little-endian): ``S``/``E``: ``c I I`` (tag, batch, call); ``C``: ``c I I H`` + per output
@@ -122,14 +125,16 @@ def socket_pair() -> tuple[socket.socket, socket.socket]:
 @dataclass
 class CallRecord:
     """What the supervisor saw of one call: kernel stamps (ns, ``CLOCK_REALTIME``) of its
-    ``S``, ``E`` and ``C`` datagrams, the send time (the supervisor's own clock) of the next
-    call's seed, its committed digests, the slot it was kept in (-1: not) and its inputs' seed."""
+    ``S``, ``E`` and ``C`` datagrams, the send times (the supervisor's own clock) of the next
+    call's seed and of this call's audit slot, its committed digests, the slot it was kept in
+    (-1: not) and its inputs' seed."""
 
     seed: int
     start_ns: int | None = None
     end_ns: int | None = None
     commit_ns: int | None = None
     next_seed_ns: int | None = None
+    slot_ns: int | None = None
     digests: list[tuple[int, bytes]] | None = None
     slot: int = -1
     duplicate: bool = False
@@ -292,6 +297,7 @@ class Observer:
                     for j in range(k)
                 ]
                 rec.slot = keep(i - warmup) if i >= warmup else -1
+                rec.slot_ns = time.time_ns()
                 send(SLOT.pack(b"K", batch, i, rec.slot))
                 return
             obs.junk += 1
