@@ -24,8 +24,13 @@ kerneljudge's median over eager with its 95% interval), the seconds kerneljudge'
 took to construct (the problem's probe) and its stage times, and where ``--requests`` is
 given, kerneljudge's supervisor time per worker request kind (seconds and count); with the
 side ``kj-host`` in ``--sides``, kerneljudge once more with every candidate output sent
-through the host (``KERNELJUDGE_OUTPUTS_THROUGH_HOST=1``), and its time against ``kj``'s. Results go
-to ``--json`` after every problem (a run cut short keeps what it measured).
+through the host (``KERNELJUDGE_OUTPUTS_THROUGH_HOST=1``), and its time against ``kj``'s; with
+the side ``kj-spares``, kerneljudge in a judge host that is already up: before the count, its
+process judges a 1 MiB problem of its own (:data:`WARM_UP_PROBLEM`) and starts its spares
+(:mod:`kerneljudge.worker.spares`: a probe child, a reference worker, candidate workers, torch
+imported and CUDA contexts made) and waits for them, as an executor's slot keeps them between
+jobs; the count then starts at ``Judge(problem, config, spares=...)``, the spares taken. Results
+go to ``--json`` after every problem (a run cut short keeps what it measured).
 
 KernelBench's harness imports ``pydantic``, ``requests``, ``dotenv`` (and ``tqdm``,
 ``openai``, ``litellm`` through its utilities); the last two are only imported, so where they
@@ -88,20 +93,63 @@ def identity_source(reference: str) -> str:
 
 
 # ------------------------------------------------------------------ one side, in its own process
-def _run_kerneljudge(problem: Path, requests: bool, again: bool) -> dict[str, Any]:
+#: The problem a host with spares judges before the measured one (``kj-spares``): 1 MiB.
+WARM_UP_PROBLEM = """
+import torch
+import torch.nn as nn
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+
+def get_inputs():
+    return [torch.randn(512, 512)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def _host_with_spares(config: Any, tmp: Path) -> Any:
+    """A judge host that has judged another problem and keeps its spares started: the
+    :class:`~kerneljudge.worker.spares.Spares` after one verdict of :data:`WARM_UP_PROBLEM`,
+    refilled and waited for."""
+    from kerneljudge import Judge
+    from kerneljudge.worker.spares import Spares
+
+    spares = Spares()
+    warm_up = tmp / "warm_up.py"
+    warm_up.write_text(WARM_UP_PROBLEM)
+    with Judge(warm_up, config, spares=spares) as judge:
+        judge.evaluate(_identity_candidate(warm_up))
+    spares.refill()
+    spares.wait_ready()
+    return spares
+
+
+def _identity_candidate(problem: Path) -> Any:
+    from kerneljudge.candidate import Candidate
+
+    return Candidate.from_source(identity_source(problem.read_text()), name="identity.py")
+
+
+def _run_kerneljudge(
+    problem: Path, requests: bool, again: bool, with_spares: bool = False
+) -> dict[str, Any]:
     import torch
     from _requests import count_requests
 
     from kerneljudge import Judge, JudgeConfig
 
-    spent = count_requests() if requests else {}
     with tempfile.TemporaryDirectory() as tmp:
         cand = Path(tmp) / f"identity_{problem.stem}.py"
         cand.write_text(identity_source(problem.read_text()))
         torch.cuda.init()  # as on KernelBench's side: the driver's start is outside the count
-        t0 = time.perf_counter()
         config = JudgeConfig(device="cuda", baselines=("eager",), graph_timing=False)
-        with Judge(problem, config) as judge:
+        spares = _host_with_spares(config, Path(tmp)) if with_spares else None
+        spent = count_requests() if requests else {}
+        t0 = time.perf_counter()
+        with Judge(problem, config, spares=spares) as judge:
             constructed = time.perf_counter() - t0  # the problem's probe (a fresh interpreter)
             verdict = judge.evaluate(cand)
             seconds = time.perf_counter() - t0
@@ -121,6 +169,8 @@ def _run_kerneljudge(problem: Path, requests: bool, again: bool) -> dict[str, An
                     "speedup": again_eager.median if again_eager else None,
                     "ci95": list(again_eager.ci95) if again_eager else None,
                 }
+        if spares is not None:
+            spares.close()
     eager = verdict.timing.speedup("eager") if verdict.timing else None
     return {
         "seconds": seconds,
@@ -194,7 +244,7 @@ def _one(args: argparse.Namespace) -> None:
     problem = Path(args.one_problem)
     try:
         if args.one == "kj":
-            out = _run_kerneljudge(problem, args.requests, args.again)
+            out = _run_kerneljudge(problem, args.requests, args.again, args.spares)
         else:
             out = _run_kernelbench(problem, Path(args.kernelbench), args.kb_perf_trials)
     except Exception as exc:  # noqa: BLE001 - reported as the row's failure
@@ -203,11 +253,14 @@ def _one(args: argparse.Namespace) -> None:
 
 
 def _side(args: argparse.Namespace, side: str, problem: Path) -> dict[str, Any]:
-    """One side's result in a fresh process: ``kb``, ``kj``, or ``kj-host`` (kerneljudge with
-    every candidate output sent through the host, none on the device)."""
+    """One side's result in a fresh process: ``kb``, ``kj``, ``kj-host`` (kerneljudge with
+    every candidate output sent through the host, none on the device) or ``kj-spares``
+    (kerneljudge in a host that has judged another problem and keeps its spares started)."""
     env = {THROUGH_HOST_ENV: "1"} if side == "kj-host" else {}
+    spares = side == "kj-spares"
     side = "kj" if side.startswith("kj") else side
     cmd = [sys.executable, __file__, "--one", side, "--one-problem", str(problem)]
+    cmd += ["--spares"] if spares else []
     cmd += ["--kernelbench", str(args.kernelbench), "--kb-perf-trials", str(args.kb_perf_trials)]
     cmd += ["--requests"] if args.requests else []
     cmd += ["--again"] if args.again else []
@@ -236,7 +289,10 @@ def main() -> None:
         "--again", action="store_true", help="kerneljudge: a second verdict in the same judge"
     )
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per side")
-    parser.add_argument("--sides", default="kb,kj", help="which sides, in order (kb, kj, kj-host)")
+    parser.add_argument(
+        "--sides", default="kb,kj", help="which sides, in order (kb, kj, kj-host, kj-spares)"
+    )
+    parser.add_argument("--spares", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--one", choices=("kj", "kb"), help=argparse.SUPPRESS)
     parser.add_argument("--one-problem", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -254,36 +310,38 @@ def main() -> None:
         row: dict[str, Any] = {"problem": name}
         for side in args.sides.split(","):
             row[side] = _side(args, side, problem)
-        kb, kj = row.get("kb", {}), row.get("kj", {})
-        ratio = None
-        if kb.get("seconds") and kj.get("seconds"):
-            ratio = kj["seconds"] / kb["seconds"]
-        row["ratio"] = ratio
-        warm_s = (kj.get("again") or {}).get("seconds")
-        row["ratio_again"] = _ratio(warm_s, kb.get("seconds"))
-        rows.append(row)
-        print(
-            f"{name:58s} kb {_fmt(kb.get('seconds'), '.1f'):>6s} s {kb.get('status', '-'):12s}"
-            f" x{_fmt(kb.get('speedup'), '.3f'):>6s} | kj {_fmt(kj.get('seconds'), '.1f'):>6s} s"
-            f" {kj.get('status', '-'):14s} x{_fmt(kj.get('speedup'), '.3f'):>6s}"
-            f" {kj.get('ci95') or ''} | ratio {_fmt(ratio)}",
-            flush=True,
-        )
-        if kj.get("stage_s"):
-            stages = " ".join(f"{k} {v:.1f}" for k, v in kj["stage_s"].items())
-            print(f"    kj stages: Judge() {kj.get('judge_s', 0):.1f} {stages}", flush=True)
-        if kj.get("again"):
-            again = kj["again"]
-            stages = " ".join(f"{k} {v:.1f}" for k, v in (again.get("stage_s") or {}).items())
-            line = (
-                f"    kj again: {again['seconds']:.1f} s {again['status']}"
-                f" x{_fmt(again.get('speedup'), '.3f')} {again.get('ci95') or ''}"
-                f" ({stages}) | ratio {_fmt(row['ratio_again'])}"
+        kb = row.get("kb", {})
+        for side in [x for x in ("kj", "kj-spares") if x in row]:
+            kj = row[side]
+            suffix = "" if side == "kj" else "_spares"
+            row["ratio" + suffix] = _ratio(kj.get("seconds"), kb.get("seconds"))
+            warm_s = (kj.get("again") or {}).get("seconds")
+            row["ratio_again" + suffix] = _ratio(warm_s, kb.get("seconds"))
+            print(
+                f"{name:58s} kb {_fmt(kb.get('seconds'), '.1f'):>6s} s {kb.get('status', '-'):12s}"
+                f" x{_fmt(kb.get('speedup'), '.3f'):>6s} | {side}"
+                f" {_fmt(kj.get('seconds'), '.1f'):>6s} s {kj.get('status', '-'):14s}"
+                f" x{_fmt(kj.get('speedup'), '.3f'):>6s}"
+                f" {kj.get('ci95') or ''} | ratio {_fmt(row['ratio' + suffix])}",
+                flush=True,
             )
-            print(line, flush=True)
-        if kj.get("requests"):
-            reqs = " ".join(f"{op} {t}s/{n}" for op, (t, n) in kj["requests"].items())
-            print(f"    kj requests: {reqs}", flush=True)
+            if kj.get("stage_s"):
+                stages = " ".join(f"{k} {v:.1f}" for k, v in kj["stage_s"].items())
+                print(f"    {side} stages: Judge() {kj.get('judge_s', 0):.1f} {stages}", flush=True)
+            if kj.get("again"):
+                again = kj["again"]
+                stages = " ".join(f"{k} {v:.1f}" for k, v in (again.get("stage_s") or {}).items())
+                line = (
+                    f"    {side} again: {again['seconds']:.1f} s {again['status']}"
+                    f" x{_fmt(again.get('speedup'), '.3f')} {again.get('ci95') or ''}"
+                    f" ({stages}) | ratio {_fmt(row['ratio_again' + suffix])}"
+                )
+                print(line, flush=True)
+            if kj.get("requests"):
+                reqs = " ".join(f"{op} {t}s/{n}" for op, (t, n) in kj["requests"].items())
+                print(f"    {side} requests: {reqs}", flush=True)
+        rows.append(row)
+        kj = row.get("kj", {})
         if host := row.get("kj-host"):
             again = (host.get("again") or {}).get("seconds")
             print(
@@ -295,12 +353,17 @@ def main() -> None:
             if host.get("requests"):
                 reqs = " ".join(f"{op} {t}s/{n}" for op, (t, n) in host["requests"].items())
                 print(f"    kj-host requests: {reqs}", flush=True)
-        for side in ("kb", "kj", "kj-host"):
+        for side in ("kb", "kj", "kj-host", "kj-spares"):
             if row.get(side, {}).get("status") not in (None, "correct"):
                 print(f"    {side}: {row[side].get('reason', '')}", flush=True)
         if args.json:
             args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    for key, what in (("ratio", "first verdict"), ("ratio_again", "second verdict")):
+    for key, what in (
+        ("ratio", "first verdict"),
+        ("ratio_again", "second verdict"),
+        ("ratio_spares", "first verdict, spares started"),
+        ("ratio_again_spares", "second verdict, spares started"),
+    ):
         ratios = [r[key] for r in rows if r.get(key) is not None]
         if ratios:
             print(

@@ -8,7 +8,9 @@ share one device lock, held while a job is judged, so no judge's work ahead of n
 next verdict's reference side) runs beside another's timing. A judge that fails for a reason
 other than the candidate or the device (a harness failure: its reference worker died, the
 problem's reference fails on its own, a bug) is closed and dropped, so the next job on that
-problem starts a fresh one.
+problem starts a fresh one. A new judge takes its probe and its workers from the host's
+:class:`~kerneljudge.worker.spares.Spares`, refilled when a job has ended, so that a job on a
+problem the host has not judged yet does not wait for interpreters to start.
 
 :meth:`WarmJudges.run` never raises for a job (only ``KeyboardInterrupt`` and the like pass
 through): it answers an :class:`Outcome`, a verdict or a :class:`~kerneljudge.executors.JobError`
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
     from kerneljudge.executors.base import Job
     from kerneljudge.judge import Judge, JudgeConfig
     from kerneljudge.verdict import BuildResult, Verdict
+    from kerneljudge.worker.spares import Spares
 
 __all__ = ["HOST_FIELDS", "Outcome", "WarmJudges", "one_line"]
 
@@ -92,6 +95,9 @@ class WarmJudges:
         self.device = device
         self.max_judges = max(1, max_judges)
         self._judges: OrderedDict[tuple[str, str], Judge] = OrderedDict()
+        #: Processes started ahead of the next new judge (stopped while a job is judged); made
+        #: with the first judge (importing it imports torch).
+        self.spares: Spares | None = None
         #: Held while a job is judged; every warm judge's work ahead of need (its next
         #: verdict's reference side) waits for it, so none runs beside another's timing.
         self.device_lock = threading.Lock()
@@ -163,26 +169,42 @@ class WarmJudges:
                 raise
         except Exception as exc:  # every failure is this job's error, never the host's
             return Outcome(None, error_kind(exc), one_line(exc), time.monotonic() - t0)
+        finally:
+            self._refill()
         return Outcome(verdict, busy_s=time.monotonic() - t0)
 
+    def _refill(self) -> None:
+        """Start the spares the last job took (a failure to start one is left to the next job,
+        which then starts its own)."""
+        try:
+            if self.spares is not None:
+                self.spares.refill()
+        except Exception:  # noqa: BLE001 - never this job's error, nor the host's
+            pass
+
     def close(self) -> None:
-        """Close every warm judge (their worker processes end)."""
+        """Close every warm judge and every spare (their worker processes end)."""
         while self._judges:
             _, judge = self._judges.popitem()
             _close_quietly(judge)
+        if self.spares is not None:
+            _close_quietly(self.spares)
 
     def _judge_for(self, problem: str, config: JudgeConfig) -> Judge:
         """The warm judge of (problem, cache folder), made the most recently used; a new one
         (``ProblemError``: not kept) when there is none, the least recently used beyond
         :attr:`max_judges` closed."""
         from kerneljudge.judge import Judge
+        from kerneljudge.worker.spares import Spares
 
         key = (problem, str(config.cache_dir or ""))
         judge = self._judges.get(key)
         if judge is not None:
             self._judges.move_to_end(key)
             return judge
-        judge = Judge(problem, config)
+        if self.spares is None:
+            self.spares = Spares()
+        judge = Judge(problem, config, spares=self.spares)
         judge.device_lock = self.device_lock
         self._judges[key] = judge
         while len(self._judges) > self.max_judges:

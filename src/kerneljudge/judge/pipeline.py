@@ -15,24 +15,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kerneljudge.build import (
-    BuildCache,
-    build,
-    clear_stale_batons,
-    known_build,
-    toolchain,
-    toolchain_environment,
-)
-from kerneljudge.build.log import shape_log
+from kerneljudge.build import BuildCache, build, known_build, toolchain
 from kerneljudge.candidate import Candidate
-from kerneljudge.candidate.backends import IMPORT_ONLY_BACKENDS
 from kerneljudge.candidate.policy import requires_custom_kernel, static_issues, static_reason
 from kerneljudge.check.limits import RunLimits, SetLimits
 from kerneljudge.check.memory import check_budget, reply_limit
 from kerneljudge.check.trials import Trials, run_trials
 from kerneljudge.device import build_arch, describe_device, named_device, resolve_device
-from kerneljudge.errors import WorkerError, first_line
+from kerneljudge.errors import WorkerError
 from kerneljudge.judge.config import JudgeConfig
+from kerneljudge.judge.loading import load_candidate
 from kerneljudge.judge.outcome import (
     CANDIDATE_FAILURES,
     Decided,
@@ -46,16 +38,16 @@ from kerneljudge.problem import Problem
 from kerneljudge.timing.stage import time_candidate
 from kerneljudge.verdict import (
     BuildResult,
-    CompilerMessage,
     DeviceInfo,
     Status,
     TrialResult,
     Verdict,
 )
-from kerneljudge.worker import CandidateFault, WorkerPool, WorkerProcess
+from kerneljudge.worker import WorkerPool, WorkerProcess
 from kerneljudge.worker.confine import layers as confinement_layers
+from kerneljudge.worker.spares import Spares
 
-__all__ = ["Judge", "judge"]
+__all__ = ["Judge"]
 
 
 class Judge:
@@ -66,6 +58,10 @@ class Judge:
     Args:
         problem: a :class:`Problem`, a bundled problem name, or a path.
         config: how to judge.
+        spares: where its probe, its reference worker and its candidate workers are taken
+            from when the problem is a file and the device is named
+            (:class:`~kerneljudge.worker.spares.Spares`; None: started for this judge); its
+            spares are stopped while a candidate is judged.
 
     Attributes:
         reference: the reference's side of its verdicts (sessions, the pending preparation).
@@ -75,8 +71,15 @@ class Judge:
         ConfigError: the build cache's folder cannot be written (field ``cache_dir``).
     """
 
-    def __init__(self, problem: Problem | str | Path, config: JudgeConfig | None = None) -> None:
+    def __init__(
+        self,
+        problem: Problem | str | Path,
+        config: JudgeConfig | None = None,
+        *,
+        spares: Spares | None = None,
+    ) -> None:
         self.config = config or JudgeConfig()
+        self.spares = spares
         self.cache = BuildCache(self.config.cache_dir)
         self.cache.check_writable()
         self._pools: dict[str, WorkerPool] = {}
@@ -89,10 +92,12 @@ class Judge:
         ref_env = reference_environment(self.cache.root)
         try:
             if early is not None:
-                started[early] = WorkerProcess("reference", early, ref_env, self.config.threads)
+                started[early] = self._reference_worker(early, ref_env)
                 self._new_pool(early, record_ops=False).prestart()
             self.problem = (
-                problem if isinstance(problem, Problem) else Problem.load(problem, gpu_judge=gpu)
+                problem
+                if isinstance(problem, Problem)
+                else Problem.load(problem, gpu_judge=gpu, spares=spares)
             )
             record_ops = requires_custom_kernel(self.problem.policy)
             for pool in self._pools.values():
@@ -142,6 +147,13 @@ class Judge:
             self._new_pool(device, requires_custom_kernel(self.problem.policy))
         return self._pools[device]
 
+    def _reference_worker(self, device: str, env: dict[str, str]) -> WorkerProcess:
+        start = functools.partial(WorkerProcess, "reference", device, env, self.config.threads)
+        if self.spares is None:
+            return start()
+        key = ("reference", device, tuple(sorted(env.items())), self.config.threads)
+        return self.spares.take(key, start)
+
     def _new_pool(self, device: str, record_ops: bool) -> WorkerPool:
         home = toolchain.cuda_home()
         env = {"CUDA_HOME": home} if home else {}
@@ -155,6 +167,7 @@ class Judge:
             threads=self.config.threads,
             record_ops=record_ops,
             writable=(str(self.cache.root / "builds"),),
+            spares=self.spares,
         )
         return self._pools[device]
 
@@ -249,6 +262,8 @@ class Judge:
                 # candidate took 0.12 s on a 2-core machine
                 # (docs/benchmarks/2026-11-30-cpu-verdict-stages.md).
                 running.enter_context(pool.paused())
+                if self.spares is not None:
+                    running.enter_context(self.spares.paused())
                 self._load_stage(worker, cand, result, device, clock, out.base["limits"].load_s)
                 trials = self._trials_stage(worker, device, prepared, limits, result, done, clock)
                 return self._timing_stage(
@@ -353,7 +368,9 @@ class Judge:
             Decided: the import of an import-only backend failed (a compile error).
         """
         self._say("loading the candidate")
-        failed_import = self._load(worker, cand, result, device, limit_s)
+        failed_import = load_candidate(
+            self.cache, worker, cand, result, self.arch_for(device), limit_s
+        )
         clock.lap("load")
         if failed_import is not None:
             first = failed_import.messages[0]
@@ -440,40 +457,6 @@ class Judge:
 
         return profile_candidate(self, _as_candidate(candidate), calls=calls, seed=seed)
 
-    def _load(
-        self,
-        worker: WorkerProcess,
-        cand: Candidate,
-        result: BuildResult,
-        device: str,
-        limit_s: float,
-    ) -> BuildResult | None:
-        """Import the built candidate in its worker, within ``limit_s`` seconds.
-
-        Returns None on success. For backends whose build *is* the import (``torch``,
-        ``triton``) an import failure is a compile error: the failed :class:`BuildResult` is
-        returned. For compiled backends it is a runtime error (the fault propagates).
-        """
-        entry = self.cache.entry(result.cache_key)
-        clear_stale_batons(self.cache, result.cache_key)
-        try:
-            worker.request(
-                "load_candidate",
-                limit_s,
-                path=str(entry / "candidate.py"),
-                env=toolchain_environment(self.cache, result.cache_key, self.arch_for(device)),
-            )
-        except CandidateFault as exc:
-            if cand.backend not in IMPORT_ONLY_BACKENDS or exc.status == "rejected":
-                raise
-            text = str(exc).removeprefix("importing the candidate failed: ")
-            msg = CompilerMessage(
-                cand.name, exc.lineno, None, "error", first_line(text), exc.lineno
-            )
-            log = shape_log([msg], text, cand.source, cand.name)
-            return dataclasses.replace(result, ok=False, messages=(msg,), log=log)
-        return None
-
     def _tolerances(self) -> tuple[float, float]:
         atol, rtol = self.problem.tolerance
         return (
@@ -484,17 +467,3 @@ class Judge:
 
 def _as_candidate(candidate: Candidate | str | Path) -> Candidate:
     return candidate if isinstance(candidate, Candidate) else Candidate.from_file(candidate)
-
-
-def judge(
-    problem: Problem | str | Path,
-    candidate: Candidate | str | Path,
-    config: JudgeConfig | None = None,
-) -> Verdict:
-    """Judge one candidate on one problem (starts and ends its own workers).
-
-    Raises:
-        ProblemError, CandidateError, DeviceError, WorkerError: see :meth:`Judge.evaluate`.
-    """
-    with Judge(problem, config) as j:
-        return j.evaluate(candidate)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from kerneljudge.check.limits import RunLimits, tensor_bytes
 from kerneljudge.check.trials import set_up_candidate
 from kerneljudge.device import resolve_device
+from kerneljudge.judge.loading import load_candidate
 from kerneljudge.judge.reference_side import derive_seed
 from kerneljudge.problem import Problem
 
@@ -54,7 +55,8 @@ def profile_candidate(
         inputs = ref.problem.make_inputs(derive_seed(run_seed, shape_set, "profile"))
         moved = tensor_bytes([inputs, ref.init_inputs]) + ref.weight_bytes  # none measured
         timeout = RunLimits(judge.config.run_timeout_s).reference_s(moved)
-        if judge._load(worker, cand, result, device, timeout) is not None:
+        arch = judge.arch_for(device)
+        if load_candidate(judge.cache, worker, cand, result, arch, timeout) is not None:
             return []
         set_up_candidate(worker, ref, timeout, timeout)
         worker.request("run", timeout, inputs=inputs)

@@ -37,11 +37,14 @@ import importlib.util
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from kerneljudge.errors import ProblemError
+
+if TYPE_CHECKING:
+    from kerneljudge.worker.spares import Spares
 
 __all__ = [
     "DEFAULT_TOLERANCES",
@@ -167,6 +170,7 @@ class Problem:
         probe_timeout_s: float | None = None,
         probe_memory_bytes: int | None = None,
         gpu_judge: bool = False,
+        spares: Spares | None = None,
     ) -> Problem:
         """Load a problem by bundled name or by path.
 
@@ -188,6 +192,8 @@ class Problem:
             probe_memory_bytes: the probe's memory limit (None: its default).
             gpu_judge: the load is a GPU judge's, whose process draws no inputs and runs no
                 forward (:mod:`kerneljudge.problem.probe`); False for every other use.
+            spares: where the probe child is taken from (started ahead of need; None: it
+                starts now).
 
         Raises:
             ProblemError: missing file, unknown name, a failure of the probe (one line naming
@@ -210,6 +216,7 @@ class Problem:
                 PROBE_TIMEOUT_S if probe_timeout_s is None else probe_timeout_s,
                 probe_memory_bytes,
                 gpu_judge,
+                spares,
             )
             if ran != digest:
                 raise ProblemError(f"{path}: the file changed while it was being loaded")

@@ -1,8 +1,11 @@
 """The problem probe: a problem file is untrusted input, so it is first run in a child process
 under a time limit and a memory limit, before the judge imports it.
 
-The child (``python -m kerneljudge.problem.probe PROBLEM RESULT MEMORY_BYTES cuda|cpu``, the last
-word saying whether the judge sees a CUDA device) loads the problem, reads its metadata (``DTYPE``,
+The child (``python -m kerneljudge.problem.probe RESULT MEMORY_BYTES cuda|cpu [--spare]``, the
+third word saying whether the judge sees a CUDA device; :class:`ProbeChild`) imports torch,
+reports :data:`WAITING`, reads the problem's path from its stdin (so that it can be started
+before the problem is known: :mod:`kerneljudge.worker.spares`), then loads the problem, reads
+its metadata (``DTYPE``,
 ``TOLERANCE``, ``POLICY``, ``SHAPE_SETS``) and, for every shape set, calls ``get_init_inputs``,
 constructs ``Model``, calls ``get_inputs`` and makes the first reference call on the CPU, as the
 judge's supervisor and reference worker will. Before each step it writes the step's name to
@@ -43,14 +46,19 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from kerneljudge.errors import ProblemError
 
-__all__ = ["PROBE_TIMEOUT_S", "default_probe_memory", "probe_problem"]
+if TYPE_CHECKING:
+    from kerneljudge.worker.spares import Spares
+
+__all__ = ["PROBE_TIMEOUT_S", "WAITING", "ProbeChild", "default_probe_memory", "probe_problem"]
 
 #: Wall-clock limit of one probe (seconds): a fresh interpreter imports torch, then the problem.
 PROBE_TIMEOUT_S = 120.0
+#: The stage a probe child reports once it has imported torch and waits for its problem.
+WAITING = "waiting for the problem"
 #: Largest file (bytes) the probed problem may write.
 _FSIZE_LIMIT = 16 << 20
 _SRC_DIR = str(Path(__file__).resolve().parents[2])
@@ -72,15 +80,19 @@ def probe_problem(
     timeout_s: float = PROBE_TIMEOUT_S,
     memory_bytes: int | None = None,
     gpu_judge: bool = False,
+    spares: Spares | None = None,
 ) -> tuple[str, bool, dict[str, int]]:
     """Run the problem at ``path`` in a probe child (see the module docstring).
 
     Args:
         path: the problem file.
-        timeout_s: wall-clock limit of the whole probe (seconds).
+        timeout_s: wall-clock limit of the whole probe (seconds), from the moment the child is
+            given ``path``.
         memory_bytes: the child's ``RLIMIT_DATA`` (None: :func:`default_probe_memory`).
         gpu_judge: for a GPU judge, whose process draws no inputs: on the ``meta`` device where
             CUDA is visible (else, and for every other use, as its process will: on the CPU).
+        spares: where a child started ahead (torch imported, the problem not yet named) is
+            taken from (:class:`~kerneljudge.worker.spares.Spares`; None: one starts now).
 
     Returns:
         ``(the SHA-256 of the source the child ran, whether it drew on the meta device, the
@@ -91,41 +103,20 @@ def probe_problem(
             a signal, more memory than ``memory_bytes``, or no end within ``timeout_s``.
     """
     memory = default_probe_memory() if memory_bytes is None else int(memory_bytes)
-    from kerneljudge.worker import confine
-
-    # (ignore_cleanup_errors: a process of the problem's may still be ending in its namespace.)
-    with tempfile.TemporaryDirectory(prefix="kj-probe-", ignore_cleanup_errors=True) as scratch:
-        result, log = Path(scratch) / "result.json", Path(scratch) / "probe.log"
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_SRC_DIR, env.get("PYTHONPATH")]))
-        env["PYTHONDONTWRITEBYTECODE"] = "1"
-        env["TMPDIR"] = scratch
-        cuda = gpu_judge and _cuda_visible()
-        argv = ["kerneljudge.problem.probe", str(path), str(result), str(memory)]
-        with open(log, "wb") as errors:
-            proc = confine.spawn(
-                # In PID, mount and network namespaces of its own where the host allows them (no
-                # Landlock), as a worker is: what the problem's code starts ends with it.
-                confine.command([*argv, "cuda" if cuda else "cpu"], None),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=errors,
-                start_new_session=True,
-                cwd=scratch,
-                env=env,
-                die_with_parent=True,  # a probe ends with the judge that started it
-            )
-        try:
-            code = confine.exit_status(proc.wait(timeout=timeout_s))
-        except subprocess.TimeoutExpired:
-            code = None
-        finally:
-            _kill_group(proc)
-        report = _read(result)
+    cuda = gpu_judge and _cuda_visible()
+    if spares is None:
+        child = ProbeChild(memory, cuda)
+    else:
+        start = functools.partial(ProbeChild, memory, cuda, spare=True)
+        child = spares.take(("probe", memory, cuda, _SRC_DIR), start)
+    try:
+        code, report = child.run(path, timeout_s)
         if not report and code:  # nothing ran of the probe's own code: its start failed
             raise ProblemError(
-                f"{path}: the probe could not start (it {_ending(code)}): {_last_line(log)}"
+                f"{path}: the probe could not start (it {_ending(code)}): {child.last_line()}"
             )
+    finally:
+        child.close()
     stage = str(report.get("stage", "starting the probe"))
     if code is None:
         raise ProblemError(f"{path}: {stage} did not finish within {timeout_s:g} s")
@@ -141,6 +132,112 @@ def probe_problem(
         if isinstance(v, int) and v >= 0
     }
     return str(report.get("sha256", "")), cuda, weight_bytes
+
+
+class ProbeChild:
+    """A probe child, started before it is given its problem: it imports torch, reports
+    :data:`WAITING`, then reads the problem's path from its stdin.
+
+    Args:
+        memory: its ``RLIMIT_DATA`` (bytes), set once it has the path.
+        cuda: it constructs ``Model`` on the ``meta`` device (see the module docstring).
+        spare: started ahead of need (:mod:`kerneljudge.worker.spares`): while it waits it
+            also imports what constructing a model on the ``meta`` device may import
+            (``torch._dynamo``, for ``torch.tril`` among others).
+
+    It runs as a worker does (:func:`kerneljudge.worker.confine.command`, without Landlock): in
+    PID, mount and network namespaces of its own where the host allows them, and it ends with
+    the process that started it.
+    """
+
+    def __init__(self, memory: int, cuda: bool, spare: bool = False) -> None:
+        from kerneljudge.worker import confine
+
+        # (ignore_cleanup_errors: a process of the problem's may still be ending in its namespace.)
+        self._dir = tempfile.TemporaryDirectory(prefix="kj-probe-", ignore_cleanup_errors=True)
+        scratch = self._dir.name
+        self.result, self.log = Path(scratch) / "result.json", Path(scratch) / "probe.log"
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_SRC_DIR, env.get("PYTHONPATH")]))
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        env["TMPDIR"] = scratch
+        argv = ["kerneljudge.problem.probe", str(self.result), str(memory)]
+        argv += ["cuda" if cuda else "cpu", *(["--spare"] if spare else [])]
+        read_end, self._path_fd = os.pipe()
+        try:
+            with open(self.log, "wb") as errors:
+                self.proc = confine.spawn(
+                    confine.command(argv, None),
+                    stdin=read_end,
+                    stdout=subprocess.DEVNULL,
+                    stderr=errors,
+                    start_new_session=True,
+                    cwd=scratch,
+                    env=env,
+                    die_with_parent=True,  # a probe ends with the judge that started it
+                )
+        except BaseException:
+            os.close(self._path_fd)
+            self._dir.cleanup()
+            raise
+        finally:
+            os.close(read_end)
+        self._paused = False
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        """Wait until the child reports :data:`WAITING` (torch imported).
+
+        Raises:
+            ProblemError: it ended, or did not report within ``timeout_s``.
+        """
+        deadline = time.monotonic() + timeout_s
+        while _read(self.result).get("stage") != WAITING:
+            if not self.alive() or time.monotonic() > deadline:
+                raise ProblemError(f"the probe did not start: {self.last_line()}")
+            time.sleep(0.02)
+
+    def pause(self, paused: bool) -> None:
+        """Stop or continue the child and its descendants
+        (:func:`kerneljudge.worker.sandbox.pause_tree`), unless it has ended."""
+        if self.proc.poll() is None and paused != self._paused:
+            from kerneljudge.worker.sandbox import pause_tree
+
+            pause_tree(self.proc.pid, paused, launched=False)
+            self._paused = paused
+
+    def run(self, path: Path, timeout_s: float) -> tuple[int | None, dict[str, Any]]:
+        """Give the child ``path`` and wait for its end, at most ``timeout_s``; returns its
+        exit status (None: it was killed at the limit) and its report (empty: none)."""
+        self.pause(False)
+        try:
+            os.write(self._path_fd, os.fsencode(str(path)) + b"\n")
+        except OSError:  # it has ended: its status and log say why
+            pass
+        os.close(self._path_fd)
+        self._path_fd = -1
+        from kerneljudge.worker import confine
+
+        try:
+            code = confine.exit_status(self.proc.wait(timeout=timeout_s))
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            _kill_group(self.proc)
+        return code, _read(self.result)
+
+    def last_line(self) -> str:
+        return _last_line(self.log)
+
+    def close(self) -> None:
+        """Kill the child and its group, and delete its folder."""
+        _kill_group(self.proc)
+        if self._path_fd >= 0:
+            os.close(self._path_fd)
+            self._path_fd = -1
+        self._dir.cleanup()
 
 
 def _cuda_visible() -> bool:
@@ -285,11 +382,23 @@ def _run(problem_path: str, report: _Report, cuda: bool) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    problem_path, result_path, memory = argv[0], argv[1], int(argv[2])
-    cuda = len(argv) > 3 and argv[3] == "cuda"
+    result_path, memory = argv[0], int(argv[1])
+    cuda = len(argv) > 2 and argv[2] == "cuda"
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in the terminal is the supervisor's
     sys.dont_write_bytecode = True
     report = _Report(result_path)
+    report.write()
+    import torch  # noqa: F401 - what every probe needs, imported before the problem is named
+
+    from kerneljudge.problem import Problem  # noqa: F401
+
+    if "--spare" in argv[3:]:
+        import torch._dynamo  # noqa: F401
+    report.stage = WAITING
+    report.write()
+    problem_path = os.fsdecode(sys.stdin.buffer.read()).removesuffix("\n")
+    report.started = time.perf_counter()
+    report.stage = "starting the probe"
     report.write()
     _limit(memory)
     try:

@@ -1,6 +1,8 @@
 """Worker processes: where candidate code (and, separately, the reference) runs.
 
-Supervisor side: :mod:`~kerneljudge.worker.process` (spawn, request, kill, the pool),
+Supervisor side: :mod:`~kerneljudge.worker.process` (spawn, request, kill),
+:mod:`~kerneljudge.worker.pool` (workers started ahead), :mod:`~kerneljudge.worker.spares`
+(interpreters started ahead of any problem),
 :mod:`~kerneljudge.worker.protocol` (the pipe's framing), :mod:`~kerneljudge.worker.replies`
 (replies decoded into frozen types), :mod:`~kerneljudge.worker.faults` (how a request fails),
 :mod:`~kerneljudge.worker.confine` (operating-system confinement),
@@ -16,10 +18,10 @@ classifier, shared with the linter), :mod:`~kerneljudge.worker.measure` (the tim
 :mod:`~kerneljudge.worker.build`.
 """
 
+from kerneljudge.worker.pool import WorkerPool
 from kerneljudge.worker.process import (
     CandidateFault,
     WorkerDied,
-    WorkerPool,
     WorkerProcess,
     WorkerTimeout,
 )

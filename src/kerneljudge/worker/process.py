@@ -8,7 +8,6 @@ process group; nothing of it survives into the next job.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
 import shutil
@@ -18,7 +17,6 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +38,11 @@ from kerneljudge.worker.protocol import (
     ChannelTimeout,
     MessageTooLarge,
 )
-from kerneljudge.worker.sandbox import candidate_environment, child_pids, wait_launched
+from kerneljudge.worker.sandbox import candidate_environment, child_pids, pause_tree
 from kerneljudge.worker.side import hand_over
 from kerneljudge.worker.stamps import socket_pair
 
-__all__ = ["CandidateFault", "WorkerDied", "WorkerPool", "WorkerProcess", "WorkerTimeout"]
+__all__ = ["CandidateFault", "WorkerDied", "WorkerProcess", "WorkerTimeout"]
 
 _SRC_DIR = str(Path(__file__).resolve().parents[2])
 #: Device files a candidate worker may open for writing besides ``confine.DEVICE_FILES``.
@@ -212,16 +210,8 @@ class WorkerProcess:
         stopped before that, the child would outlive a supervisor killed meanwhile. So for a
         worker not yet ready (no candidate code ran in it) a stop waits for that child to run
         Python (:func:`~kerneljudge.worker.sandbox.wait_launched`), else leaves it running."""
-        if self.proc.poll() is not None:
-            return
-        sig = signal.SIGSTOP if paused else signal.SIGCONT
-        left = wait_launched(self.proc.pid) if paused and not self.ready else set()
-        pids = [p for p in [self.proc.pid, *child_pids(self.proc.pid)] if p not in left]
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
+        if self.proc.poll() is None:
+            pause_tree(self.proc.pid, paused, launched=self.ready)
 
     def kill(self) -> None:
         """Kill the worker, every descendant it has (also those that left its process group;
@@ -405,89 +395,3 @@ def timing_cpu() -> int:
     candidate are pinned to the same core, and nothing else of the judge's runs there.
     """
     return max(os.sched_getaffinity(0))
-
-
-def default_memory_limit() -> int:
-    """Host memory a candidate worker may use: half of this machine's RAM (bytes)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
-    except (ValueError, OSError):
-        return 0
-
-
-class WorkerPool:
-    """Candidate workers started ahead of need, each used for exactly one candidate.
-
-    :meth:`take` hands out a worker that has already imported torch and created its device
-    context, and starts its replacement at once, so the next candidate does not wait for start-up.
-    A replacement that starts while a candidate is judged competes with it for cores (and, on a
-    GPU, for the driver); :meth:`paused` stops it meanwhile.
-    """
-
-    def __init__(
-        self,
-        device: str,
-        env: dict[str, str] | None = None,
-        size: int = 1,
-        threads: int = 0,
-        memory_limit_bytes: int | None = None,
-        record_ops: bool = False,
-        writable: tuple[str, ...] = (),
-    ) -> None:
-        self.device = device
-        self.record_ops = record_ops
-        self.writable = tuple(writable)
-        self.env = dict(env or {})
-        self.size = size
-        self.threads = threads
-        self.memory_limit_bytes = (
-            default_memory_limit() if memory_limit_bytes is None else memory_limit_bytes
-        )
-        self._idle: list[WorkerProcess] = []
-
-    def _spawn(self) -> WorkerProcess:
-        return WorkerProcess(
-            "candidate",
-            self.device,
-            self.env,
-            self.threads,
-            self.memory_limit_bytes,
-            record_ops=self.record_ops,
-            writable=self.writable,
-        )
-
-    def prestart(self) -> None:
-        while len(self._idle) < self.size:
-            self._idle.append(self._spawn())
-
-    def take(self) -> WorkerProcess:
-        """A ready candidate worker (the caller closes it when done)."""
-        self.prestart()
-        worker = self._idle.pop(0)
-        self.prestart()
-        try:
-            worker.wait_ready()
-        except (WorkerDied, WorkerTimeout):
-            worker = self._spawn()
-            worker.wait_ready()
-        return worker
-
-    @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        """Inside the block the workers started ahead of need are stopped (``SIGSTOP``): a
-        starting worker imports torch for seconds on every core it may use, and a candidate's
-        trials and timing should have the machine to itself."""
-        idle = list(self._idle)
-        try:  # also an interrupt among the pauses resumes them all
-            for worker in idle:
-                worker.pause(True)
-            yield
-        finally:
-            for worker in idle:
-                worker.pause(False)
-
-    def close(self) -> None:
-        for worker in self._idle:
-            worker.pause(False)  # a stopped worker cannot take the exit request
-            worker.close()
-        self._idle.clear()

@@ -28,6 +28,7 @@ import ctypes
 import fnmatch
 import os
 import resource
+import signal
 import sys
 import time
 from collections.abc import Iterable
@@ -247,6 +248,20 @@ def wait_launched(pid: int, timeout_s: float = LAUNCH_WAIT_S) -> set[int]:
     while (left := launching_children(pid)) and time.monotonic() < deadline:
         time.sleep(0.005)
     return left
+
+
+def pause_tree(pid: int, paused: bool, launched: bool) -> None:
+    """Stop (``SIGSTOP``) or continue (``SIGCONT``) launcher ``pid`` and its descendants. Unless
+    ``launched`` (its child is known to run Python), a stop first waits for the child to leave
+    the launcher's code (:func:`wait_launched`) and spares one that has not: stopped before it
+    arms its parent-death signal, it would outlive a supervisor killed meanwhile."""
+    sig = signal.SIGSTOP if paused else signal.SIGCONT
+    left = wait_launched(pid) if paused and not launched else set()
+    for each in [p for p in [pid, *child_pids(pid)] if p not in left]:
+        try:
+            os.kill(each, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 #: Names a library-loading probe may import (``from ctypes import cdll``, ``import sys``, ...).

@@ -1,0 +1,116 @@
+"""Candidate workers started ahead of need: :class:`WorkerPool`."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+from kerneljudge.worker.faults import WorkerDied, WorkerTimeout
+from kerneljudge.worker.process import WorkerProcess
+from kerneljudge.worker.spares import Spares
+
+__all__ = ["WorkerPool", "default_memory_limit"]
+
+
+def default_memory_limit() -> int:
+    """Host memory a candidate worker may use: half of this machine's RAM (bytes)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    except (ValueError, OSError):
+        return 0
+
+
+class WorkerPool:
+    """Candidate workers started ahead of need, each used for exactly one candidate.
+
+    :meth:`take` hands out a worker that has already imported torch and created its device
+    context, and starts its replacement at once, so the next candidate does not wait for start-up.
+    A replacement that starts while a candidate is judged competes with it for cores (and, on a
+    GPU, for the driver); :meth:`paused` stops it meanwhile. With ``spares``, its workers are
+    taken from there (:class:`~kerneljudge.worker.spares.Spares`, ``size`` of them kept).
+    """
+
+    def __init__(
+        self,
+        device: str,
+        env: dict[str, str] | None = None,
+        size: int = 1,
+        threads: int = 0,
+        memory_limit_bytes: int | None = None,
+        record_ops: bool = False,
+        writable: tuple[str, ...] = (),
+        spares: Spares | None = None,
+    ) -> None:
+        self.device = device
+        self.spares = spares
+        self.record_ops = record_ops
+        self.writable = tuple(writable)
+        self.env = dict(env or {})
+        self.size = size
+        self.threads = threads
+        self.memory_limit_bytes = (
+            default_memory_limit() if memory_limit_bytes is None else memory_limit_bytes
+        )
+        self._idle: list[WorkerProcess] = []
+
+    def _spawn(self) -> WorkerProcess:
+        if self.spares is None:
+            return self._start()
+        key = (
+            "candidate",
+            self.device,
+            tuple(sorted(self.env.items())),
+            self.threads,
+            self.memory_limit_bytes,
+            self.record_ops,
+            self.writable,
+        )
+        return self.spares.take(key, self._start, self.size)
+
+    def _start(self) -> WorkerProcess:
+        return WorkerProcess(
+            "candidate",
+            self.device,
+            self.env,
+            self.threads,
+            self.memory_limit_bytes,
+            record_ops=self.record_ops,
+            writable=self.writable,
+        )
+
+    def prestart(self) -> None:
+        while len(self._idle) < self.size:
+            self._idle.append(self._spawn())
+
+    def take(self) -> WorkerProcess:
+        """A ready candidate worker (the caller closes it when done)."""
+        self.prestart()
+        worker = self._idle.pop(0)
+        self.prestart()
+        try:
+            worker.wait_ready()
+        except (WorkerDied, WorkerTimeout):
+            worker = self._spawn()
+            worker.wait_ready()
+        return worker
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Inside the block the workers started ahead of need are stopped (``SIGSTOP``): a
+        starting worker imports torch for seconds on every core it may use, and a candidate's
+        trials and timing should have the machine to itself."""
+        idle = list(self._idle)
+        try:  # also an interrupt among the pauses resumes them all
+            for worker in idle:
+                worker.pause(True)
+            yield
+        finally:
+            for worker in idle:
+                worker.pause(False)
+
+    def close(self) -> None:
+        for worker in self._idle:
+            worker.pause(False)  # a stopped worker cannot take the exit request
+            worker.close()
+        self._idle.clear()
