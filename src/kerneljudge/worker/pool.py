@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 from kerneljudge.worker.faults import WorkerDied, WorkerTimeout
 from kerneljudge.worker.process import WorkerProcess
-from kerneljudge.worker.spares import Spares
+from kerneljudge.worker.spares import Spares, stopped
 
 __all__ = ["WorkerPool", "default_memory_limit"]
 
@@ -100,14 +100,8 @@ class WorkerPool:
         """Inside the block the workers started ahead of need are stopped (``SIGSTOP``): a
         starting worker imports torch for seconds on every core it may use, and a candidate's
         trials and timing should have the machine to itself."""
-        idle = list(self._idle)
-        try:  # also an interrupt among the pauses resumes them all
-            for worker in idle:
-                worker.pause(True)
+        with stopped(list(self._idle)):
             yield
-        finally:
-            for worker in idle:
-                worker.pause(False)
 
     def close(self) -> None:
         for worker in self._idle:

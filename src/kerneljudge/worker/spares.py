@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Hashable, Iterator
 from typing import Protocol, TypeVar
 
-__all__ = ["Spare", "Spares"]
+__all__ = ["Spare", "Spares", "stopped"]
 
 
 class Spare(Protocol):
@@ -37,6 +37,19 @@ class Spare(Protocol):
 
 
 S = TypeVar("S", bound=Spare)
+
+
+@contextlib.contextmanager
+def stopped(processes: list[Spare]) -> Iterator[None]:
+    """Inside the block ``processes`` are stopped (``pause(True)``); all of them continue at
+    its end, also after an interrupt among the stops."""
+    try:
+        for each in processes:
+            each.pause(True)
+        yield
+    finally:
+        for each in processes:
+            each.pause(False)
 
 
 class Spares:
@@ -105,14 +118,8 @@ class Spares:
     def paused(self) -> Iterator[None]:
         """Inside the block every spare is stopped (``SIGSTOP``), as a judge's own pool is while
         it times a candidate: a starting interpreter imports torch on every core it may use."""
-        idle = self.kept()
-        try:
-            for spare in idle:
-                spare.pause(True)
+        with stopped(self.kept()):
             yield
-        finally:
-            for spare in idle:
-                spare.pause(False)
 
     def close(self) -> None:
         """End every spare; later takes start their process, and nothing is refilled."""
@@ -122,3 +129,4 @@ class Spares:
         with contextlib.ExitStack() as ending:  # every one ended, even if one raises
             for spare in idle:
                 ending.callback(spare.close)
+                ending.callback(spare.pause, False)  # a stopped worker cannot take its exit
