@@ -120,10 +120,16 @@ def _host_with_spares(config: Any, tmp: Path) -> Any:
     spares = Spares()
     warm_up = tmp / "warm_up.py"
     warm_up.write_text(WARM_UP_PROBLEM)
-    with Judge(warm_up, config, spares=spares) as judge:
-        judge.evaluate(_identity_candidate(warm_up))
-    spares.refill()
-    spares.wait_ready()
+    try:
+        with Judge(warm_up, config, spares=spares) as judge:
+            verdict = judge.evaluate(_identity_candidate(warm_up))
+        if verdict.status != "correct":
+            raise RuntimeError(f"the warm-up verdict is {verdict.status.value}: {verdict.reason}")
+        spares.refill()
+        spares.wait_ready()
+    except BaseException:
+        spares.close()
+        raise
     return spares
 
 
@@ -149,28 +155,30 @@ def _run_kerneljudge(
         spares = _host_with_spares(config, Path(tmp)) if with_spares else None
         spent = count_requests() if requests else {}
         t0 = time.perf_counter()
-        with Judge(problem, config, spares=spares) as judge:
-            constructed = time.perf_counter() - t0  # the problem's probe (a fresh interpreter)
-            verdict = judge.evaluate(cand)
-            seconds = time.perf_counter() - t0
-            warm = None
-            if again:
-                # A second candidate (the same code, another file) in the same judge: its
-                # workers and the reference's prepared trials are reused.
-                cand2 = cand.with_name(f"identity2_{problem.stem}.py")
-                cand2.write_text(cand.read_text() + "\n# again\n")
-                t1 = time.perf_counter()
-                second = judge.evaluate(cand2)
-                again_eager = second.timing.speedup("eager") if second.timing else None
-                warm = {
-                    "seconds": time.perf_counter() - t1,
-                    "status": second.status.value,
-                    "stage_s": second.stage_s,
-                    "speedup": again_eager.median if again_eager else None,
-                    "ci95": list(again_eager.ci95) if again_eager else None,
-                }
-        if spares is not None:
-            spares.close()
+        try:
+            with Judge(problem, config, spares=spares) as judge:
+                constructed = time.perf_counter() - t0  # the problem's probe among it
+                verdict = judge.evaluate(cand)
+                seconds = time.perf_counter() - t0
+                warm = None
+                if again:
+                    # A second candidate (the same code, another file) in the same judge: its
+                    # workers and the reference's prepared trials are reused.
+                    cand2 = cand.with_name(f"identity2_{problem.stem}.py")
+                    cand2.write_text(cand.read_text() + "\n# again\n")
+                    t1 = time.perf_counter()
+                    second = judge.evaluate(cand2)
+                    again_eager = second.timing.speedup("eager") if second.timing else None
+                    warm = {
+                        "seconds": time.perf_counter() - t1,
+                        "status": second.status.value,
+                        "stage_s": second.stage_s,
+                        "speedup": again_eager.median if again_eager else None,
+                        "ci95": list(again_eager.ci95) if again_eager else None,
+                    }
+        finally:
+            if spares is not None:
+                spares.close()
     eager = verdict.timing.speedup("eager") if verdict.timing else None
     return {
         "seconds": seconds,

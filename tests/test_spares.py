@@ -169,3 +169,90 @@ def test_a_host_keeps_spares_after_a_job_and_judges_a_new_problem_with_them(
     finally:
         host.close()
     assert all(_ended(pid) for pid in kept)
+
+
+class _Fake:
+    """A stand-in process: records how it was started, never runs anything."""
+
+    def __init__(self, **started: object) -> None:
+        self.started, self.closed, self.dead = started, False, False
+
+    def alive(self) -> bool:
+        return not self.dead
+
+    def pause(self, paused: bool) -> None:
+        pass
+
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_kind_keeps_its_first_start_and_the_least_recently_taken_kind_ends_first() -> None:
+    spares = Spares(max_kinds=2)
+    spares.take("a", lambda: _Fake(kind="a"))
+    spares.take("a", lambda: _Fake(kind="not a"))  # a later start never replaces the first
+    spares.take("b", lambda: _Fake(kind="b"), count=2)
+    spares.refill()
+    assert sorted(s.started["kind"] for s in spares.kept()) == ["a", "b", "b"]  # type: ignore[attr-defined]
+    kept_a = [s for s in spares.kept() if s.started["kind"] == "a"]  # type: ignore[attr-defined]
+    spares.take("c", lambda: _Fake(kind="c"))  # a third kind: "a", taken least recently, ends
+    assert kept_a[0].closed  # type: ignore[attr-defined]
+    spares.refill()
+    assert sorted(s.started["kind"] for s in spares.kept()) == ["b", "b", "c"]  # type: ignore[attr-defined]
+    spares.close()
+    assert spares.kept() == []
+    spares.refill()  # nothing once closed
+    assert spares.kept() == []
+
+
+def test_a_pool_that_records_operators_later_never_files_its_workers_under_the_old_kind(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from kerneljudge.worker import pool as pool_module
+
+    monkeypatch.setattr(
+        pool_module,
+        "WorkerProcess",
+        lambda *args, **kwargs: _Fake(args=args, **kwargs),
+    )
+    spares = Spares()
+    plain = pool_module.WorkerPool("cpu", spares=spares)
+    plain.prestart()
+    plain.record_ops = True  # as a judge does once the probe says the problem records
+    plain.close()
+    plain.prestart()
+    spares.refill()
+    recording = {s.started["record_ops"] for s in spares.kept()}  # type: ignore[attr-defined]
+    assert recording == {True, False}
+    other = pool_module.WorkerPool("cpu", spares=spares)  # a judge of a problem that does not
+    other.prestart()
+    assert other._idle[0].started["record_ops"] is False  # type: ignore[attr-defined]
+    spares.close()
+
+
+def test_a_spare_probe_that_died_before_it_was_given_the_problem_is_not_blamed_on_it(
+    tmp_path: Path, spares: Spares, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first, _ = _problem(tmp_path, "first")
+    second, second_candidate = _problem(tmp_path, "second", factor=3)
+    Judge(first, CONFIG, spares=spares).close()
+    spares.refill()
+    spares.wait_ready()
+    taken = spares.take
+    killed: list[int] = []
+
+    def take_and_kill(key, start, count=1):  # type: ignore[no-untyped-def]
+        spare = taken(key, start, count)
+        if isinstance(spare, ProbeChild):  # it dies after it was taken, before it reads
+            os.killpg(spare.proc.pid, signal.SIGKILL)
+            spare.proc.wait()
+            killed.append(spare.proc.pid)
+        return spare
+
+    monkeypatch.setattr(spares, "take", take_and_kill)
+    with Judge(second, CONFIG, spares=spares) as judge:  # probed again by a fresh child
+        assert judge.evaluate(second_candidate).status == "correct"
+    assert killed

@@ -23,6 +23,7 @@ set its CPU affinity before anything starts a thread.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
     from kerneljudge.worker.spares import Spares
 
 __all__ = ["HOST_FIELDS", "Outcome", "WarmJudges", "one_line"]
+
+log = logging.getLogger(__name__)
 
 #: The fields of a job's :class:`JudgeConfig` that belong to the judge rather than to one job
 #: (the device, the build cache, torch threads); every other field is set per job through
@@ -95,8 +98,8 @@ class WarmJudges:
         self.device = device
         self.max_judges = max(1, max_judges)
         self._judges: OrderedDict[tuple[str, str], Judge] = OrderedDict()
-        #: Processes started ahead of the next new judge (stopped while a job is judged); made
-        #: with the first judge (importing it imports torch).
+        #: Processes started ahead of the next new judge (stopped from a candidate's load to the
+        #: end of its verdict); made with the first judge (importing it imports torch).
         self.spares: Spares | None = None
         #: Held while a job is judged; every warm judge's work ahead of need (its next
         #: verdict's reference side) waits for it, so none runs beside another's timing.
@@ -168,19 +171,20 @@ class WarmJudges:
                 self._drop(job.problem, config)
                 raise
         except Exception as exc:  # every failure is this job's error, never the host's
-            return Outcome(None, error_kind(exc), one_line(exc), time.monotonic() - t0)
-        finally:
-            self._refill()
-        return Outcome(verdict, busy_s=time.monotonic() - t0)
+            outcome = Outcome(None, error_kind(exc), one_line(exc), time.monotonic() - t0)
+        else:
+            outcome = Outcome(verdict, busy_s=time.monotonic() - t0)
+        self._refill()
+        return outcome
 
     def _refill(self) -> None:
-        """Start the spares the last job took (a failure to start one is left to the next job,
-        which then starts its own)."""
+        """Start the spares the last job took. A failure to start one is logged and left to
+        the next new judge, which then starts its own process."""
         try:
             if self.spares is not None:
                 self.spares.refill()
-        except Exception:  # noqa: BLE001 - never this job's error, nor the host's
-            pass
+        except Exception as exc:  # noqa: BLE001 - never this job's error, nor the host's
+            log.warning("starting spare processes failed: %s", one_line(exc))
 
     def close(self) -> None:
         """Close every warm judge and every spare (their worker processes end)."""

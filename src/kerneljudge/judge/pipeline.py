@@ -58,10 +58,11 @@ class Judge:
     Args:
         problem: a :class:`Problem`, a bundled problem name, or a path.
         config: how to judge.
-        spares: where its probe, its reference worker and its candidate workers are taken
-            from when the problem is a file and the device is named
-            (:class:`~kerneljudge.worker.spares.Spares`; None: started for this judge); its
-            spares are stopped while a candidate is judged.
+        spares: where its processes are taken from (:class:`~kerneljudge.worker.spares.Spares`;
+            None: started for this judge): the probe child of a problem file this process has
+            not probed yet, the reference worker started with the judge (where the device is
+            named), and its candidate workers; the spares kept there are stopped from a
+            candidate's load to the end of its verdict.
 
     Attributes:
         reference: the reference's side of its verdicts (sessions, the pending preparation).
@@ -148,7 +149,9 @@ class Judge:
         return self._pools[device]
 
     def _reference_worker(self, device: str, env: dict[str, str]) -> WorkerProcess:
-        start = functools.partial(WorkerProcess, "reference", device, env, self.config.threads)
+        start = functools.partial(
+            WorkerProcess, "reference", device, dict(env), self.config.threads
+        )
         if self.spares is None:
             return start()
         key = ("reference", device, tuple(sorted(env.items())), self.config.threads)

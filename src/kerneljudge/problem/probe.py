@@ -57,6 +57,8 @@ __all__ = ["PROBE_TIMEOUT_S", "WAITING", "ProbeChild", "default_probe_memory", "
 
 #: Wall-clock limit of one probe (seconds): a fresh interpreter imports torch, then the problem.
 PROBE_TIMEOUT_S = 120.0
+#: The stage a probe child reports from its start until it has imported torch.
+STARTING = "starting the probe"
 #: The stage a probe child reports once it has imported torch and waits for its problem.
 WAITING = "waiting for the problem"
 #: Largest file (bytes) the probed problem may write.
@@ -109,14 +111,20 @@ def probe_problem(
     else:
         start = functools.partial(ProbeChild, memory, cuda, spare=True)
         child = spares.take(("probe", memory, cuda, _SRC_DIR), start)
-    try:
-        code, report = child.run(path, timeout_s)
-        if not report and code:  # nothing ran of the probe's own code: its start failed
-            raise ProblemError(
-                f"{path}: the probe could not start (it {_ending(code)}): {child.last_line()}"
-            )
-    finally:
-        child.close()
+    for fresh in (spares is None, True):
+        try:
+            code, report = child.run(path, timeout_s)
+            given = report.get("stage") not in (None, STARTING, WAITING)
+            if code is not None and code != 0 and not given and fresh:
+                # It ended before it read the problem's path: its own start failed.
+                raise ProblemError(
+                    f"{path}: the probe could not start (it {_ending(code)}): {child.last_line()}"
+                )
+        finally:
+            child.close()
+        if given or code in (None, 0):
+            break
+        child = ProbeChild(memory, cuda)  # a spare that died before it was given the problem
     stage = str(report.get("stage", "starting the probe"))
     if code is None:
         raise ProblemError(f"{path}: {stage} did not finish within {timeout_s:g} s")
@@ -143,7 +151,8 @@ class ProbeChild:
         cuda: it constructs ``Model`` on the ``meta`` device (see the module docstring).
         spare: started ahead of need (:mod:`kerneljudge.worker.spares`): while it waits it
             also imports what constructing a model on the ``meta`` device may import
-            (``torch._dynamo``, for ``torch.tril`` among others).
+            (``torch._dynamo``, for ``torch.tril`` among others), which counts against
+            ``memory`` as any import does (about 80 MiB on the development machine).
 
     It runs as a worker does (:func:`kerneljudge.worker.confine.command`, without Landlock): in
     PID, mount and network namespaces of its own where the host allows them, and it ends with
@@ -232,8 +241,10 @@ class ProbeChild:
         return _last_line(self.log)
 
     def close(self) -> None:
-        """Kill the child and its group, and delete its folder."""
-        _kill_group(self.proc)
+        """Kill the child and its group (unless it was reaped: its pid may be another's now),
+        and delete its folder."""
+        if self.proc.returncode is None:
+            _kill_group(self.proc)
         if self._path_fd >= 0:
             os.close(self._path_fd)
             self._path_fd = -1
@@ -291,7 +302,7 @@ class _Report:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.stage = "starting the probe"
+        self.stage = STARTING
         self.started = time.perf_counter()
         #: ``[stage, seconds since the child started]`` of each step as it began.
         self.steps: list[list[Any]] = []
@@ -398,7 +409,7 @@ def main(argv: list[str]) -> int:
     report.write()
     problem_path = os.fsdecode(sys.stdin.buffer.read()).removesuffix("\n")
     report.started = time.perf_counter()
-    report.stage = "starting the probe"
+    report.stage = "reading the problem file"
     report.write()
     _limit(memory)
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterator
 
@@ -55,29 +56,24 @@ class WorkerPool:
         self._idle: list[WorkerProcess] = []
 
     def _spawn(self) -> WorkerProcess:
+        # The start and the spares' key are made of the same values, read once here: a field
+        # changed later (``record_ops``) makes another kind, never a spare filed under this one.
+        env, settings = dict(self.env), (self.threads, self.memory_limit_bytes)
+        record_ops, writable = self.record_ops, self.writable
+        start = functools.partial(
+            WorkerProcess,
+            "candidate",
+            self.device,
+            env,
+            *settings,
+            record_ops=record_ops,
+            writable=writable,
+        )
         if self.spares is None:
-            return self._start()
-        key = (
-            "candidate",
-            self.device,
-            tuple(sorted(self.env.items())),
-            self.threads,
-            self.memory_limit_bytes,
-            self.record_ops,
-            self.writable,
-        )
-        return self.spares.take(key, self._start, self.size)
-
-    def _start(self) -> WorkerProcess:
-        return WorkerProcess(
-            "candidate",
-            self.device,
-            self.env,
-            self.threads,
-            self.memory_limit_bytes,
-            record_ops=self.record_ops,
-            writable=self.writable,
-        )
+            return start()
+        pairs = tuple(sorted(env.items()))
+        key = ("candidate", self.device, pairs, *settings, record_ops, writable)
+        return self.spares.take(key, start, self.size)
 
     def prestart(self) -> None:
         while len(self._idle) < self.size:

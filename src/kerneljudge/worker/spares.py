@@ -11,13 +11,16 @@ while it waits, and a new judge adopts them.
 A spare has run nothing of any problem or candidate when it is taken, and it is taken once:
 each is used by one judge, as a process started for that judge would be, so nothing of one
 problem or candidate reaches another. Taking never waits for a spare to be ready: the caller
-waits as it would for a process it started itself.
+waits as it would for a process it started itself. The spares a host refills when a job has ended
+start during the next job's build and reference stages; a judge stops them from the load of its
+candidate to the end of its verdict (:meth:`Spares.paused`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
 from typing import Protocol, TypeVar
 
@@ -57,12 +60,19 @@ class Spares:
 
     :meth:`take` hands out the oldest live spare of a kind, or starts one at once when there is
     none, and from then on wants ``count`` of that kind; :meth:`refill` starts the missing ones
-    (the host calls it when a job has ended, so that no start competes with a verdict that is
-    running). Not thread-safe: one thread takes and refills.
+    (the host calls it when a job has ended). Only the ``max_kinds`` kinds taken most recently
+    are kept: taking another ends the spares of the least recently taken kind, so a host whose
+    jobs come with ever new settings (build cache folders, thread counts) keeps a bounded
+    number of processes. Not thread-safe: one thread takes and refills.
+
+    Args:
+        max_kinds: kinds kept (at least 1); a new CUDA judge takes 3 (its probe, its reference
+            worker, its candidate workers), a problem that records operators a 4th.
     """
 
-    def __init__(self) -> None:
-        self._start: dict[Hashable, Callable[[], Spare]] = {}
+    def __init__(self, max_kinds: int = 4) -> None:
+        self.max_kinds = max(1, max_kinds)
+        self._start: OrderedDict[Hashable, Callable[[], Spare]] = OrderedDict()
         self._count: dict[Hashable, int] = {}
         self._idle: dict[Hashable, list[Spare]] = {}
         self.closed = False
@@ -71,13 +81,17 @@ class Spares:
         """A spare of kind ``key`` (its oldest live one), else ``start()`` now.
 
         Args:
-            key: how ``start`` starts a process (equal keys: interchangeable processes).
-            start: starts one such process.
+            key: every argument ``start`` starts a process with (equal keys: interchangeable
+                processes); the first ``start`` given for a key is the one :meth:`refill` uses.
+            start: starts one such process, reading nothing that can change after this call.
             count: spares of this kind :meth:`refill` keeps from now on (at least 1).
         """
         if not self.closed:
-            self._start[key] = start
+            self._start.setdefault(key, start)
+            self._start.move_to_end(key)
             self._count[key] = max(1, count)
+            while len(self._start) > self.max_kinds:
+                self._forget(next(iter(self._start)))
         idle = self._idle.get(key, [])
         while idle:
             spare = idle.pop(0)
@@ -88,7 +102,11 @@ class Spares:
         return start()
 
     def refill(self) -> None:
-        """Start every spare that is missing (a dead one is replaced); nothing once closed."""
+        """Start every spare that is missing (a dead one is replaced); nothing once closed.
+
+        Raises:
+            whatever a kind's ``start`` raises (the spares started before it are kept).
+        """
         if self.closed:
             return
         for key, start in self._start.items():
@@ -99,12 +117,20 @@ class Spares:
             while len(idle) < self._count[key]:
                 idle.append(start())
 
+    def _forget(self, key: Hashable) -> None:
+        """Stop keeping kind ``key``: its spares end."""
+        del self._start[key]
+        self._count.pop(key, None)
+        _end(self._idle.pop(key, []))
+
     def wait_ready(self, timeout_s: float = 120.0) -> None:
         """Wait until every spare has started (torch imported, a worker's device context
         created), at most ``timeout_s`` in all.
 
         Raises:
-            WorkerDied, WorkerTimeout: a spare did not come up.
+            WorkerDied, WorkerTimeout: a worker did not come up.
+            ProblemError: a probe child did not (see
+                :meth:`kerneljudge.problem.probe.ProbeChild.wait_ready`).
         """
         deadline = time.monotonic() + timeout_s
         for spare in self.kept():
@@ -126,7 +152,13 @@ class Spares:
         self.closed = True
         self._start.clear()
         idle, self._idle = self.kept(), {}
-        with contextlib.ExitStack() as ending:  # every one ended, even if one raises
-            for spare in idle:
-                ending.callback(spare.close)
-                ending.callback(spare.pause, False)  # a stopped worker cannot take its exit
+        _end(idle)
+
+
+def _end(spares: list[Spare]) -> None:
+    """Close ``spares``, every one even if one raises; each continues first (a stopped worker
+    cannot take its exit request)."""
+    with contextlib.ExitStack() as ending:
+        for spare in spares:
+            ending.callback(spare.close)
+            ending.callback(spare.pause, False)
