@@ -161,6 +161,7 @@ def test_a_host_keeps_spares_after_a_job_and_judges_a_new_problem_with_them(
         for problem, candidate in problems:
             job = Job(str(problem), candidate.read_text(), JudgeOptions())
             outcome = host.run(job.to_dict(), lambda _: CONFIG)
+            host.refill()
             assert outcome.verdict is not None, outcome.message
             assert outcome.verdict.status == "correct"
             assert host.spares is not None

@@ -182,6 +182,7 @@ class JudgeHost:
         else:
             answer = {"verdict": outcome.verdict.to_dict()}
         answer["busy_s"] = outcome.busy_s
+        self._warm.refill()  # the next new problem's processes (a Ray answer ends the call)
         return answer
 
     def warm(self) -> list[str]:

@@ -9,8 +9,9 @@ next verdict's reference side) runs beside another's timing. A judge that fails 
 other than the candidate or the device (a harness failure: its reference worker died, the
 problem's reference fails on its own, a bug) is closed and dropped, so the next job on that
 problem starts a fresh one. A new judge takes its probe and its workers from the host's
-:class:`~kerneljudge.worker.spares.Spares`, refilled when a job has ended, so that a job on a
-problem the host has not judged yet does not wait for interpreters to start.
+:class:`~kerneljudge.worker.spares.Spares`, refilled once a job is answered
+(:meth:`WarmJudges.refill`), so that a job on a problem the host has not judged yet does not
+wait for interpreters to start.
 
 :meth:`WarmJudges.run` never raises for a job (only ``KeyboardInterrupt`` and the like pass
 through): it answers an :class:`Outcome`, a verdict or a :class:`~kerneljudge.executors.JobError`
@@ -174,12 +175,12 @@ class WarmJudges:
             outcome = Outcome(None, error_kind(exc), one_line(exc), time.monotonic() - t0)
         else:
             outcome = Outcome(verdict, busy_s=time.monotonic() - t0)
-        self._refill()
         return outcome
 
-    def _refill(self) -> None:
-        """Start the spares the last job took. A failure to start one is logged and left to
-        the next new judge, which then starts its own process."""
+    def refill(self) -> None:
+        """Start the spares the last jobs took (the host calls it once it has answered a job).
+        A failure to start one is logged and left to the next new judge, which then starts its
+        own process."""
         try:
             if self.spares is not None:
                 self.spares.refill()

@@ -156,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                 reply = slot.run(msg)
                 busy.clear()
                 lines.send(reply)
+                slot.judges.refill()  # the next new problem's processes, once answered
             busy.clear()
     except (BrokenPipeError, OSError):
         return 0
