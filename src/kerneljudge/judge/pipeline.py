@@ -94,7 +94,8 @@ class Judge:
         try:
             if early is not None:
                 started[early] = self._reference_worker(early, ref_env)
-                self._new_pool(early, record_ops=False).prestart()
+                if spares is None:  # (spares are taken once the probe says which kind)
+                    self._new_pool(early, record_ops=False).prestart()
             self.problem = (
                 problem
                 if isinstance(problem, Problem)
@@ -105,6 +106,8 @@ class Judge:
                 if record_ops:  # its workers lack the recording's warm-up: started again at need
                     pool.close()
                 pool.record_ops = record_ops
+            if early is not None and spares is not None:
+                self._new_pool(early, record_ops).prestart()
             self.reference = ReferenceSide(
                 self.problem, self.config.seed, self.config.threads, ref_env
             )
