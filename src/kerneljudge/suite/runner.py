@@ -3,12 +3,15 @@
 A run is planned from its *spec* (the suite, the candidates folder, the layout and the judge
 options, stored with the run), so a resumed run plans the same pairs again and judges those
 without a stored verdict. Each problem gets one warm :class:`~kerneljudge.judge.Judge` for all
-its candidates; each verdict is committed before the next pair starts, so a run stopped at any
-moment (Ctrl-C, ``kill -9``, a power cut) loses at most the pair in flight.
+its candidates, made from processes started while the problem before it was judged
+(:mod:`kerneljudge.worker.spares`); each verdict is committed before the next pair starts, so
+a run stopped at any moment (Ctrl-C, ``kill -9``, a power cut) loses at most the pair in
+flight.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -27,6 +30,7 @@ from kerneljudge.judge import Judge, JudgeConfig
 from kerneljudge.judge.options import JudgeOptions
 from kerneljudge.suite.layout import Pair, SuiteProblem, find_candidates, load_suite
 from kerneljudge.suite.store import ResultsStore, StoreError
+from kerneljudge.worker.spares import Spares
 
 __all__ = ["RunSummary", "SuiteOptions", "host_versions", "plan", "run_pairs", "start_run"]
 
@@ -224,11 +228,12 @@ def run_pairs(store: ResultsStore, run: str, reporter: Reporter | None = None) -
     by_problem: dict[str, list[Pair]] = {}
     for p in todo:
         by_problem.setdefault(p.problem.name, []).append(p)
+    spares = Spares()  # the next problem's processes start while this one's pairs are judged
     try:
-        with _CtrlC() as ctrl_c:
+        with _CtrlC() as ctrl_c, contextlib.closing(spares):
             report("start", None, (len(todo), summary.already))
             for group in by_problem.values():
-                _judge_problem(store, run_id, group, config, summary, report, ctrl_c)
+                _judge_problem(store, run_id, group, config, summary, report, ctrl_c, spares)
     except BaseException as exc:  # Ctrl-C, or a harness failure: the run stays resumable
         summary.interrupted = isinstance(exc, KeyboardInterrupt)
         store.set_state(run_id, "interrupted")
@@ -247,8 +252,10 @@ def _judge_problem(
     summary: RunSummary,
     report: Reporter,
     ctrl_c: _CtrlC,
+    spares: Spares,
 ) -> None:
-    """Judge one problem's pending pairs with one warm judge; a Ctrl-C is honoured between
+    """Judge one problem's pending pairs with one warm judge, its processes taken from
+    ``spares`` (refilled once it is up, for the next problem); a Ctrl-C is honoured between
     pairs even if its KeyboardInterrupt was lost."""
     problem = group[0].problem
 
@@ -257,11 +264,13 @@ def _judge_problem(
         report("skip", pair, why)
 
     try:
-        judge = Judge(problem.path, config)
+        judge = Judge(problem.path, config, spares=spares)
     except ProblemError as exc:
         for pair in group:
             skip(pair, f"problem failed to load: {exc}")
         return
+    with contextlib.suppress(KernelJudgeError, OSError):  # then the next judge starts its own
+        spares.refill()
     with judge:
         for i, pair in enumerate(group):
             ctrl_c.check()
