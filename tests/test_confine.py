@@ -523,9 +523,11 @@ def test_a_problems_probe_ends_with_the_judge_killed_by_sigkill(tmp_path: Path) 
     """A process probing a problem whose import never ends is killed with SIGKILL: the probe
     child (in a session of its own, where a group kill from the judge cannot reach it) ends
     with it."""
-    marker = secrets.token_hex(8)
-    problem = tmp_path / f"stuck_{marker}.py"
-    problem.write_text("import time\nwhile True:\n    time.sleep(1)\n")
+    running = tmp_path / "running"
+    problem = tmp_path / "stuck.py"
+    problem.write_text(
+        f"import time\nopen({str(running)!r}, 'w').close()\nwhile True:\n    time.sleep(1)\n"
+    )
     script = tmp_path / "judge.py"
     script.write_text(_PROBING_JUDGE)
     proc = subprocess.Popen(
@@ -533,8 +535,11 @@ def test_a_problems_probe_ends_with_the_judge_killed_by_sigkill(tmp_path: Path) 
     )
     try:
         deadline = time.monotonic() + 120
-        while not (probes := _with_marker(marker, proc.pid)) and time.monotonic() < deadline:
+        while not running.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
+        assert running.exists(), "the problem's code did not start in its probe"
+        # (The probe reads the problem's path on its stdin: found as the judge's descendants.)
+        probes = child_pids(proc.pid)
         assert probes, "the probe did not start"
         _kill_and_expect_gone(proc, probes)
     finally:
