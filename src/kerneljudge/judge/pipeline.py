@@ -94,8 +94,11 @@ class Judge:
         try:
             if early is not None:
                 started[early] = self._reference_worker(early, ref_env)
-                if spares is None:  # (spares are taken once the probe says which kind)
-                    self._new_pool(early, record_ops=False).prestart()
+                if spares is None or not spares.kept():  # none ahead: started beside the probe
+                    pool = self._new_pool(early, record_ops=False)
+                    pool.spares = None  # (a guess of the kind: not one the spares should keep)
+                    pool.prestart()
+                    pool.spares = spares
             self.problem = (
                 problem
                 if isinstance(problem, Problem)
@@ -106,7 +109,7 @@ class Judge:
                 if record_ops:  # its workers lack the recording's warm-up: started again at need
                     pool.close()
                 pool.record_ops = record_ops
-            if early is not None and spares is not None:
+            if early is not None and early not in self._pools and spares is not None:
                 self._new_pool(early, record_ops).prestart()
             self.reference = ReferenceSide(
                 self.problem, self.config.seed, self.config.threads, ref_env
