@@ -110,7 +110,8 @@ def probe_problem(
         child = ProbeChild(memory, cuda)
     else:
         start = functools.partial(ProbeChild, memory, cuda, spare=True)
-        child = spares.take(("probe", memory, cuda, _SRC_DIR), start)
+        now = functools.partial(ProbeChild, memory, cuda)
+        child = spares.take(("probe", memory, cuda, _SRC_DIR), start, now=now)
     for fresh in (spares is None, True):
         try:
             code, report = child.run(path, timeout_s)

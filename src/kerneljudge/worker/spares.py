@@ -77,14 +77,22 @@ class Spares:
         self._idle: dict[Hashable, list[Spare]] = {}
         self.closed = False
 
-    def take(self, key: Hashable, start: Callable[[], S], count: int = 1) -> S:
-        """A spare of kind ``key`` (its oldest live one), else ``start()`` now.
+    def take(
+        self,
+        key: Hashable,
+        start: Callable[[], S],
+        count: int = 1,
+        now: Callable[[], S] | None = None,
+    ) -> S:
+        """A spare of kind ``key`` (its oldest live one), else ``now()`` (default ``start()``).
 
         Args:
             key: every argument ``start`` starts a process with (equal keys: interchangeable
                 processes); the first ``start`` given for a key is the one :meth:`refill` uses.
             start: starts one such process, reading nothing that can change after this call.
             count: spares of this kind :meth:`refill` keeps from now on (at least 1).
+            now: starts the process to hand out when no spare is kept (one that will be used at
+                once needs nothing done while it would wait).
         """
         if not self.closed:
             self._start.setdefault(key, start)
@@ -99,7 +107,7 @@ class Spares:
                 spare.pause(False)  # taken inside a :meth:`paused` block, it must run
                 return spare  # type: ignore[return-value]  # started by this key's ``start``
             spare.close()
-        return start()
+        return (now or start)()
 
     def refill(self) -> None:
         """Start every spare that is missing (a dead one is replaced); nothing once closed.
