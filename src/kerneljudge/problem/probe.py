@@ -150,8 +150,8 @@ class ProbeChild:
     Args:
         memory: its ``RLIMIT_DATA`` (bytes), set once it has the path.
         cuda: it constructs ``Model`` on the ``meta`` device (see the module docstring).
-        spare: started ahead of need (:mod:`kerneljudge.worker.spares`): while it waits it
-            also imports what constructing a model on the ``meta`` device may import
+        spare: started ahead of need (:mod:`kerneljudge.worker.spares`): with ``cuda``, while
+            it waits it also imports what constructing a model on the ``meta`` device may import
             (``torch._dynamo``, for ``torch.tril`` among others), which counts against
             ``memory`` as any import does (about 80 MiB on the development machine).
 
@@ -404,7 +404,7 @@ def main(argv: list[str]) -> int:
 
     from kerneljudge.problem import Problem  # noqa: F401
 
-    if "--spare" in argv[3:]:
+    if cuda and "--spare" in argv[3:]:  # (only the meta device's kernels import it)
         import torch._dynamo  # noqa: F401
     report.stage = WAITING
     report.write()
