@@ -245,8 +245,8 @@ def test_a_spare_probe_that_died_before_it_was_given_the_problem_is_not_blamed_o
     taken = spares.take
     killed: list[int] = []
 
-    def take_and_kill(key, start, count=1):  # type: ignore[no-untyped-def]
-        spare = taken(key, start, count)
+    def take_and_kill(key, start, count=1, now=None):  # type: ignore[no-untyped-def]
+        spare = taken(key, start, count, now)
         if isinstance(spare, ProbeChild):  # it dies after it was taken, before it reads
             os.killpg(spare.proc.pid, signal.SIGKILL)
             spare.proc.wait()
