@@ -24,7 +24,6 @@ set its CPU affinity before anything starts a thread.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import threading
 import time
 from collections import OrderedDict
@@ -39,8 +38,6 @@ if TYPE_CHECKING:
     from kerneljudge.worker.spares import Spares
 
 __all__ = ["HOST_FIELDS", "Outcome", "WarmJudges", "one_line"]
-
-log = logging.getLogger(__name__)
 
 #: The fields of a job's :class:`JudgeConfig` that belong to the judge rather than to one job
 #: (the device, the build cache, torch threads); every other field is set per job through
@@ -178,14 +175,10 @@ class WarmJudges:
         return outcome
 
     def refill(self) -> None:
-        """Start the spares the last jobs took (the host calls it once it has answered a job).
-        A failure to start one is logged and left to the next new judge, which then starts its
-        own process."""
-        try:
-            if self.spares is not None:
-                self.spares.refill()
-        except Exception as exc:  # noqa: BLE001 - never this job's error, nor the host's
-            log.warning("starting spare processes failed: %s", one_line(exc))
+        """Start the spares the last jobs took (the host calls it once it has answered a job;
+        :meth:`~kerneljudge.worker.spares.Spares.refill`: a failure is logged, never raised)."""
+        if self.spares is not None:
+            self.spares.refill()
 
     def close(self) -> None:
         """Close every warm judge and every spare (their worker processes end)."""

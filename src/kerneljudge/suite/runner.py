@@ -269,8 +269,7 @@ def _judge_problem(
         for pair in group:
             skip(pair, f"problem failed to load: {exc}")
         return
-    with contextlib.suppress(KernelJudgeError, OSError):  # then the next judge starts its own
-        spares.refill()
+    spares.refill()
     with judge:
         for i, pair in enumerate(group):
             ctrl_c.check()

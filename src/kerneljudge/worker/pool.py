@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 from kerneljudge.worker.faults import WorkerDied, WorkerTimeout
 from kerneljudge.worker.process import WorkerProcess
-from kerneljudge.worker.spares import Spares, stopped
+from kerneljudge.worker.spares import Spares, close_all, stopped
 
 __all__ = ["WorkerPool", "default_memory_limit"]
 
@@ -100,7 +100,5 @@ class WorkerPool:
             yield
 
     def close(self) -> None:
-        for worker in self._idle:
-            worker.pause(False)  # a stopped worker cannot take the exit request
-            worker.close()
-        self._idle.clear()
+        idle, self._idle = self._idle, []
+        close_all(idle)

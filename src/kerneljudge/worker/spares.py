@@ -19,12 +19,17 @@ candidate to the end of its verdict (:meth:`Spares.paused`).
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Protocol, TypeVar
 
-__all__ = ["Spare", "Spares", "stopped"]
+from kerneljudge.errors import first_line
+
+__all__ = ["Spare", "Spares", "close_all", "stopped"]
+
+log = logging.getLogger(__name__)
 
 
 class Spare(Protocol):
@@ -43,7 +48,7 @@ S = TypeVar("S", bound=Spare)
 
 
 @contextlib.contextmanager
-def stopped(processes: list[Spare]) -> Iterator[None]:
+def stopped(processes: Sequence[Spare]) -> Iterator[None]:
     """Inside the block ``processes`` are stopped (``pause(True)``); all of them continue at
     its end, also after an interrupt among the stops."""
     try:
@@ -111,25 +116,27 @@ class Spares:
 
     def refill(self) -> None:
         """Start every spare that is missing (a dead one is replaced); nothing once closed.
-
-        Raises:
-            whatever a kind's ``start`` raises (the spares started before it are kept).
-        """
+        A failure to start one is logged and ends the refill, the spares started before it
+        kept: the next new judge then starts its own process. Never raises for a start."""
         if self.closed:
             return
-        for key, start in self._start.items():
-            idle = self._idle.setdefault(key, [])
-            for spare in [s for s in idle if not s.alive()]:
-                idle.remove(spare)
-                spare.close()
-            while len(idle) < self._count[key]:
-                idle.append(start())
+        try:
+            for key, start in self._start.items():
+                idle = self._idle.setdefault(key, [])
+                for spare in [s for s in idle if not s.alive()]:
+                    idle.remove(spare)
+                    spare.close()
+                while len(idle) < self._count[key]:
+                    idle.append(start())
+        except Exception as exc:  # noqa: BLE001 - never the job's error, nor the host's
+            text = f"{type(exc).__name__}: {first_line(str(exc))}"
+            log.warning("starting spare processes failed: %s", text)
 
     def _forget(self, key: Hashable) -> None:
         """Stop keeping kind ``key``: its spares end."""
         del self._start[key]
         self._count.pop(key, None)
-        _end(self._idle.pop(key, []))
+        close_all(self._idle.pop(key, []))
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
         """Wait until every spare has started (torch imported, a worker's device context
@@ -160,10 +167,10 @@ class Spares:
         self.closed = True
         self._start.clear()
         idle, self._idle = self.kept(), {}
-        _end(idle)
+        close_all(idle)
 
 
-def _end(spares: list[Spare]) -> None:
+def close_all(spares: Sequence[Spare]) -> None:
     """Close ``spares``, every one even if one raises; each continues first (a stopped worker
     cannot take its exit request)."""
     with contextlib.ExitStack() as ending:
