@@ -29,8 +29,11 @@ the side ``kj-spares``, kerneljudge in a judge host that is already up: before t
 process judges a 1 MiB problem of its own (:data:`WARM_UP_PROBLEM`) and starts its spares
 (:mod:`kerneljudge.worker.spares`: a probe child, a reference worker, candidate workers, torch
 imported and CUDA contexts made) and waits for them, as an executor's slot keeps them between
-jobs; the count then starts at ``Judge(problem, config, spares=...)``, the spares taken. Results
-go to ``--json`` after every problem (a run cut short keeps what it measured).
+jobs; the count then starts at ``Judge(problem, config, spares=...)``, the spares taken; with the
+side ``kj-served``, the same but one such host judges every problem of the run in turn (as an
+executor's slot does), its spares refilled and waited for between problems, outside the count
+(``refill_s``), so the host's own start is paid once per run rather than once per problem.
+Results go to ``--json`` after every problem (a run cut short keeps what it measured).
 
 KernelBench's harness imports ``pydantic``, ``requests``, ``dotenv`` (and ``tqdm``,
 ``openai``, ``litellm`` through its utilities); the last two are only imported, so where they
@@ -44,18 +47,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import queue
 import re
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 import types
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from _oneshot import run_one
+from _oneshot import ROOT, run_one
 
 from kerneljudge.check.beside import THROUGH_HOST_ENV
 
@@ -139,46 +146,45 @@ def _identity_candidate(problem: Path) -> Any:
     return Candidate.from_source(identity_source(problem.read_text()), name="identity.py")
 
 
-def _run_kerneljudge(
-    problem: Path, requests: bool, again: bool, with_spares: bool = False
+def _judge_config(device: str) -> Any:
+    from kerneljudge import JudgeConfig
+
+    return JudgeConfig(device=device, baselines=("eager",), graph_timing=False)
+
+
+def _count(
+    problem: Path, config: Any, spares: Any, tmp: Path, requests: bool, again: bool
 ) -> dict[str, Any]:
-    import torch
+    """The counted part of a kerneljudge side: ``Judge(problem, config, spares=spares)`` to the
+    identity candidate's verdict (and, with ``again``, a second candidate's in the same judge)."""
     from _requests import count_requests
 
-    from kerneljudge import Judge, JudgeConfig
+    from kerneljudge import Judge
 
-    with tempfile.TemporaryDirectory() as tmp:
-        cand = Path(tmp) / f"identity_{problem.stem}.py"
-        cand.write_text(identity_source(problem.read_text()))
-        torch.cuda.init()  # as on KernelBench's side: the driver's start is outside the count
-        config = JudgeConfig(device="cuda", baselines=("eager",), graph_timing=False)
-        spares = _host_with_spares(config, Path(tmp)) if with_spares else None
-        spent = count_requests() if requests else {}
-        t0 = time.perf_counter()
-        try:
-            with Judge(problem, config, spares=spares) as judge:
-                constructed = time.perf_counter() - t0  # the problem's probe among it
-                verdict = judge.evaluate(cand)
-                seconds = time.perf_counter() - t0
-                warm = None
-                if again:
-                    # A second candidate (the same code, another file) in the same judge: its
-                    # workers and the reference's prepared trials are reused.
-                    cand2 = cand.with_name(f"identity2_{problem.stem}.py")
-                    cand2.write_text(cand.read_text() + "\n# again\n")
-                    t1 = time.perf_counter()
-                    second = judge.evaluate(cand2)
-                    again_eager = second.timing.speedup("eager") if second.timing else None
-                    warm = {
-                        "seconds": time.perf_counter() - t1,
-                        "status": second.status.value,
-                        "stage_s": second.stage_s,
-                        "speedup": again_eager.median if again_eager else None,
-                        "ci95": list(again_eager.ci95) if again_eager else None,
-                    }
-        finally:
-            if spares is not None:
-                spares.close()
+    cand = tmp / f"identity_{problem.stem}.py"
+    cand.write_text(identity_source(problem.read_text()))
+    spent = count_requests() if requests else {}
+    t0 = time.perf_counter()
+    with Judge(problem, config, spares=spares) as judge:
+        constructed = time.perf_counter() - t0  # the problem's probe among it
+        verdict = judge.evaluate(cand)
+        seconds = time.perf_counter() - t0
+        warm = None
+        if again:
+            # A second candidate (the same code, another file) in the same judge: its
+            # workers and the reference's prepared trials are reused.
+            cand2 = cand.with_name(f"identity2_{problem.stem}.py")
+            cand2.write_text(cand.read_text() + "\n# again\n")
+            t1 = time.perf_counter()
+            second = judge.evaluate(cand2)
+            again_eager = second.timing.speedup("eager") if second.timing else None
+            warm = {
+                "seconds": time.perf_counter() - t1,
+                "status": second.status.value,
+                "stage_s": second.stage_s,
+                "speedup": again_eager.median if again_eager else None,
+                "ci95": list(again_eager.ci95) if again_eager else None,
+            }
     eager = verdict.timing.speedup("eager") if verdict.timing else None
     return {
         "seconds": seconds,
@@ -191,6 +197,57 @@ def _run_kerneljudge(
         "requests": _by_request(spent),
         "again": warm,
     }
+
+
+def _init_device(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.init()  # as on KernelBench's side: the driver's start is outside the count
+
+
+def _run_kerneljudge(
+    problem: Path, requests: bool, again: bool, with_spares: bool = False, device: str = "cuda"
+) -> dict[str, Any]:
+    _init_device(device)
+    with tempfile.TemporaryDirectory() as tmp:
+        config = _judge_config(device)
+        spares = _host_with_spares(config, Path(tmp)) if with_spares else None
+        try:
+            return _count(problem, config, spares, Path(tmp), requests, again)
+        finally:
+            if spares is not None:
+                spares.close()
+
+
+def _serve(args: argparse.Namespace) -> None:
+    """The ``kj-served`` side's host: after :func:`_host_with_spares`, judge each problem whose
+    path arrives on stdin, one ``RESULT`` line each; between problems (outside the count) its
+    spares are refilled and waited for, as an executor's slot refills them after each job."""
+    _init_device(args.device)
+    with tempfile.TemporaryDirectory() as tmp:
+        config = _judge_config(args.device)
+        spares = _host_with_spares(config, Path(tmp))
+        try:
+            print("READY", flush=True)
+            for line in sys.stdin:
+                try:
+                    out = _count(
+                        Path(line.strip()), config, spares, Path(tmp), args.requests, args.again
+                    )
+                except Exception as exc:  # noqa: BLE001 - reported as the row's failure
+                    out = {
+                        "seconds": None,
+                        "status": "harness error",
+                        "reason": f"{type(exc).__name__}: {exc}",
+                    }
+                t0 = time.perf_counter()
+                spares.refill()
+                spares.wait_ready()
+                out["refill_s"] = time.perf_counter() - t0
+                print("RESULT " + json.dumps(out), flush=True)
+        finally:
+            spares.close()
 
 
 def _by_request(spent: dict[tuple[str, str], list[float]]) -> dict[str, list[float]]:
@@ -252,7 +309,7 @@ def _one(args: argparse.Namespace) -> None:
     problem = Path(args.one_problem)
     try:
         if args.one == "kj":
-            out = _run_kerneljudge(problem, args.requests, args.again, args.spares)
+            out = _run_kerneljudge(problem, args.requests, args.again, args.spares, args.device)
         else:
             out = _run_kernelbench(problem, Path(args.kernelbench), args.kb_perf_trials)
     except Exception as exc:  # noqa: BLE001 - reported as the row's failure
@@ -260,19 +317,99 @@ def _one(args: argparse.Namespace) -> None:
     print("RESULT " + json.dumps(out), flush=True)
 
 
-def _side(args: argparse.Namespace, side: str, problem: Path) -> dict[str, Any]:
-    """One side's result in a fresh process: ``kb``, ``kj``, ``kj-host`` (kerneljudge with
-    every candidate output sent through the host, none on the device) or ``kj-spares``
-    (kerneljudge in a host that has judged another problem and keeps its spares started)."""
+class _Served:
+    """The ``kj-served`` side's host process (:func:`_serve`), started at its first problem and
+    again after one that ran past the side's timeout (which ends it)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.proc: subprocess.Popen[str] | None = None
+        self.lines: queue.Queue[str | None] = queue.Queue()
+
+    def _start(self) -> None:
+        cmd = [sys.executable, __file__, "--serve", "--device", self.args.device]
+        cmd += ["--kernelbench", str(self.args.kernelbench)]
+        cmd += ["--requests"] if self.args.requests else []
+        cmd += ["--again"] if self.args.again else []
+        path = os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
+        self.proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": path},
+        )
+        self.lines = queue.Queue()
+        out, lines = self.proc.stdout, self.lines
+
+        def read() -> None:
+            for line in out:  # type: ignore[union-attr]
+                lines.put(line)
+            lines.put(None)
+
+        threading.Thread(target=read, daemon=True).start()
+
+    def _line(self, prefix: str, deadline: float) -> str | None:
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                return None
+            if line is None:
+                return None
+            if line.startswith(prefix):
+                return line
+
+    def ask(self, problem: Path) -> dict[str, Any]:
+        deadline = time.monotonic() + self.args.timeout
+        if self.proc is None:
+            self._start()
+            if self._line("READY", time.monotonic() + 300.0) is None:
+                self.close()
+                return {
+                    "seconds": None,
+                    "status": "harness error",
+                    "reason": "the host did not start",
+                }
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write(f"{problem}\n")
+        self.proc.stdin.flush()
+        line = self._line("RESULT ", deadline)
+        if line is None:
+            self.close()
+            return {"seconds": None, "status": "timeout", "reason": f"over {self.args.timeout} s"}
+        out: dict[str, Any] = json.loads(line[len("RESULT ") :])
+        return out
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+
+def _side(
+    args: argparse.Namespace, side: str, problem: Path, served: _Served | None = None
+) -> dict[str, Any]:
+    """One side's result: ``kb``, ``kj``, ``kj-host`` (kerneljudge with every candidate output
+    sent through the host, none on the device) or ``kj-spares`` (kerneljudge in a host that has
+    judged another problem and keeps its spares started), each in a fresh process; or
+    ``kj-served`` (the same host, one process for every problem: :class:`_Served`)."""
+    t0 = time.perf_counter()
+    if side == "kj-served":
+        assert served is not None
+        out = served.ask(problem)
+        out["process_s"] = time.perf_counter() - t0
+        return out
     env = {THROUGH_HOST_ENV: "1"} if side == "kj-host" else {}
     spares = side == "kj-spares"
     side = "kj" if side.startswith("kj") else side
     cmd = [sys.executable, __file__, "--one", side, "--one-problem", str(problem)]
     cmd += ["--spares"] if spares else []
     cmd += ["--kernelbench", str(args.kernelbench), "--kb-perf-trials", str(args.kb_perf_trials)]
+    cmd += ["--device", args.device]
     cmd += ["--requests"] if args.requests else []
     cmd += ["--again"] if args.again else []
-    t0 = time.perf_counter()
     out = run_one(cmd, args.timeout, env)
     out["process_s"] = time.perf_counter() - t0
     return out
@@ -298,8 +435,12 @@ def main() -> None:
     )
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per side")
     parser.add_argument(
-        "--sides", default="kb,kj", help="which sides, in order (kb, kj, kj-host, kj-spares)"
+        "--sides",
+        default="kb,kj",
+        help="which sides, in order (kb, kj, kj-host, kj-spares, kj-served)",
     )
+    parser.add_argument("--device", default="cuda", help="kerneljudge's device (cpu: smoke runs)")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--spares", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--one", choices=("kj", "kb"), help=argparse.SUPPRESS)
     parser.add_argument("--one-problem", help=argparse.SUPPRESS)
@@ -307,21 +448,25 @@ def main() -> None:
     if args.one:
         _one(args)
         return
+    if args.serve:
+        _serve(args)
+        return
     rows = []
     meta = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "host": platform.node(),
         "command": " ".join(sys.argv),
     }
+    served = _Served(args)
     for name in [p for p in args.problems.split(",") if p]:
         problem = args.kernelbench / "KernelBench" / name
         row: dict[str, Any] = {"problem": name}
         for side in args.sides.split(","):
-            row[side] = _side(args, side, problem)
+            row[side] = _side(args, side, problem, served)
         kb = row.get("kb", {})
-        for side in [x for x in ("kj", "kj-spares") if x in row]:
+        for side in [x for x in ("kj", "kj-spares", "kj-served") if x in row]:
             kj = row[side]
-            suffix = "" if side == "kj" else "_spares"
+            suffix = {"kj": "", "kj-spares": "_spares", "kj-served": "_served"}[side]
             row["ratio" + suffix] = _ratio(kj.get("seconds"), kb.get("seconds"))
             warm_s = (kj.get("again") or {}).get("seconds")
             row["ratio_again" + suffix] = _ratio(warm_s, kb.get("seconds"))
@@ -361,16 +506,19 @@ def main() -> None:
             if host.get("requests"):
                 reqs = " ".join(f"{op} {t}s/{n}" for op, (t, n) in host["requests"].items())
                 print(f"    kj-host requests: {reqs}", flush=True)
-        for side in ("kb", "kj", "kj-host", "kj-spares"):
+        for side in ("kb", "kj", "kj-host", "kj-spares", "kj-served"):
             if row.get(side, {}).get("status") not in (None, "correct"):
                 print(f"    {side}: {row[side].get('reason', '')}", flush=True)
         if args.json:
             args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    served.close()
     for key, what in (
         ("ratio", "first verdict"),
         ("ratio_again", "second verdict"),
         ("ratio_spares", "first verdict, spares started"),
         ("ratio_again_spares", "second verdict, spares started"),
+        ("ratio_served", "first verdict, one host for every problem"),
+        ("ratio_again_served", "second verdict, one host for every problem"),
     ):
         ratios = [r[key] for r in rows if r.get(key) is not None]
         if ratios:
