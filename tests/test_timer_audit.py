@@ -751,3 +751,29 @@ def test_the_fused_kernels_source_computes_the_trees_residues(tmp_path: Path) ->
     got = subprocess.run([str(tmp_path / "fused")], capture_output=True, text=True, check=True)
     expected = [int(line.rsplit("// ", 1)[1]) for line in calls]
     assert [int(v) for v in got.stdout.split()] == expected
+
+
+def test_a_committed_calls_copies_are_not_held_past_their_slot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """When a call's forward starts, the loop holds the committed copies of at most
+    ``PIPELINE_DEPTH`` earlier calls (their slots on the way), as ``pipeline_depth`` counts
+    them on a GPU: a copy whose slot said "not kept" is gone by then."""
+    import weakref
+
+    copies: list[weakref.ref] = []
+    digest = measure._output_digest
+
+    def recording(t: torch.Tensor, kind: int | None = None) -> tuple[int, bytes]:
+        copies.append(weakref.ref(t))
+        return digest(t) if kind is None else digest(t, kind)
+
+    live: list[int] = []
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        live.append(sum(ref() is not None for ref in copies))
+        return torch.tanh(x)
+
+    monkeypatch.setattr(measure, "_output_digest", recording)
+    _observe(fn, [[torch.randn(16, 8)]], 8, 1, lambda i: -1)
+    assert len(live) == 9 and max(live) == measure.PIPELINE_DEPTH

@@ -423,5 +423,8 @@ def time_calls(
                     size = _device_bytes(held)
                     kept[slot] = held if size <= room else [t.cpu() for t in held]
                     room -= size if size <= room else 0
+                # Not held past its slot: a call not kept (or kept on the host) frees its copies
+                # before the next call, as pipeline_depth counts them.
+                del held
         del out, args, copies
     return times, kept, (_perf_counter_ns() - wall0) / 1e9
