@@ -376,7 +376,10 @@ class _Served:
         self.proc.stdin.flush()
         line = self._line("RESULT ", deadline)
         if line is None:
+            code = self.proc.poll()
             self.close()
+            if code is not None:
+                return {"seconds": None, "status": f"exit {code}", "reason": "the host ended"}
             return {"seconds": None, "status": "timeout", "reason": f"over {self.args.timeout} s"}
         out: dict[str, Any] = json.loads(line[len("RESULT ") :])
         return out
