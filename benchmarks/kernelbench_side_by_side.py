@@ -153,17 +153,21 @@ def _judge_config(device: str) -> Any:
 
 
 def _count(
-    problem: Path, config: Any, spares: Any, tmp: Path, requests: bool, again: bool
+    problem: Path,
+    config: Any,
+    spares: Any,
+    tmp: Path,
+    spent: dict[tuple[str, str], list[float]],
+    again: bool,
 ) -> dict[str, Any]:
     """The counted part of a kerneljudge side: ``Judge(problem, config, spares=spares)`` to the
-    identity candidate's verdict (and, with ``again``, a second candidate's in the same judge)."""
-    from _requests import count_requests
-
+    identity candidate's verdict (and, with ``again``, a second candidate's in the same judge);
+    ``spent``: the request counter (:func:`_requests.count_requests`, cleared here) or ``{}``."""
     from kerneljudge import Judge
 
     cand = tmp / f"identity_{problem.stem}.py"
     cand.write_text(identity_source(problem.read_text()))
-    spent = count_requests() if requests else {}
+    spent.clear()
     t0 = time.perf_counter()
     with Judge(problem, config, spares=spares) as judge:
         constructed = time.perf_counter() - t0  # the problem's probe among it
@@ -209,43 +213,53 @@ def _init_device(device: str) -> None:
 def _run_kerneljudge(
     problem: Path, requests: bool, again: bool, with_spares: bool = False, device: str = "cuda"
 ) -> dict[str, Any]:
+    from _requests import count_requests
+
     _init_device(device)
     with tempfile.TemporaryDirectory() as tmp:
         config = _judge_config(device)
         spares = _host_with_spares(config, Path(tmp)) if with_spares else None
         try:
-            return _count(problem, config, spares, Path(tmp), requests, again)
+            spent = count_requests() if requests else {}
+            return _count(problem, config, spares, Path(tmp), spent, again)
         finally:
             if spares is not None:
                 spares.close()
 
 
 def _serve(args: argparse.Namespace) -> None:
-    """The ``kj-served`` side's host: after :func:`_host_with_spares`, judge each problem whose
-    path arrives on stdin, one ``RESULT`` line each; between problems (outside the count) its
-    spares are refilled and waited for, as an executor's slot refills them after each job."""
+    """The ``kj-served`` side's host: after :func:`_host_with_spares` it prints ``READY``, then
+    judges each problem whose path arrives on stdin and prints its ``RESULT`` line at once; then
+    (outside the count) it refills its spares and waits for them, as an executor's slot refills
+    them after each job, and prints ``READY {"refill_s": ..., "error": ...}``. It ends at the
+    end of its stdin."""
+    from _requests import count_requests
+
     _init_device(args.device)
     with tempfile.TemporaryDirectory() as tmp:
         config = _judge_config(args.device)
         spares = _host_with_spares(config, Path(tmp))
+        spent = count_requests() if args.requests else {}
         try:
             print("READY", flush=True)
             for line in sys.stdin:
                 try:
-                    out = _count(
-                        Path(line.strip()), config, spares, Path(tmp), args.requests, args.again
-                    )
+                    out = _count(Path(line.strip()), config, spares, Path(tmp), spent, args.again)
                 except Exception as exc:  # noqa: BLE001 - reported as the row's failure
                     out = {
                         "seconds": None,
                         "status": "harness error",
                         "reason": f"{type(exc).__name__}: {exc}",
                     }
-                t0 = time.perf_counter()
-                spares.refill()
-                spares.wait_ready()
-                out["refill_s"] = time.perf_counter() - t0
                 print("RESULT " + json.dumps(out), flush=True)
+                t0, error = time.perf_counter(), ""
+                try:
+                    spares.refill()
+                    spares.wait_ready()
+                except Exception as exc:  # noqa: BLE001 - the next judge starts its own then
+                    error = f"{type(exc).__name__}: {exc}"
+                ready = {"refill_s": time.perf_counter() - t0, "error": error}
+                print("READY " + json.dumps(ready), flush=True)
         finally:
             spares.close()
 
@@ -319,12 +333,16 @@ def _one(args: argparse.Namespace) -> None:
 
 class _Served:
     """The ``kj-served`` side's host process (:func:`_serve`), started at its first problem and
-    again after one that ran past the side's timeout (which ends it)."""
+    again after one that ran past the side's timeout (which ends it) or after it ended."""
+
+    #: Seconds the host may take to start (its warm-up verdict, its spares) or to refill.
+    READY_S = 300.0
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.proc: subprocess.Popen[str] | None = None
         self.lines: queue.Queue[str | None] = queue.Queue()
+        self.ended = False  # the host's stdout reached its end
 
     def _start(self) -> None:
         cmd = [sys.executable, __file__, "--serve", "--device", self.args.device]
@@ -339,7 +357,7 @@ class _Served:
             text=True,
             env={**os.environ, "PYTHONPATH": path},
         )
-        self.lines = queue.Queue()
+        self.lines, self.ended = queue.Queue(), False
         out, lines = self.proc.stdout, self.lines
 
         def read() -> None:
@@ -350,45 +368,80 @@ class _Served:
         threading.Thread(target=read, daemon=True).start()
 
     def _line(self, prefix: str, deadline: float) -> str | None:
-        while True:
+        """The host's next line that starts with ``prefix``; None at the deadline or at the end
+        of its output (then :attr:`ended`)."""
+        while not self.ended:
             try:
                 line = self.lines.get(timeout=max(0.01, deadline - time.monotonic()))
             except queue.Empty:
                 return None
             if line is None:
-                return None
-            if line.startswith(prefix):
+                self.ended = True
+            elif line.startswith(prefix):
                 return line
+        return None
+
+    def _failed(self, timeout_s: float, what: str) -> dict[str, Any]:
+        """The row of a host that did not answer: its exit status where it ended, else a
+        timeout; the host is ended either way."""
+        code = None
+        if self.ended and self.proc is not None:
+            try:
+                code = self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        self.close()
+        if code is not None:
+            return {"seconds": None, "status": f"exit {code}", "reason": f"the host ended {what}"}
+        return {"seconds": None, "status": "timeout", "reason": f"over {timeout_s} s {what}"}
 
     def ask(self, problem: Path) -> dict[str, Any]:
-        deadline = time.monotonic() + self.args.timeout
+        """``problem``'s row: the host's ``RESULT`` within the side's timeout (counted from
+        when the host is ready), with ``refill_s`` (and ``refill_error``) of the refill after."""
         if self.proc is None:
             self._start()
-            if self._line("READY", time.monotonic() + 300.0) is None:
-                self.close()
-                return {
-                    "seconds": None,
-                    "status": "harness error",
-                    "reason": "the host did not start",
-                }
+            if self._line("READY", time.monotonic() + self.READY_S) is None:
+                return self._failed(self.READY_S, "before it was ready")
         assert self.proc is not None and self.proc.stdin is not None
-        self.proc.stdin.write(f"{problem}\n")
-        self.proc.stdin.flush()
-        line = self._line("RESULT ", deadline)
+        try:
+            self.proc.stdin.write(f"{problem}\n")
+            self.proc.stdin.flush()
+        except OSError:
+            self.ended = True
+            return self._failed(0, "before the problem was sent")
+        line = self._line("RESULT ", time.monotonic() + self.args.timeout)
         if line is None:
-            code = self.proc.poll()
-            self.close()
-            if code is not None:
-                return {"seconds": None, "status": f"exit {code}", "reason": "the host ended"}
-            return {"seconds": None, "status": "timeout", "reason": f"over {self.args.timeout} s"}
+            return self._failed(self.args.timeout, "while it judged")
         out: dict[str, Any] = json.loads(line[len("RESULT ") :])
+        ready = self._line("READY", time.monotonic() + self.READY_S)
+        if ready is None:
+            out["refill_error"] = self._failed(self.READY_S, "while it refilled")["reason"]
+        else:
+            refill = json.loads(ready[len("READY") :] or "{}")
+            out["refill_s"] = refill.get("refill_s")
+            if refill.get("error"):
+                out["refill_error"] = refill["error"]
         return out
 
     def close(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
+        """End the host: its stdin closed (it closes its spares and folders), killed if it has
+        not ended within a minute."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        try:
+            if proc.stdin is not None:
+                proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
 
 
 def _side(
@@ -461,60 +514,68 @@ def main() -> None:
         "command": " ".join(sys.argv),
     }
     served = _Served(args)
-    for name in [p for p in args.problems.split(",") if p]:
-        problem = args.kernelbench / "KernelBench" / name
-        row: dict[str, Any] = {"problem": name}
-        for side in args.sides.split(","):
-            row[side] = _side(args, side, problem, served)
-        kb = row.get("kb", {})
-        for side in [x for x in ("kj", "kj-spares", "kj-served") if x in row]:
-            kj = row[side]
-            suffix = {"kj": "", "kj-spares": "_spares", "kj-served": "_served"}[side]
-            row["ratio" + suffix] = _ratio(kj.get("seconds"), kb.get("seconds"))
-            warm_s = (kj.get("again") or {}).get("seconds")
-            row["ratio_again" + suffix] = _ratio(warm_s, kb.get("seconds"))
-            print(
-                f"{name:58s} kb {_fmt(kb.get('seconds'), '.1f'):>6s} s {kb.get('status', '-'):12s}"
-                f" x{_fmt(kb.get('speedup'), '.3f'):>6s} | {side}"
-                f" {_fmt(kj.get('seconds'), '.1f'):>6s} s {kj.get('status', '-'):14s}"
-                f" x{_fmt(kj.get('speedup'), '.3f'):>6s}"
-                f" {kj.get('ci95') or ''} | ratio {_fmt(row['ratio' + suffix])}",
-                flush=True,
-            )
-            if kj.get("stage_s"):
-                stages = " ".join(f"{k} {v:.1f}" for k, v in kj["stage_s"].items())
-                print(f"    {side} stages: Judge() {kj.get('judge_s', 0):.1f} {stages}", flush=True)
-            if kj.get("again"):
-                again = kj["again"]
-                stages = " ".join(f"{k} {v:.1f}" for k, v in (again.get("stage_s") or {}).items())
-                line = (
-                    f"    {side} again: {again['seconds']:.1f} s {again['status']}"
-                    f" x{_fmt(again.get('speedup'), '.3f')} {again.get('ci95') or ''}"
-                    f" ({stages}) | ratio {_fmt(row['ratio_again' + suffix])}"
+    try:
+        for name in [p for p in args.problems.split(",") if p]:
+            problem = args.kernelbench / "KernelBench" / name
+            row: dict[str, Any] = {"problem": name}
+            for side in args.sides.split(","):
+                row[side] = _side(args, side, problem, served)
+            kb = row.get("kb", {})
+            for side in [x for x in ("kj", "kj-spares", "kj-served") if x in row]:
+                kj = row[side]
+                suffix = {"kj": "", "kj-spares": "_spares", "kj-served": "_served"}[side]
+                row["ratio" + suffix] = _ratio(kj.get("seconds"), kb.get("seconds"))
+                warm_s = (kj.get("again") or {}).get("seconds")
+                row["ratio_again" + suffix] = _ratio(warm_s, kb.get("seconds"))
+                print(
+                    f"{name:58s} kb {_fmt(kb.get('seconds'), '.1f'):>6s} s"
+                    f" {kb.get('status', '-'):12s}"
+                    f" x{_fmt(kb.get('speedup'), '.3f'):>6s} | {side}"
+                    f" {_fmt(kj.get('seconds'), '.1f'):>6s} s {kj.get('status', '-'):14s}"
+                    f" x{_fmt(kj.get('speedup'), '.3f'):>6s}"
+                    f" {kj.get('ci95') or ''} | ratio {_fmt(row['ratio' + suffix])}",
+                    flush=True,
                 )
-                print(line, flush=True)
-            if kj.get("requests"):
-                reqs = " ".join(f"{op} {t}s/{n}" for op, (t, n) in kj["requests"].items())
-                print(f"    {side} requests: {reqs}", flush=True)
-        rows.append(row)
-        kj = row.get("kj", {})
-        if host := row.get("kj-host"):
-            again = (host.get("again") or {}).get("seconds")
-            print(
-                f"    kj outputs through the host: {_fmt(host.get('seconds'), '.1f')} s"
-                f" {host.get('status')} (again {_fmt(again, '.1f')} s), on the device /"
-                f" through the host: {_fmt(_ratio(kj.get('seconds'), host.get('seconds')))}",
-                flush=True,
-            )
-            if host.get("requests"):
-                reqs = " ".join(f"{op} {t}s/{n}" for op, (t, n) in host["requests"].items())
-                print(f"    kj-host requests: {reqs}", flush=True)
-        for side in ("kb", "kj", "kj-host", "kj-spares", "kj-served"):
-            if row.get(side, {}).get("status") not in (None, "correct"):
-                print(f"    {side}: {row[side].get('reason', '')}", flush=True)
-        if args.json:
-            args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    served.close()
+                if kj.get("stage_s"):
+                    stages = " ".join(f"{k} {v:.1f}" for k, v in kj["stage_s"].items())
+                    print(
+                        f"    {side} stages: Judge() {kj.get('judge_s', 0):.1f} {stages}",
+                        flush=True,
+                    )
+                if kj.get("again"):
+                    again = kj["again"]
+                    stages = " ".join(
+                        f"{k} {v:.1f}" for k, v in (again.get("stage_s") or {}).items()
+                    )
+                    line = (
+                        f"    {side} again: {again['seconds']:.1f} s {again['status']}"
+                        f" x{_fmt(again.get('speedup'), '.3f')} {again.get('ci95') or ''}"
+                        f" ({stages}) | ratio {_fmt(row['ratio_again' + suffix])}"
+                    )
+                    print(line, flush=True)
+                if kj.get("requests"):
+                    reqs = " ".join(f"{op} {t}s/{n}" for op, (t, n) in kj["requests"].items())
+                    print(f"    {side} requests: {reqs}", flush=True)
+            rows.append(row)
+            kj = row.get("kj", {})
+            if host := row.get("kj-host"):
+                again = (host.get("again") or {}).get("seconds")
+                print(
+                    f"    kj outputs through the host: {_fmt(host.get('seconds'), '.1f')} s"
+                    f" {host.get('status')} (again {_fmt(again, '.1f')} s), on the device /"
+                    f" through the host: {_fmt(_ratio(kj.get('seconds'), host.get('seconds')))}",
+                    flush=True,
+                )
+                if host.get("requests"):
+                    reqs = " ".join(f"{op} {t}s/{n}" for op, (t, n) in host["requests"].items())
+                    print(f"    kj-host requests: {reqs}", flush=True)
+            for side in ("kb", "kj", "kj-host", "kj-spares", "kj-served"):
+                if row.get(side, {}).get("status") not in (None, "correct"):
+                    print(f"    {side}: {row[side].get('reason', '')}", flush=True)
+            if args.json:
+                args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    finally:
+        served.close()
     for key, what in (
         ("ratio", "first verdict"),
         ("ratio_again", "second verdict"),

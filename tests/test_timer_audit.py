@@ -753,12 +753,13 @@ def test_the_fused_kernels_source_computes_the_trees_residues(tmp_path: Path) ->
     assert [int(v) for v in got.stdout.split()] == expected
 
 
+@pytest.mark.parametrize("depth", [0, 2])
 def test_a_committed_calls_copies_are_not_held_past_their_slot(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, depth: int
 ) -> None:
-    """When a call's forward starts, the loop holds the committed copies of at most
-    ``PIPELINE_DEPTH`` earlier calls (their slots on the way), as ``pipeline_depth`` counts
-    them on a GPU: a copy whose slot said "not kept" is gone by then."""
+    """When a call's forward starts, the loop holds the committed copies of at most ``depth``
+    earlier calls (their slots on the way), as ``pipeline_depth`` counts them on a GPU (where
+    it is 0 for GiB outputs): a copy whose slot said "not kept" is gone by then."""
     import weakref
 
     copies: list[weakref.ref] = []
@@ -775,5 +776,6 @@ def test_a_committed_calls_copies_are_not_held_past_their_slot(
         return torch.tanh(x)
 
     monkeypatch.setattr(measure, "_output_digest", recording)
+    monkeypatch.setattr(measure, "PIPELINE_DEPTH", depth)
     _observe(fn, [[torch.randn(16, 8)]], 8, 1, lambda i: -1)
-    assert len(live) == 9 and max(live) == measure.PIPELINE_DEPTH
+    assert len(live) == 9 and max(live) == depth
