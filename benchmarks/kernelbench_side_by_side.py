@@ -390,7 +390,7 @@ class _Served:
                 code = self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
-        self.close()
+        self.close(wait_s=0 if code is None else 60)  # a host still at work is killed at once
         if code is not None:
             return {"seconds": None, "status": f"exit {code}", "reason": f"the host ended {what}"}
         return {"seconds": None, "status": "timeout", "reason": f"over {timeout_s} s {what}"}
@@ -423,9 +423,9 @@ class _Served:
                 out["refill_error"] = refill["error"]
         return out
 
-    def close(self) -> None:
+    def close(self, wait_s: float = 60) -> None:
         """End the host: its stdin closed (it closes its spares and folders), killed if it has
-        not ended within a minute."""
+        not ended within ``wait_s`` seconds."""
         proc, self.proc = self.proc, None
         if proc is None:
             return
@@ -435,7 +435,7 @@ class _Served:
         except OSError:
             pass
         try:
-            proc.wait(timeout=60)
+            proc.wait(timeout=wait_s)
         except subprocess.TimeoutExpired:
             proc.kill()
             try:
