@@ -186,6 +186,7 @@ def _count(
                 "seconds": time.perf_counter() - t1,
                 "status": second.status.value,
                 "stage_s": second.stage_s,
+                "timing": _timing_facts(second),
                 "speedup": again_eager.median if again_eager else None,
                 "ci95": list(again_eager.ci95) if again_eager else None,
             }
@@ -197,10 +198,21 @@ def _count(
         "speedup": eager.median if eager else None,
         "ci95": list(eager.ci95) if eager else None,
         "stage_s": verdict.stage_s,
+        "timing": _timing_facts(verdict),
         "judge_s": constructed,
         "requests": _by_request(spent),
         "again": warm,
     }
+
+
+def _timing_facts(verdict: Any) -> dict[str, Any] | None:
+    """How a verdict's timing stage went: its passes (2 where the first was noisy), rounds,
+    stop reason, and the host-load readings that called a pass noisy."""
+    t = verdict.timing
+    if t is None:
+        return None
+    reasons = list(t.host.noise_reasons) if t.host is not None else []
+    return {"passes": t.passes, "rounds": t.rounds, "stop": t.stop_reason, "noise": reasons}
 
 
 def _init_device(device: str) -> None:
@@ -538,8 +550,15 @@ def main() -> None:
                 )
                 if kj.get("stage_s"):
                     stages = " ".join(f"{k} {v:.1f}" for k, v in kj["stage_s"].items())
+                    facts = kj.get("timing") or {}
+                    timing = (
+                        f" | passes {facts['passes']} rounds {facts['rounds']} {facts['stop']}"
+                        f"{' noisy' if facts['noise'] else ''}"
+                        if facts
+                        else ""
+                    )
                     print(
-                        f"    {side} stages: Judge() {kj.get('judge_s', 0):.1f} {stages}",
+                        f"    {side} stages: Judge() {kj.get('judge_s', 0):.1f} {stages}{timing}",
                         flush=True,
                     )
                 if kj.get("again"):
