@@ -18,7 +18,10 @@
 #   compare_cost    benchmarks/compare_cost.py: one output's comparison, CPU vs GPU, 1-1024 MiB
 #   kernelbench     benchmarks/kernelbench_side_by_side.py over KB_PROBLEMS (default: its list)
 #                   against the KernelBench checkout at $KERNELBENCH (needs its wheels on
-#                   PYTHONPATH: pydantic and python-dotenv), KB_TIMEOUT s per side (default 300)
+#                   PYTHONPATH: pydantic and python-dotenv), KB_TIMEOUT s per side (default 300),
+#                   KB_SIDES its sides (default kb,kj; kb,kj-served: one judge host for every
+#                   problem), KB_ARGS more arguments (e.g. --again); KB_MEMORY=1 keeps each
+#                   worker's device memory per request in $WORK/worker_profiles/*.mem
 #   graph_latency   benchmarks/verdict_latency.py --separate ${SEPARATE:-10}: repeated verdicts from
 #                   fresh `eval` processes, launched and graph-replay speedups side by side
 #   kb_builds       benchmarks/build_times.py --compare kernelbench --plain-cuda-host (cold
@@ -193,9 +196,16 @@ if want kernelbench; then
     step kernelbench
     kb_problems=()
     [ -n "${KB_PROBLEMS:-}" ] && kb_problems=(--problems "$KB_PROBLEMS")
+    if [ -n "${KB_MEMORY:-}" ]; then
+        mkdir -p "$WORK/worker_profiles"
+        export KERNELJUDGE_WORKER_PROFILE="$WORK/worker_profiles"
+    fi
     python3 benchmarks/kernelbench_side_by_side.py --kernelbench "${KERNELBENCH:?}" \
-        "${kb_problems[@]}" --requests --timeout "${KB_TIMEOUT:-300}" \
+        "${kb_problems[@]}" --sides "${KB_SIDES:-kb,kj}" ${KB_ARGS:-} --requests \
+        --timeout "${KB_TIMEOUT:-300}" \
         --json "$WORK/kernelbench.json" > "$WORK/kernelbench.txt" 2>&1
+    unset KERNELJUDGE_WORKER_PROFILE
+    rm -f "$WORK"/worker_profiles/*.prof
     tail -40 "$WORK/kernelbench.txt"
 fi
 if want graph_latency; then
