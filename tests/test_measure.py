@@ -365,3 +365,23 @@ def test_a_gpu_loop_holds_no_committed_outputs_where_its_buffers_would_pass_its_
     assert pipeline_depth(at_share + 3, at_share, card) == 0  # 6 bytes past it
     assert pipeline_depth(at_share, at_share, card, static_bytes=6) == 0  # a graph's copies
     assert pipeline_depth(0, 0, 0) == PIPELINE_DEPTH  # nothing on the device: nothing to hold
+
+
+def test_inputs_that_are_no_kept_set_are_not_held_while_timed() -> None:
+    """A worker's current inputs that are not one of its kept input sets (a trial run again
+    through the host with ``keep`` false) are let go when a ``time`` request starts: the
+    kept sets are what the loop times, and later requests that read the current inputs get
+    the latest set."""
+    import weakref
+
+    from kerneljudge.worker.runtime import Worker
+
+    worker = Worker("reference", torch.device("cpu"))
+    worker.model = torch.nn.Tanh()
+    kept, other = torch.randn(4, 8), torch.randn(4, 8)
+    worker.sets, worker.nudgeable, worker.inputs = [[kept]], [[None]], [other]
+    gone = weakref.ref(other)
+    del other
+    reply = worker.op_time({"n": 3, "warmup": 1})
+    assert len(reply["times_ms"]) == 3
+    assert worker.inputs is worker.sets[-1] and gone() is None

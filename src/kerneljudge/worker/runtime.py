@@ -358,6 +358,10 @@ class Worker(KeptTrials, CapturedCalls):
         if fn is None or not self.sets or (msg.get("graph") and graph is None):
             raise RuntimeError(f"nothing to time for target {msg.get('target')!r}")
         self._drop_spares()  # not held while the contestants are timed
+        if not any(self.inputs is kept for kept in self.sets):
+            # Nor are a request's inputs that are no kept set (a trial's run again through the
+            # host, an audited call's): on a GPU they would take a set's room beside the loop's.
+            self.inputs = self.sets[-1]
         flush_bytes = int(msg.get("flush_bytes", 0))
         if self.device.type == "cuda" and flush_bytes:
             if self.flush is None or self.flush.numel() != flush_bytes:
