@@ -357,11 +357,8 @@ class Worker(KeptTrials, CapturedCalls):
         graph = self.graphs.get(str(msg.get("target"))) if msg.get("graph") else None
         if fn is None or not self.sets or (msg.get("graph") and graph is None):
             raise RuntimeError(f"nothing to time for target {msg.get('target')!r}")
-        self._drop_spares()  # not held while the contestants are timed
-        if not any(self.inputs is kept for kept in self.sets):
-            # Nor are a request's inputs that are no kept set (a trial's run again through the
-            # host, an audited call's): on a GPU they would take a set's room beside the loop's.
-            self.inputs = self.sets[-1]
+        self._drop_spares()  # neither these nor inputs that are no kept set are held when timed
+        self.inputs = next((s for s in self.sets if s is self.inputs), self.sets[-1])
         flush_bytes = int(msg.get("flush_bytes", 0))
         if self.device.type == "cuda" and flush_bytes:
             if self.flush is None or self.flush.numel() != flush_bytes:
