@@ -12,6 +12,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def child_env() -> dict[str, str]:
+    """This process's environment with this checkout's ``src`` first on ``PYTHONPATH``: what a
+    benchmark's child process runs with."""
+    path = os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, "PYTHONPATH": path}
+
+
 def run_one(
     cmd: list[str], timeout_s: float, extra_env: dict[str, str] | None = None
 ) -> dict[str, Any]:
@@ -19,8 +26,7 @@ def run_one(
     and return the JSON of its last ``RESULT`` line; without one, ``{"seconds": None,
     "status": ..., "reason": ...}`` (``timeout`` after ``timeout_s`` seconds, else ``exit N``
     and its output's last lines)."""
-    path = os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
-    env = {**os.environ, "PYTHONPATH": path, **(extra_env or {})}
+    env = {**child_env(), **(extra_env or {})}
     try:
         proc = subprocess.run(
             cmd, capture_output=True, text=True, timeout=timeout_s, env=env, check=False

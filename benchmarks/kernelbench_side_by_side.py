@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import queue
 import re
@@ -62,7 +61,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from _oneshot import ROOT, run_one
+from _oneshot import child_env, run_one
 
 from kerneljudge.check.beside import THROUGH_HOST_ENV
 
@@ -258,11 +257,7 @@ def _serve(args: argparse.Namespace) -> None:
                 try:
                     out = _count(Path(line.strip()), config, spares, Path(tmp), spent, args.again)
                 except Exception as exc:  # noqa: BLE001 - reported as the row's failure
-                    out = {
-                        "seconds": None,
-                        "status": "harness error",
-                        "reason": f"{type(exc).__name__}: {exc}",
-                    }
+                    out = _harness_error(exc)
                 print("RESULT " + json.dumps(out), flush=True)
                 t0, error = time.perf_counter(), ""
                 try:
@@ -274,6 +269,11 @@ def _serve(args: argparse.Namespace) -> None:
                 print("READY " + json.dumps(ready), flush=True)
         finally:
             spares.close()
+
+
+def _harness_error(exc: Exception) -> dict[str, Any]:
+    """The row of a side whose harness raised ``exc``."""
+    return {"seconds": None, "status": "harness error", "reason": f"{type(exc).__name__}: {exc}"}
 
 
 def _by_request(spent: dict[tuple[str, str], list[float]]) -> dict[str, list[float]]:
@@ -339,7 +339,7 @@ def _one(args: argparse.Namespace) -> None:
         else:
             out = _run_kernelbench(problem, Path(args.kernelbench), args.kb_perf_trials)
     except Exception as exc:  # noqa: BLE001 - reported as the row's failure
-        out = {"seconds": None, "status": "harness error", "reason": f"{type(exc).__name__}: {exc}"}
+        out = _harness_error(exc)
     print("RESULT " + json.dumps(out), flush=True)
 
 
@@ -361,13 +361,8 @@ class _Served:
         cmd += ["--kernelbench", str(self.args.kernelbench)]
         cmd += ["--requests"] if self.args.requests else []
         cmd += ["--again"] if self.args.again else []
-        path = os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
         self.proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "PYTHONPATH": path},
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=child_env()
         )
         self.lines, self.ended = queue.Queue(), False
         out, lines = self.proc.stdout, self.lines
@@ -491,6 +486,67 @@ def _fmt(x: float | None, spec: str = ".2f") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def _report(name: str, row: dict[str, Any]) -> None:
+    """Add ``row``'s ratios to it (kerneljudge's seconds over KernelBench's, first and second
+    verdict, per kerneljudge side) and print it."""
+    kb = row.get("kb", {})
+    for side in [x for x in ("kj", "kj-spares", "kj-served") if x in row]:
+        kj = row[side]
+        suffix = {"kj": "", "kj-spares": "_spares", "kj-served": "_served"}[side]
+        row["ratio" + suffix] = _ratio(kj.get("seconds"), kb.get("seconds"))
+        warm_s = (kj.get("again") or {}).get("seconds")
+        row["ratio_again" + suffix] = _ratio(warm_s, kb.get("seconds"))
+        print(
+            f"{name:58s} kb {_fmt(kb.get('seconds'), '.1f'):>6s} s"
+            f" {kb.get('status', '-'):12s}"
+            f" x{_fmt(kb.get('speedup'), '.3f'):>6s} | {side}"
+            f" {_fmt(kj.get('seconds'), '.1f'):>6s} s {kj.get('status', '-'):14s}"
+            f" x{_fmt(kj.get('speedup'), '.3f'):>6s}"
+            f" {kj.get('ci95') or ''} | ratio {_fmt(row['ratio' + suffix])}",
+            flush=True,
+        )
+        if kj.get("stage_s"):
+            stages = " ".join(f"{k} {v:.1f}" for k, v in kj["stage_s"].items())
+            facts = kj.get("timing") or {}
+            timing = (
+                f" | passes {facts['passes']} rounds {facts['rounds']} {facts['stop']}"
+                f"{' noisy' if facts['noise'] else ''}"
+                if facts
+                else ""
+            )
+            print(
+                f"    {side} stages: Judge() {kj.get('judge_s', 0):.1f} {stages}{timing}",
+                flush=True,
+            )
+        if kj.get("again"):
+            again = kj["again"]
+            stages = " ".join(f"{k} {v:.1f}" for k, v in (again.get("stage_s") or {}).items())
+            line = (
+                f"    {side} again: {again['seconds']:.1f} s {again['status']}"
+                f" x{_fmt(again.get('speedup'), '.3f')} {again.get('ci95') or ''}"
+                f" ({stages}) | ratio {_fmt(row['ratio_again' + suffix])}"
+            )
+            print(line, flush=True)
+        if kj.get("requests"):
+            reqs = " ".join(f"{op} {t}s/{n}" for op, (t, n) in kj["requests"].items())
+            print(f"    {side} requests: {reqs}", flush=True)
+    kj = row.get("kj", {})
+    if host := row.get("kj-host"):
+        again = (host.get("again") or {}).get("seconds")
+        print(
+            f"    kj outputs through the host: {_fmt(host.get('seconds'), '.1f')} s"
+            f" {host.get('status')} (again {_fmt(again, '.1f')} s), on the device /"
+            f" through the host: {_fmt(_ratio(kj.get('seconds'), host.get('seconds')))}",
+            flush=True,
+        )
+        if host.get("requests"):
+            reqs = " ".join(f"{op} {t}s/{n}" for op, (t, n) in host["requests"].items())
+            print(f"    kj-host requests: {reqs}", flush=True)
+    for side in ("kb", "kj", "kj-host", "kj-spares", "kj-served"):
+        if row.get(side, {}).get("status") not in (None, "correct"):
+            print(f"    {side}: {row[side].get('reason', '')}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernelbench", type=Path, required=True, help="a KernelBench checkout")
@@ -532,65 +588,8 @@ def main() -> None:
             row: dict[str, Any] = {"problem": name}
             for side in args.sides.split(","):
                 row[side] = _side(args, side, problem, served)
-            kb = row.get("kb", {})
-            for side in [x for x in ("kj", "kj-spares", "kj-served") if x in row]:
-                kj = row[side]
-                suffix = {"kj": "", "kj-spares": "_spares", "kj-served": "_served"}[side]
-                row["ratio" + suffix] = _ratio(kj.get("seconds"), kb.get("seconds"))
-                warm_s = (kj.get("again") or {}).get("seconds")
-                row["ratio_again" + suffix] = _ratio(warm_s, kb.get("seconds"))
-                print(
-                    f"{name:58s} kb {_fmt(kb.get('seconds'), '.1f'):>6s} s"
-                    f" {kb.get('status', '-'):12s}"
-                    f" x{_fmt(kb.get('speedup'), '.3f'):>6s} | {side}"
-                    f" {_fmt(kj.get('seconds'), '.1f'):>6s} s {kj.get('status', '-'):14s}"
-                    f" x{_fmt(kj.get('speedup'), '.3f'):>6s}"
-                    f" {kj.get('ci95') or ''} | ratio {_fmt(row['ratio' + suffix])}",
-                    flush=True,
-                )
-                if kj.get("stage_s"):
-                    stages = " ".join(f"{k} {v:.1f}" for k, v in kj["stage_s"].items())
-                    facts = kj.get("timing") or {}
-                    timing = (
-                        f" | passes {facts['passes']} rounds {facts['rounds']} {facts['stop']}"
-                        f"{' noisy' if facts['noise'] else ''}"
-                        if facts
-                        else ""
-                    )
-                    print(
-                        f"    {side} stages: Judge() {kj.get('judge_s', 0):.1f} {stages}{timing}",
-                        flush=True,
-                    )
-                if kj.get("again"):
-                    again = kj["again"]
-                    stages = " ".join(
-                        f"{k} {v:.1f}" for k, v in (again.get("stage_s") or {}).items()
-                    )
-                    line = (
-                        f"    {side} again: {again['seconds']:.1f} s {again['status']}"
-                        f" x{_fmt(again.get('speedup'), '.3f')} {again.get('ci95') or ''}"
-                        f" ({stages}) | ratio {_fmt(row['ratio_again' + suffix])}"
-                    )
-                    print(line, flush=True)
-                if kj.get("requests"):
-                    reqs = " ".join(f"{op} {t}s/{n}" for op, (t, n) in kj["requests"].items())
-                    print(f"    {side} requests: {reqs}", flush=True)
+            _report(name, row)
             rows.append(row)
-            kj = row.get("kj", {})
-            if host := row.get("kj-host"):
-                again = (host.get("again") or {}).get("seconds")
-                print(
-                    f"    kj outputs through the host: {_fmt(host.get('seconds'), '.1f')} s"
-                    f" {host.get('status')} (again {_fmt(again, '.1f')} s), on the device /"
-                    f" through the host: {_fmt(_ratio(kj.get('seconds'), host.get('seconds')))}",
-                    flush=True,
-                )
-                if host.get("requests"):
-                    reqs = " ".join(f"{op} {t}s/{n}" for op, (t, n) in host["requests"].items())
-                    print(f"    kj-host requests: {reqs}", flush=True)
-            for side in ("kb", "kj", "kj-host", "kj-spares", "kj-served"):
-                if row.get(side, {}).get("status") not in (None, "correct"):
-                    print(f"    {side}: {row[side].get('reason', '')}", flush=True)
             if args.json:
                 args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     finally:

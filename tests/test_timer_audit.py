@@ -767,7 +767,7 @@ def test_a_committed_calls_copies_are_not_held_past_their_slot(
 
     def recording(t: torch.Tensor, kind: int | None = None) -> tuple[int, bytes]:
         copies.append(weakref.ref(t))
-        return digest(t) if kind is None else digest(t, kind)
+        return digest(t, kind)
 
     live: list[int] = []
 
