@@ -801,3 +801,6 @@ def test_a_profiled_worker_leaves_its_request_profile_and_no_link_is_followed(
         w.close()
     names = sorted(p.name for p in kept.iterdir())
     assert names == [f"candidate-{w.id}.prof"], names
+    import pstats
+
+    assert pstats.Stats(str(kept / names[0])).total_calls > 0  # a whole profile

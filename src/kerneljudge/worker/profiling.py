@@ -52,7 +52,11 @@ class RequestProfiler:
             yield
         finally:
             self.profile.disable()
-            self.profile.dump_stats(os.path.join(tempfile.gettempdir(), PROFILE_FILE))
+            # Written beside, then renamed: a worker closed while it writes leaves the last
+            # whole profile, never a truncated one.
+            path = os.path.join(tempfile.gettempdir(), PROFILE_FILE)
+            self.profile.dump_stats(path + ".part")
+            os.replace(path + ".part", path)
             if cuda is not None:  # a device error here must not replace the request's outcome
                 _quietly(lambda: _memory_line(cuda, op))
 
