@@ -33,7 +33,8 @@ jobs; the count then starts at ``Judge(problem, config, spares=...)``, the spare
 side ``kj-served``, the same but one such host judges every problem of the run in turn (as an
 executor's slot does), its spares refilled and waited for between problems, outside the count
 (``refill_s``), so the host's own start is paid once per run rather than once per problem.
-Results go to ``--json`` after every problem (a run cut short keeps what it measured).
+Results go to ``--json`` after every problem (a run cut short keeps what it measured);
+``--resume`` continues such a run: the problems already in ``--json`` are kept, not judged again.
 
 KernelBench's harness imports ``pydantic``, ``requests``, ``dotenv`` (and ``tqdm``,
 ``openai``, ``litellm`` through its utilities); the last two are only imported, so where they
@@ -547,6 +548,19 @@ def _report(name: str, row: dict[str, Any]) -> None:
             print(f"    {side}: {row[side].get('reason', '')}", flush=True)
 
 
+def _resumed(path: Path, meta: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The rows and metadata of the run stored in ``path``, its metadata with this command's
+    start added under ``continued`` (a run cut short, continued by ``--resume``)."""
+    try:
+        data = json.loads(path.read_text())
+        rows, old = list(data["rows"]), dict(data["meta"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"--resume: {path} holds no run of this benchmark ({e})") from None
+    old.setdefault("continued", []).append(meta)
+    print(f"resumed: {len(rows)} problems already judged in {path}", flush=True)
+    return rows, old
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernelbench", type=Path, required=True, help="a KernelBench checkout")
@@ -564,6 +578,11 @@ def main() -> None:
         help="which sides, in order (kb, kj, kj-host, kj-spares, kj-served)",
     )
     parser.add_argument("--device", default="cuda", help="kerneljudge's device (cpu: smoke runs)")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --json: keep its rows, judge only the problems it lacks",
+    )
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--spares", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--one", choices=("kj", "kb"), help=argparse.SUPPRESS)
@@ -575,15 +594,18 @@ def main() -> None:
     if args.serve:
         _serve(args)
         return
-    rows = []
-    meta = {
+    rows: list[dict[str, Any]] = []
+    meta: dict[str, Any] = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "host": platform.node(),
         "command": " ".join(sys.argv),
     }
+    if args.resume and args.json and args.json.exists():
+        rows, meta = _resumed(args.json, meta)
+    done = {r["problem"] for r in rows}
     served = _Served(args)
     try:
-        for name in [p for p in args.problems.split(",") if p]:
+        for name in [p for p in args.problems.split(",") if p and p not in done]:
             problem = args.kernelbench / "KernelBench" / name
             row: dict[str, Any] = {"problem": name}
             for side in args.sides.split(","):
