@@ -72,6 +72,32 @@ def test_outputs_cross_whole_and_a_finished_pipe_answers_at_once() -> None:
     assert got["r"] == (None, "it sent no outputs", False)
 
 
+def test_kept_outputs_on_the_host_are_sent_as_they_are_and_cross_whole() -> None:
+    """An audited call's kept outputs on the host are the worker's own copies: sent without a
+    copy of their bytes (the same storage goes into the pipe), lists and tuples kept, what is
+    no tensor still refused as :func:`to_cpu` refuses it; the reader gets them whole."""
+    from kerneljudge.worker.forward import Fault, as_sent
+
+    outputs = [torch.randn(300_000), (torch.arange(10), None)]
+    sent = as_sent(outputs)
+    assert isinstance(sent, list) and isinstance(sent[1], tuple)
+    assert sent[0].data_ptr() == outputs[0].data_ptr() and sent[1][1] is None
+    with pytest.raises(Fault):
+        as_sent([{"not": "a tensor"}])
+    reader, writer = _Worker(), _Worker()
+    got: dict[str, object] = {}
+    with SidePipe(reader, writer) as pipe:
+        thread = threading.Thread(
+            target=lambda: got.update(r=recv_outputs(reader.end, pipe.token, 30.0, 1 << 30))
+        )
+        thread.start()
+        send_outputs(writer.end, pipe.token, outputs[0:1] + [outputs[1][0]], as_sent)
+        thread.join()
+    received, why, failed = got["r"]  # type: ignore[misc]
+    assert why == "" and not failed
+    assert torch.equal(received[0], outputs[0]) and torch.equal(received[1], outputs[1][0])
+
+
 def test_cut_corrupt_large_and_late_outputs_are_not_outputs() -> None:
     reader = _Worker()
 

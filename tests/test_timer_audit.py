@@ -779,3 +779,35 @@ def test_a_committed_calls_copies_are_not_held_past_their_slot(
     monkeypatch.setattr(measure, "PIPELINE_DEPTH", depth)
     _observe(fn, [[torch.randn(16, 8)]], 8, 1, lambda i: -1)
     assert len(live) == 9 and max(live) == depth
+
+
+def test_a_slot_kept_anew_lets_its_earlier_copy_go_before_the_new_one_goes_to_the_host(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past the device's room a kept call's copies go to the host (page-locked on a GPU); the
+    copy kept earlier in that slot is let go first, so the host block it held can take the new
+    one instead of a second block of the same size beside it. Here every copy counts as device
+    bytes against no room, so each slot kept anew takes the host path."""
+    import weakref
+
+    previous: dict[int, weakref.ref] = {}
+    alive_at_copy: list[bool] = []
+    slots = iter([0, 0, 1, 0])
+
+    def on_host(held: list[torch.Tensor]) -> list[torch.Tensor]:
+        slot = next(slots)
+        alive_at_copy.append(slot in previous and previous[slot]() is not None)
+        copies = [t.clone() for t in held]
+        previous[slot] = weakref.ref(copies[0])
+        on_the_host.update(map(id, copies))
+        return copies
+
+    on_the_host: set[int] = set()  # the copies on_host made: no device bytes
+    monkeypatch.setattr(measure, "_on_host", on_host)
+    monkeypatch.setattr(measure, "_device_bytes", lambda ts: sum(
+        t.numel() * t.element_size() for t in measure.flatten_tensors(ts)
+        if id(t) not in on_the_host))  # fmt: skip
+    keep = {2: 0, 3: 0, 5: 1, 6: 0}  # timed call -> slot (the warm-up call is 0)
+    (_, kept, _), _ = _observe(torch.tanh, [[torch.randn(16, 8)]], 7, 1, lambda i: keep.get(i, -1))
+    assert alive_at_copy == [False, False, False, False]
+    assert set(kept) == {0, 1}

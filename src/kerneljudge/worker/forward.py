@@ -108,6 +108,22 @@ def to_cpu(value: Any, keep_device: bool = False) -> Any:
     raise Fault(f"forward returned an unsupported {type(value).__name__}; return tensors")
 
 
+def as_sent(value: Any) -> Any:
+    """:func:`to_cpu` of ``value`` where a plain CPU tensor is sent as it is, not copied: for
+    the worker's own copies (an audited timed call's kept outputs, whose digests the receiver
+    checks), where a copy of a 128 MiB output took 0.07 s on a 2-core host.
+
+    Raises:
+        Fault: as :func:`to_cpu`.
+    """
+    if type(value) is torch.Tensor and value.device.type == "cpu":
+        return value.detach()
+    if isinstance(value, (tuple, list)):
+        sent = (as_sent(v) for v in value)
+        return list(sent) if isinstance(value, list) else tuple(sent)
+    return to_cpu(value)
+
+
 #: GPU tensors of at least this many bytes are copied to the host through page-locked memory.
 PINNED_COPY_BYTES = 1 << 20
 

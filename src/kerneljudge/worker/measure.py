@@ -105,7 +105,8 @@ LOOP_DEVICE_SHARE = 1 / 4
 #: supervisor sizes the number of audited calls to the same share
 #: (:data:`kerneljudge.timing.stage.AUDIT_KEEP_SHARE`; at least two calls, which may exceed it
 #: where an output takes more than a sixteenth of the device), so they stay on the device: a
-#: 6 GiB output's copy to the host took 4.7 s on the H200 (``benchmarks/timed_loop_steps.py``).
+#: 6 GiB output's copy into pageable host memory took 4.7 s on the H200
+#: (``benchmarks/timed_loop_steps.py``); those past it go to page-locked memory (:func:`_on_host`).
 SNAPSHOT_DEVICE_SHARE = 1 / 8
 #: GPU clock cycles the device spins before a replay's start event (10-20 us at 1-2 GHz): the
 #: host has the graph's launch queued by then, so its host latency is not in the replay's time.
@@ -137,6 +138,16 @@ def pipeline_depth(
 def _device_bytes(tensors: Any) -> int:
     """Bytes of the GPU tensors in ``tensors`` (nested lists and tuples)."""
     return sum(t.numel() * t.element_size() for t in flatten_tensors(tensors) if t.is_cuda)
+
+
+def _on_host(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Host copies of a kept call's outputs, through page-locked memory
+    (:func:`kerneljudge.worker.forward.to_cpu`): a 6 GiB output's copy into fresh pageable
+    memory took 4.5-4.7 s on the H200
+    (docs/benchmarks/2026-12-04-h200-timed-loop-at-gib-sizes.md)."""
+    from kerneljudge.worker.forward import to_cpu  # (forward imports this module)
+
+    return [to_cpu(t) for t in tensors]
 
 
 def flatten_tensors(value: Any) -> list[torch.Tensor]:
@@ -302,7 +313,8 @@ def time_calls(
     Returns:
         ``(times_ms, kept, wall_s)``: one time per timed call in milliseconds; by audit slot,
         copies of the outputs (taken right after the end mark) of the calls the supervisor
-        chose to keep, latest per slot (on the host past :data:`SNAPSHOT_DEVICE_SHARE`); the
+        chose to keep, latest per slot (on the host, page-locked, past
+        :data:`SNAPSHOT_DEVICE_SHARE`); the
         host wall time of the timed calls' iterations (from the first timed call's input
         preparation to the end), in seconds.
     """
@@ -417,11 +429,13 @@ def time_calls(
                 j, held = pending.pop(0)
                 slot = link.slot(j)
                 if slot >= 0:
-                    room += _device_bytes(kept.get(slot, []))  # replaced: given back
+                    # The copies it replaces are let go before it is kept: on the host, their
+                    # page-locked blocks then take this call's (torch's caching host allocator).
+                    room += _device_bytes(kept.pop(slot, []))
                     if kept_before is not None and slot in kept_before:
                         room += _device_bytes(kept_before.pop(slot))
                     size = _device_bytes(held)
-                    kept[slot] = held if size <= room else [t.cpu() for t in held]
+                    kept[slot] = held if size <= room else _on_host(held)
                     room -= size if size <= room else 0
                 # Not held past its slot: a call not kept (or kept on the host) frees its copies
                 # before the next call, as pipeline_depth counts them.

@@ -43,6 +43,7 @@ from kerneljudge.worker.environment import jit_cache_folders
 from kerneljudge.worker.forward import (
     Fault,
     OpRecorder,
+    as_sent,
     float64_oracle,
     nudgeable,
     to_cpu,
@@ -429,17 +430,16 @@ class Worker(KeptTrials, CapturedCalls):
             slots: dict[int, Any] = {}
             for s, outs in self.snapshots.items():
                 check_cpu_copyable(list(outs))
-                if wanted is None or int(s) in wanted:
-                    slots[int(s)] = list(outs)
-                else:
-                    int(s)
+                key = int(s)  # (raises on a record replaced by code under test, as below)
+                if wanted is None or key in wanted:
+                    slots[key] = list(outs)
             if not (msg.get("side") and len(slots) == 1):
                 slots = {s: to_cpu(outs) for s, outs in slots.items()}
         except (TypeError, ValueError):  # the record was replaced by code under test
             return {"slots": None, "n_sets": len(self.sets)}
         if msg.get("side") and len(slots) == 1:
             ((s, outs),) = slots.items()
-            outputs_reply(self.handoff, msg, outs, to_cpu)  # on the device where it can
+            outputs_reply(self.handoff, msg, outs, as_sent)  # on the device where it can
             slots = {s: len(outs)}
         return {"slots": slots, "n_sets": len(self.sets)}
 
