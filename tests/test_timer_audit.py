@@ -267,7 +267,7 @@ def test_digest_covers_length_and_layout() -> None:
 
 # ------------------------------------------------------------------ the loop and the observer
 def _observe(fn, sets, n: int, warmup: int, keep, threads_before=None, kept_before=None,  # type: ignore[no-untyped-def]
-             reject_threads=True):  # fmt: skip
+             reject_threads=True, recycle=None):  # fmt: skip
     sup, wrk = socket_pair()
     box: dict = {}
 
@@ -286,6 +286,7 @@ def _observe(fn, sets, n: int, warmup: int, keep, threads_before=None, kept_befo
             threads_before=threads_before,
             reject_threads=reject_threads,
             kept_before=kept_before,
+            recycle=recycle,
         )
         return {"times_ms": box["result"][0]}
 
@@ -777,7 +778,7 @@ def test_a_committed_calls_copies_are_not_held_past_their_slot(
 
     monkeypatch.setattr(measure, "_output_digest", recording)
     monkeypatch.setattr(measure, "PIPELINE_DEPTH", depth)
-    _observe(fn, [[torch.randn(16, 8)]], 8, 1, lambda i: -1)
+    _observe(fn, [[torch.randn(16, 8)]], 8, 1, lambda i: -1, recycle=False)  # a GPU's loop
     assert len(live) == 9 and max(live) == depth
 
 
@@ -811,3 +812,34 @@ def test_a_slot_kept_anew_lets_its_earlier_copy_go_before_the_new_one_goes_to_th
     (_, kept, _), _ = _observe(torch.tanh, [[torch.randn(16, 8)]], 7, 1, lambda i: keep.get(i, -1))
     assert alive_at_copy == [False, False, False, False]
     assert set(kept) == {0, 1}
+
+
+def test_a_cpu_loop_writes_a_calls_copies_into_those_of_a_call_not_kept() -> None:
+    """On the CPU the end-mark copies of a call whose slot said "not kept" take the next call's
+    copies (no fresh memory per call); a kept call's copies are not written again once kept,
+    and each kept copy is the output of its own call's inputs."""
+    sets = [[torch.randn(16, 8)]]
+    digested: list[torch.Tensor] = []  # each copy committed, in order (held: identities stay)
+    digest = measure._output_digest
+
+    def recording(t: torch.Tensor, kind: int | None = None) -> tuple[int, bytes]:
+        digested.append(t)
+        return digest(t, kind)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(measure, "_output_digest", recording)
+        keep = {3: 0, 6: 1}  # timed calls 3 and 6 kept (calls 4 and 7 after the warm-up call)
+        (_, kept, _), obs = _observe(torch.tanh, sets, 8, 1, lambda i: keep.get(i, -1))
+
+    def times(t: torch.Tensor) -> int:
+        return sum(d is t for d in digested)
+
+    assert len(digested) == 9 and max(map(times, digested)) > 1  # copies written again
+    for slot, call in ((0, 4), (1, 7)):
+        assert digested[call] is kept[slot][0]
+        assert all(d is not kept[slot][0] for d in digested[call + 1 :])  # not written again
+        args = measure.perturb(sets[0], [True], obs.calls[call].seed)
+        assert torch.equal(kept[slot][0], torch.tanh(args[0]))
+    # Copies that do not match the buffers (another shape, a layout not contiguous) are new.
+    assert measure._end_copies([torch.ones(3)], [torch.zeros(4)])[0].shape == (3,)
+    assert not measure._fits(torch.zeros(4, 2), torch.zeros(2, 4).t())
