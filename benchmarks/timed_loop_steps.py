@@ -36,7 +36,7 @@ from kerneljudge.worker.digest import digest
 from kerneljudge.worker.measure import (
     Link,
     _end_copies,
-    _on_host,
+    _host_copies,
     perturb,
     plans,
     poison,
@@ -90,7 +90,7 @@ def main() -> None:
         "output to host": (lambda: out.cpu(), nbytes),
     }
     if device.type == "cuda":
-        steps["output to host, page-locked"] = (lambda: _on_host([out]), nbytes)
+        steps["output to host, page-locked"] = (lambda: _host_copies([out]), nbytes)
     if device.type == "cuda":
 
         def fresh() -> None:

@@ -800,16 +800,17 @@ def test_a_slot_kept_anew_lets_its_earlier_copy_go_before_the_new_one_goes_to_th
         alive_at_copy.append(slot in previous and previous[slot]() is not None)
         copies = [t.clone() for t in held]
         previous[slot] = weakref.ref(copies[0])
-        on_the_host.update(map(id, copies))
+        for t in copies:
+            t.on_the_host = True  # type: ignore[attr-defined]
         return copies
 
-    on_the_host: set[int] = set()  # the copies on_host made: no device bytes
-    monkeypatch.setattr(measure, "_on_host", on_host)
+    monkeypatch.setattr(measure, "_host_copies", on_host)
     monkeypatch.setattr(measure, "_device_bytes", lambda ts: sum(
         t.numel() * t.element_size() for t in measure.flatten_tensors(ts)
-        if id(t) not in on_the_host))  # fmt: skip
+        if not getattr(t, "on_the_host", False)))  # fmt: skip
     keep = {2: 0, 3: 0, 5: 1, 6: 0}  # timed call -> slot (the warm-up call is 0)
-    (_, kept, _), _ = _observe(torch.tanh, [[torch.randn(16, 8)]], 7, 1, lambda i: keep.get(i, -1))
+    (_, kept, _), _ = _observe(torch.tanh, [[torch.randn(16, 8)]], 7, 1, lambda i: keep.get(i, -1),
+                               recycle=False)  # a GPU's loop  # fmt: skip
     assert alive_at_copy == [False, False, False, False]
     assert set(kept) == {0, 1}
 
@@ -828,18 +829,29 @@ def test_a_cpu_loop_writes_a_calls_copies_into_those_of_a_call_not_kept() -> Non
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(measure, "_output_digest", recording)
-        keep = {3: 0, 6: 1}  # timed calls 3 and 6 kept (calls 4 and 7 after the warm-up call)
-        (_, kept, _), obs = _observe(torch.tanh, sets, 8, 1, lambda i: keep.get(i, -1))
+        # Timed calls 3, 5 and 6 kept (calls 4, 6 and 7 after the warm-up call), 5 in 3's slot.
+        keep = {3: 0, 5: 0, 6: 1}
+        (_, kept, _), obs = _observe(torch.tanh, sets, 10, 1, lambda i: keep.get(i, -1))
 
     def times(t: torch.Tensor) -> int:
         return sum(d is t for d in digested)
 
-    assert len(digested) == 9 and max(map(times, digested)) > 1  # copies written again
-    for slot, call in ((0, 4), (1, 7)):
+    assert len(digested) == 11 and max(map(times, digested)) > 1  # copies written again
+    # Call 4's copies, replaced in their slot, no longer audited: written again later.
+    assert any(d is digested[4] for d in digested[5:])
+    for slot, call in ((0, 6), (1, 7)):
         assert digested[call] is kept[slot][0]
         assert all(d is not kept[slot][0] for d in digested[call + 1 :])  # not written again
         args = measure.perturb(sets[0], [True], obs.calls[call].seed)
         assert torch.equal(kept[slot][0], torch.tanh(args[0]))
-    # Copies that do not match the buffers (another shape, a layout not contiguous) are new.
-    assert measure._end_copies([torch.ones(3)], [torch.zeros(4)])[0].shape == (3,)
-    assert not measure._fits(torch.zeros(4, 2), torch.zeros(2, 4).t())
+    # A dense output is written into a clone of one like it (its strides kept, a transposed
+    # one's too); another shape, strides or dtype, or one output of several that does not
+    # match, makes new copies of all.
+    t = torch.randn(2, 4).t()
+    assert measure._fits(t.clone(), t) and not measure._fits(t.contiguous(), t)
+    assert not measure._fits(torch.zeros(4, 2, dtype=torch.float64), t)
+    one, two = torch.zeros(3), torch.zeros(4)
+    new = measure._end_copies([torch.ones(3), torch.ones(5)], [one, two])
+    assert new[0] is not one and new[0].shape == (3,) and new[1].shape == (5,)
+    again = measure._end_copies([torch.ones(3), torch.ones(4)], [one, two])
+    assert again[0] is one and again[1] is two and torch.equal(one, torch.ones(3))

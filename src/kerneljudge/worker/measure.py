@@ -106,7 +106,8 @@ LOOP_DEVICE_SHARE = 1 / 4
 #: (:data:`kerneljudge.timing.stage.AUDIT_KEEP_SHARE`; at least two calls, which may exceed it
 #: where an output takes more than a sixteenth of the device), so they stay on the device: a
 #: 6 GiB output's copy into pageable host memory took 4.7 s on the H200
-#: (``benchmarks/timed_loop_steps.py``); those past it go to page-locked memory (:func:`_on_host`).
+#: (``benchmarks/timed_loop_steps.py``); those past it go to page-locked memory
+#: (:func:`_host_copies`).
 SNAPSHOT_DEVICE_SHARE = 1 / 8
 #: GPU clock cycles the device spins before a replay's start event (10-20 us at 1-2 GHz): the
 #: host has the graph's launch queued by then, so its host latency is not in the replay's time.
@@ -142,8 +143,9 @@ def _device_bytes(tensors: Any) -> int:
 
 def _end_copies(outputs: list[torch.Tensor], reuse: list[torch.Tensor]) -> list[torch.Tensor]:
     """Copies of a call's ``outputs`` taken at its end mark: written into ``reuse`` (an
-    earlier call's copies) where each output is a plain, dense, contiguous tensor of the same
-    shape, dtype and device as its buffer; else new clones."""
+    earlier call's copies, one buffer per output) when every output is a plain tensor of its
+    buffer's shape, strides, dtype and device (the buffers are clones, so dense: an output
+    with those strides is written whole); else, all of them, new clones."""
     if len(reuse) == len(outputs) and all(map(_fits, reuse, outputs)):
         return [_copy(b, t.detach()) for b, t in zip(reuse, outputs)]
     return [t.detach().clone() for t in outputs]
@@ -152,18 +154,20 @@ def _end_copies(outputs: list[torch.Tensor], reuse: list[torch.Tensor]) -> list[
 def _fits(buffer: torch.Tensor, t: torch.Tensor) -> bool:
     return (
         type(t) is torch.Tensor
+        and type(buffer) is torch.Tensor
         and t.layout == torch.strided
         and not (t.is_quantized or t.is_conj() or t.is_neg())
-        and t.is_contiguous()
-        and buffer.is_contiguous()
-        and (buffer.shape, buffer.dtype, buffer.device) == (t.shape, t.dtype, t.device)
+        and (buffer.shape, buffer.stride(), buffer.dtype, buffer.device)
+        == (t.shape, t.stride(), t.dtype, t.device)
     )
 
 
-def _on_host(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Host copies of a kept call's outputs, through page-locked memory
-    (:func:`kerneljudge.worker.forward.to_cpu`): a 6 GiB output's copy into fresh pageable
-    memory took 4.5-4.7 s on the H200
+def _host_copies(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Host copies of a kept call's outputs (:func:`kerneljudge.worker.forward.to_cpu`): those
+    of 1 MiB or more in page-locked memory where it can be had (torch's caching host allocator,
+    which rounds a block up to a power of two and keeps it until the worker exits: a 6 GiB
+    output holds 8 GiB), the rest pageable. A 6 GiB output's copy into fresh pageable memory
+    took 4.5-4.7 s on the H200
     (docs/benchmarks/2026-12-04-h200-timed-loop-at-gib-sizes.md)."""
     from kerneljudge.worker.forward import to_cpu  # (forward imports this module)
 
@@ -330,18 +334,20 @@ def time_calls(
         kept_before: the kept outputs of earlier batches (by slot), held meanwhile: their bytes
             on the device count against :data:`SNAPSHOT_DEVICE_SHARE`. A slot this batch keeps
             anew is removed from it when its new outputs are kept (its memory given back then).
-        recycle: write a call's end-mark copies into those of a committed call whose slot said
-            "not kept" (where they match in shape, dtype and layout) instead of new tensors.
-            None: on the CPU, where a copy into fresh memory pays a page fault per page (128 MiB
-            of float32: 57 ms against 22 ms for a copy into memory written before, one thread
-            of a 2-core host); on a GPU the caching allocator reuses
-            blocks, and :func:`pipeline_depth` counts no buffer held between calls.
+        recycle: write a call's end-mark copies into copies no longer held for the audit (a
+            committed call's whose slot said "not kept", or those a slot kept anew replaced)
+            where they match (:func:`_end_copies`), instead of new tensors; one such set is
+            held from its slot's answer through the next call. None: on the CPU, where a copy
+            into fresh memory pays a page fault per page (128 MiB of float32: 57 ms against
+            22 ms for a copy into memory written before, one thread of a 2-core host); on a GPU
+            the caching allocator reuses blocks, and :func:`pipeline_depth` counts no buffer
+            held between calls.
 
     Returns:
         ``(times_ms, kept, wall_s)``: one time per timed call in milliseconds; by audit slot,
         copies of the outputs (taken right after the end mark) of the calls the supervisor
-        chose to keep, latest per slot (on the host, page-locked, past
-        :data:`SNAPSHOT_DEVICE_SHARE`); the
+        chose to keep, latest per slot (on the host past :data:`SNAPSHOT_DEVICE_SHARE`,
+        :func:`_host_copies`); the
         host wall time of the timed calls' iterations (from the first timed call's input
         preparation to the end), in seconds.
     """
@@ -461,16 +467,21 @@ def time_calls(
                 if slot >= 0:
                     # The copies it replaces are let go before it is kept: on the host, their
                     # page-locked blocks then take this call's (torch's caching host allocator).
-                    room += _device_bytes(kept.pop(slot, []))
+                    replaced = kept.pop(slot, [])
                     if kept_before is not None and slot in kept_before:
-                        room += _device_bytes(kept_before.pop(slot))
+                        replaced = replaced or kept_before.pop(slot)
+                    room += _device_bytes(replaced)
+                    if recycle and replaced:  # no longer audited: the next call's copies
+                        reuse = replaced
+                    del replaced
                     size = _device_bytes(held)
-                    kept[slot] = held if size <= room else _on_host(held)
+                    kept[slot] = held if size <= room else _host_copies(held)
                     room -= size if size <= room else 0
                 elif recycle:
                     reuse = held  # the next call's copies are written into these
-                # Not held past its slot: a call not kept (or kept on the host) frees its copies
-                # before the next call, as pipeline_depth counts them.
+                # Not held past its slot (on a GPU): a call not kept, or kept on the host, frees
+                # its copies before the next call, as pipeline_depth counts them. On the CPU one
+                # set of copies no longer held for the audit is kept for the next call's.
                 del held
         del out, args, copies
     return times, kept, (_perf_counter_ns() - wall0) / 1e9
