@@ -368,7 +368,7 @@ def time_calls(
     graph_outputs = graph.outputs if replay is not None else None
     static_outputs = flatten_tensors(graph_outputs)
     spare: list[Any] | None = None
-    reuse: list[torch.Tensor] = []  # a call's copies whose slot said "not kept"
+    reuse: list[torch.Tensor] = []  # copies no longer held for the audit (recycle)
     recycle = not cuda if recycle is None else recycle
     room = memory = 0
     depth = PIPELINE_DEPTH
@@ -468,12 +468,11 @@ def time_calls(
                     # The copies it replaces are let go before it is kept: on the host, their
                     # page-locked blocks then take this call's (torch's caching host allocator).
                     replaced = kept.pop(slot, [])
-                    if kept_before is not None and slot in kept_before:
-                        replaced = replaced or kept_before.pop(slot)
-                    room += _device_bytes(replaced)
-                    if recycle and replaced:  # no longer audited: the next call's copies
-                        reuse = replaced
-                    del replaced
+                    earlier = kept_before.pop(slot, []) if kept_before is not None else []
+                    room += _device_bytes(replaced) + _device_bytes(earlier)
+                    if recycle and (replaced or earlier):  # no longer audited: reused
+                        reuse = replaced or earlier
+                    del replaced, earlier
                     size = _device_bytes(held)
                     kept[slot] = held if size <= room else _host_copies(held)
                     room -= size if size <= room else 0
