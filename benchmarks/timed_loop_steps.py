@@ -91,7 +91,6 @@ def main() -> None:
     }
     if device.type == "cuda":
         steps["output to host, page-locked"] = (lambda: _host_copies([out]), nbytes)
-    if device.type == "cuda":
 
         def fresh() -> None:
             torch.cuda.empty_cache()
