@@ -32,7 +32,10 @@ imported and CUDA contexts made) and waits for them, as an executor's slot keeps
 jobs; the count then starts at ``Judge(problem, config, spares=...)``, the spares taken; with the
 side ``kj-served``, the same but one such host judges every problem of the run in turn (as an
 executor's slot does), its spares refilled and waited for between problems, outside the count
-(``refill_s``), so the host's own start is paid once per run rather than once per problem.
+(``refill_s``), so the host's own start is paid once per run rather than once per problem;
+with the sides ``kb,kj-served``, KernelBench's process for the next problem starts (its
+imports and CUDA's initialisation, outside its count) while the host refills, and its count
+starts once the refill is done, nothing else running (``started_ahead_s`` in its row).
 Results go to ``--json`` after every problem (a run cut short keeps what it measured);
 ``--resume`` continues such a run: the problems already in ``--json`` are kept, not judged again.
 
@@ -58,6 +61,7 @@ import tempfile
 import threading
 import time
 import types
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -300,7 +304,12 @@ def _stub_only_imported() -> None:
             sys.modules[name] = module
 
 
-def _run_kernelbench(problem: Path, kernelbench: Path, perf_trials: int) -> dict[str, Any]:
+def _run_kernelbench(
+    problem: Path, kernelbench: Path, perf_trials: int, wait_go: bool = False
+) -> dict[str, Any]:
+    """KernelBench's count of ``problem``. With ``wait_go``, once its imports are done and CUDA
+    is initialised it prints ``READY`` and waits for a line on stdin before the count
+    (:class:`_Prestarted`)."""
     sys.path.insert(0, str(kernelbench / "src"))
     _stub_only_imported()
     import torch
@@ -309,6 +318,9 @@ def _run_kernelbench(problem: Path, kernelbench: Path, perf_trials: int) -> dict
     reference = problem.read_text()
     with tempfile.TemporaryDirectory() as build_dir:
         torch.cuda.init()
+        if wait_go:
+            print("READY", flush=True)
+            sys.stdin.readline()
         t0 = time.perf_counter()
         result = eval_kernel_against_ref(
             reference,
@@ -338,10 +350,96 @@ def _one(args: argparse.Namespace) -> None:
         if args.one == "kj":
             out = _run_kerneljudge(problem, args.requests, args.again, args.spares, args.device)
         else:
-            out = _run_kernelbench(problem, Path(args.kernelbench), args.kb_perf_trials)
+            kernelbench = Path(args.kernelbench)
+            out = _run_kernelbench(problem, kernelbench, args.kb_perf_trials, args.wait_go)
     except Exception as exc:  # noqa: BLE001 - reported as the row's failure
         out = _harness_error(exc)
     print("RESULT " + json.dumps(out), flush=True)
+
+
+class _Lines:
+    """A child process's stdout lines, read by a thread into a queue."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.queue: queue.Queue[str | None] = queue.Queue()
+        self.ended = False  # the child's stdout reached its end
+        out, lines = proc.stdout, self.queue
+
+        def read() -> None:
+            for line in out:  # type: ignore[union-attr]
+                lines.put(line)
+            lines.put(None)
+
+        threading.Thread(target=read, daemon=True).start()
+
+    def next(self, prefix: str, deadline: float) -> str | None:
+        """The child's next line that starts with ``prefix``; None at the deadline
+        (``time.monotonic``) or at the end of its output (then :attr:`ended`)."""
+        while not self.ended:
+            try:
+                line = self.queue.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                return None
+            if line is None:
+                self.ended = True
+            elif line.startswith(prefix):
+                return line
+        return None
+
+
+class _Prestarted:
+    """KernelBench's side of a problem in a process started ahead of its count: the process
+    imports torch and KernelBench and initialises CUDA while the ``kj-served`` host refills its
+    spares after the previous problem (outside both counts), then waits for ``GO``; its count
+    starts when :meth:`result` sends it, with nothing else running."""
+
+    def __init__(self, args: argparse.Namespace, problem: Path) -> None:
+        self.args, self.problem, self.t0 = args, problem, time.perf_counter()
+        cmd = [sys.executable, __file__, "--one", "kb", "--one-problem", str(problem)]
+        cmd += ["--kernelbench", str(args.kernelbench)]
+        cmd += ["--kb-perf-trials", str(args.kb_perf_trials), "--wait-go"]
+        self.proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=child_env(),
+        )
+        self.lines = _Lines(self.proc)
+
+    def result(self) -> dict[str, Any]:
+        """The side's row: ``GO`` sent once the process is ready, then its ``RESULT`` within
+        the side's timeout; the process is ended either way."""
+        try:
+            if self.lines.next("READY", time.monotonic() + _Served.READY_S) is None:
+                return self._failed("before it was ready")
+            assert self.proc.stdin is not None
+            self.proc.stdin.write("GO\n")
+            self.proc.stdin.flush()
+            line = self.lines.next("RESULT ", time.monotonic() + self.args.timeout)
+            if line is None:
+                return self._failed("while it judged")
+            out: dict[str, Any] = json.loads(line[len("RESULT ") :])
+            out["started_ahead_s"] = time.perf_counter() - self.t0
+            return out
+        except OSError:
+            return self._failed("before GO was sent")
+        finally:
+            self.close()
+
+    def _failed(self, what: str) -> dict[str, Any]:
+        self.close()
+        code = self.proc.returncode
+        if code is not None and code != -9:
+            tail = (self.proc.stderr.read() if self.proc.stderr else "").strip().splitlines()
+            return {"seconds": None, "status": f"exit {code}", "reason": " | ".join(tail[-3:])}
+        return {"seconds": None, "status": "timeout", "reason": f"ended {what}"}
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
 
 
 class _Served:
@@ -354,8 +452,7 @@ class _Served:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.proc: subprocess.Popen[str] | None = None
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        self.ended = False  # the host's stdout reached its end
+        self.lines: _Lines | None = None
 
     def _start(self) -> None:
         cmd = [sys.executable, __file__, "--serve", "--device", self.args.device]
@@ -365,29 +462,16 @@ class _Served:
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=child_env()
         )
-        self.lines, self.ended = queue.Queue(), False
-        out, lines = self.proc.stdout, self.lines
+        self.lines = _Lines(self.proc)
 
-        def read() -> None:
-            for line in out:  # type: ignore[union-attr]
-                lines.put(line)
-            lines.put(None)
-
-        threading.Thread(target=read, daemon=True).start()
+    @property
+    def ended(self) -> bool:
+        return self.lines is not None and self.lines.ended
 
     def _line(self, prefix: str, deadline: float) -> str | None:
-        """The host's next line that starts with ``prefix``; None at the deadline or at the end
-        of its output (then :attr:`ended`)."""
-        while not self.ended:
-            try:
-                line = self.lines.get(timeout=max(0.01, deadline - time.monotonic()))
-            except queue.Empty:
-                return None
-            if line is None:
-                self.ended = True
-            elif line.startswith(prefix):
-                return line
-        return None
+        """The host's next line that starts with ``prefix`` (:meth:`_Lines.next`)."""
+        assert self.lines is not None
+        return self.lines.next(prefix, deadline)
 
     def _failed(self, timeout_s: float, what: str) -> dict[str, Any]:
         """The row of a host that did not answer: its exit status where it ended, else a
@@ -403,9 +487,12 @@ class _Served:
             return {"seconds": None, "status": f"exit {code}", "reason": f"the host ended {what}"}
         return {"seconds": None, "status": "timeout", "reason": f"over {timeout_s} s {what}"}
 
-    def ask(self, problem: Path) -> dict[str, Any]:
+    def ask(
+        self, problem: Path, while_refilling: Callable[[], None] | None = None
+    ) -> dict[str, Any]:
         """``problem``'s row: the host's ``RESULT`` within the side's timeout (counted from
-        when the host is ready), with ``refill_s`` (and ``refill_error``) of the refill after."""
+        when the host is ready), with ``refill_s`` (and ``refill_error``) of the refill after;
+        ``while_refilling`` is called once the result is in, before the refill is waited for."""
         if self.proc is None:
             self._start()
             if self._line("READY", time.monotonic() + self.READY_S) is None:
@@ -415,12 +502,15 @@ class _Served:
             self.proc.stdin.write(f"{problem}\n")
             self.proc.stdin.flush()
         except OSError:
-            self.ended = True
+            assert self.lines is not None
+            self.lines.ended = True
             return self._failed(0, "before the problem was sent")
         line = self._line("RESULT ", time.monotonic() + self.args.timeout)
         if line is None:
             return self._failed(self.args.timeout, "while it judged")
         out: dict[str, Any] = json.loads(line[len("RESULT ") :])
+        if while_refilling is not None:
+            while_refilling()
         ready = self._line("READY", time.monotonic() + self.READY_S)
         if ready is None:
             out["refill_error"] = self._failed(self.READY_S, "while it refilled")["reason"]
@@ -453,16 +543,28 @@ class _Served:
 
 
 def _side(
-    args: argparse.Namespace, side: str, problem: Path, served: _Served | None = None
+    args: argparse.Namespace,
+    side: str,
+    problem: Path,
+    served: _Served | None = None,
+    ahead: _Prestarted | None = None,
+    while_refilling: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """One side's result: ``kb``, ``kj``, ``kj-host`` (kerneljudge with every candidate output
     sent through the host, none on the device) or ``kj-spares`` (kerneljudge in a host that has
     judged another problem and keeps its spares started), each in a fresh process; or
-    ``kj-served`` (the same host, one process for every problem: :class:`_Served`)."""
+    ``kj-served`` (the same host, one process for every problem: :class:`_Served`;
+    ``while_refilling`` as :meth:`_Served.ask`'s). ``ahead``: ``kb``'s process for ``problem``,
+    started ahead (:class:`_Prestarted`)."""
     t0 = time.perf_counter()
     if side == "kj-served":
         assert served is not None
-        out = served.ask(problem)
+        out = served.ask(problem, while_refilling)
+        out["process_s"] = time.perf_counter() - t0
+        return out
+    if ahead is not None:
+        assert side == "kb" and ahead.problem == problem
+        out = ahead.result()
         out["process_s"] = time.perf_counter() - t0
         return out
     env = {THROUGH_HOST_ENV: "1"} if side == "kj-host" else {}
@@ -587,6 +689,7 @@ def main() -> None:
     parser.add_argument("--spares", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--one", choices=("kj", "kb"), help=argparse.SUPPRESS)
     parser.add_argument("--one-problem", help=argparse.SUPPRESS)
+    parser.add_argument("--wait-go", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         _one(args)
@@ -604,17 +707,32 @@ def main() -> None:
         rows, meta = _resumed(args.json, meta)
     done = {r["problem"] for r in rows}
     served = _Served(args)
+    sides = args.sides.split(",")
+    # KernelBench's next process starts while the served host refills (outside both counts).
+    overlap = sides[0] == "kb" and sides[-1] == "kj-served"
+    names = [p for p in args.problems.split(",") if p and p not in done]
+    ahead: list[_Prestarted] = []
+
+    def start_next(i: int) -> Callable[[], None] | None:
+        if not overlap or i + 1 >= len(names):
+            return None
+        nxt = args.kernelbench / "KernelBench" / names[i + 1]
+        return lambda: ahead.append(_Prestarted(args, nxt))
+
     try:
-        for name in [p for p in args.problems.split(",") if p and p not in done]:
+        for i, name in enumerate(names):
             problem = args.kernelbench / "KernelBench" / name
             row: dict[str, Any] = {"problem": name}
-            for side in args.sides.split(","):
-                row[side] = _side(args, side, problem, served)
+            for side in sides:
+                mine = ahead.pop() if side == "kb" and ahead else None
+                row[side] = _side(args, side, problem, served, mine, start_next(i))
             _report(name, row)
             rows.append(row)
             if args.json:
                 args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     finally:
+        for left in ahead:
+            left.close()
         served.close()
     for key, what in (
         ("ratio", "first verdict"),

@@ -804,3 +804,26 @@ def test_a_profiled_worker_leaves_its_request_profile_and_no_link_is_followed(
     import pstats
 
     assert pstats.Stats(str(kept / names[0])).total_calls > 0  # a whole profile
+
+
+def test_the_memory_variable_alone_keeps_no_request_profile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With only the memory variable set, a worker runs no cProfile: a closed CPU worker (which
+    writes no memory log) leaves nothing in the folder, and a profiler made under the variable
+    records memory without a profile."""
+    from kerneljudge.worker.profiling import MEMORY_ENV, PROFILE_ENV, RequestProfiler
+
+    kept = tmp_path / "memory"
+    kept.mkdir()
+    monkeypatch.delenv(PROFILE_ENV, raising=False)
+    monkeypatch.setenv(MEMORY_ENV, str(kept))
+    w = WorkerProcess("candidate", "cpu", threads=1)
+    try:
+        w.wait_ready()
+        w.request("pin", timeout_s=60, cpus=sorted(os.sched_getaffinity(0)), threads=1)
+    finally:
+        w.close()
+    assert list(kept.iterdir()) == []
+    profiler = RequestProfiler()
+    assert profiler.profile is None and profiler.memory

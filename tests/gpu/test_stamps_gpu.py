@@ -121,3 +121,42 @@ def test_cuda_calls_are_marked_committed_and_kept() -> None:
     args = measure.perturb(sets[0], [True], rec.seed)
     assert torch.equal(kept[0][0], args[0] @ args[0])
     assert [output_digest(t, k) for t, (k, _) in zip(kept[0], rec.digests)] == rec.digests
+
+
+def test_kept_outputs_past_the_device_room_go_to_page_locked_host_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With no device room for kept outputs, each kept call's outputs are copied to the host,
+    page-locked where they are 1 MiB or more, and are the outputs of that call's inputs; a slot
+    kept again holds its latest call."""
+    monkeypatch.setattr(measure, "SNAPSHOT_DEVICE_SHARE", 0.0)
+    dev = torch.device("cuda")
+    sets = [[torch.randn(1024, 512, device=dev)]]  # 2 MiB outputs
+    sup, wrk = socket_pair()
+    box: dict = {}
+
+    def request(op, timeout_s, **fields):  # type: ignore[no-untyped-def]
+        link = fields["link"]
+        box["r"] = measure.time_calls(
+            torch.tanh,
+            sets,
+            n=fields["n"],
+            warmup=fields["warmup"],
+            device=dev,
+            flush=torch.empty(1 << 20, dtype=torch.uint8, device=dev),
+            poison_bytes=1 << 20,
+            link=measure.Link(wrk, link["batch"]),
+            seed=link["seed"],
+        )
+        return {"times_ms": box["r"][0]}
+
+    keep = {3: 0, 6: 1, 9: 0}
+    _, obs = Observer(sup).run(request, 60, n=12, warmup=2, keep=lambda i: keep.get(i, -1))
+    _, kept, _ = box["r"]
+    assert obs.complete() and set(kept) == {0, 1}
+    for slot, call in ((0, 9), (1, 6)):
+        (out,) = kept[slot]
+        assert out.device.type == "cpu" and out.is_pinned()
+        rec = obs.calls[2 + call]
+        args = measure.perturb(sets[0], [True], rec.seed)
+        assert torch.equal(out, torch.tanh(args[0]).cpu())

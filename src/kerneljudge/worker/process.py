@@ -30,7 +30,7 @@ from kerneljudge.worker.faults import (
     WorkerReplyTooLarge,
     WorkerTimeout,
 )
-from kerneljudge.worker.profiling import PROFILE_ENV, keep_profile
+from kerneljudge.worker.profiling import MEMORY_ENV, PROFILE_ENV, keep_profile, kept_folder
 from kerneljudge.worker.protocol import (
     MAX_MESSAGE_BYTES,
     Channel,
@@ -97,8 +97,9 @@ class WorkerProcess:
             candidate_environment(dict(os.environ)) if role == "candidate" else dict(os.environ)
         )
         full_env.update(env or {})
-        if os.environ.get(PROFILE_ENV):
-            full_env[PROFILE_ENV] = "1"
+        for name in (PROFILE_ENV, MEMORY_ENV):
+            if os.environ.get(name):
+                full_env[name] = "1"
         full_env["PYTHONPATH"] = os.pathsep.join(
             filter(None, [_SRC_DIR, full_env.get("PYTHONPATH")])
         )
@@ -272,7 +273,7 @@ class WorkerProcess:
             except (ChannelClosed, ChannelTimeout, OSError):
                 pass
         self.kill()
-        keep = os.environ.get(PROFILE_ENV)
+        keep = kept_folder()
         if keep:
             keep_profile(self.scratch, Path(keep), f"{self.role}-{self.id}")
         shutil.rmtree(self.scratch, ignore_errors=True)

@@ -1,6 +1,6 @@
 """A profile of a worker's request handlers, for finding where a verdict's time and device
 memory go in the workers (``benchmarks/verdict_profile.py --workers``); off unless
-:data:`PROFILE_ENV` is set."""
+:data:`PROFILE_ENV` is set; the device memory alone (no cProfile) with :data:`MEMORY_ENV`."""
 
 from __future__ import annotations
 
@@ -16,11 +16,23 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MEMORY_FILE", "PROFILE_ENV", "PROFILE_FILE", "RequestProfiler", "keep_profile"]
+__all__ = [
+    "MEMORY_ENV",
+    "MEMORY_FILE",
+    "PROFILE_ENV",
+    "PROFILE_FILE",
+    "RequestProfiler",
+    "kept_folder",
+    "keep_profile",
+]
 
 #: Environment variable naming a folder: when set, every worker profiles its request handlers
 #: (cProfile) and the supervisor copies each worker's profile there when it closes the worker.
 PROFILE_ENV = "KERNELJUDGE_WORKER_PROFILE"
+#: Environment variable naming a folder: when set (and :data:`PROFILE_ENV` is not), every CUDA
+#: worker writes only its :data:`MEMORY_FILE`, without cProfile's cost on its requests, and the
+#: supervisor copies it there as it does a profile.
+MEMORY_ENV = "KERNELJUDGE_WORKER_MEMORY"
 #: The profile's file name in a worker's scratch folder.
 PROFILE_FILE = "requests.prof"
 #: The file in a worker's scratch folder with one line per request on a CUDA worker: the wall
@@ -38,25 +50,29 @@ class RequestProfiler:
 
     def __init__(self) -> None:
         self.profile = cProfile.Profile() if os.environ.get(PROFILE_ENV) else None
+        self.memory = bool(os.environ.get(PROFILE_ENV) or os.environ.get(MEMORY_ENV))
 
     @contextlib.contextmanager
     def request(self, op: str = "") -> Iterator[None]:
-        if self.profile is None:
+        if not self.memory:
             yield
             return
         cuda = _cuda()
         if cuda is not None:
             _quietly(cuda.reset_peak_memory_stats)
-        self.profile.enable()
+        if self.profile is not None:
+            self.profile.enable()
         try:
             yield
         finally:
-            self.profile.disable()
-            # Written beside, then renamed: a worker closed while it writes leaves the last
-            # whole profile, never a truncated one.
-            path = os.path.join(tempfile.gettempdir(), PROFILE_FILE)
-            self.profile.dump_stats(path + ".part")
-            os.replace(path + ".part", path)
+            if self.profile is not None:
+                self.profile.disable()
+                # Written beside, then renamed: a worker closed while it writes leaves the last
+                # whole profile, never a truncated one.
+                path = os.path.join(tempfile.gettempdir(), PROFILE_FILE)
+                self.profile.dump_stats(path + ".part")
+                os.replace(path + ".part", path)
+            cuda = cuda or _cuda()  # the request may have made the context
             if cuda is not None:  # a device error here must not replace the request's outcome
                 _quietly(lambda: _memory_line(cuda, op))
 
@@ -86,6 +102,12 @@ def _memory_line(cuda: Any, op: str) -> None:
     )
     with open(os.path.join(tempfile.gettempdir(), MEMORY_FILE), "a") as f:
         f.write(line)
+
+
+def kept_folder() -> str:
+    """The folder closed workers' profiles are copied to: :data:`PROFILE_ENV`'s, else
+    :data:`MEMORY_ENV`'s, else empty (nothing is kept)."""
+    return os.environ.get(PROFILE_ENV) or os.environ.get(MEMORY_ENV) or ""
 
 
 def keep_profile(scratch: Path, folder: Path, stem: str, limit: int = 1 << 30) -> None:
