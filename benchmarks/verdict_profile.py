@@ -26,12 +26,30 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 from _requests import count_requests
 from supervisor_memory import CANDIDATE, PROBLEM
 
 from kerneljudge import Judge, JudgeConfig
 from kerneljudge.worker.profiling import PROFILE_ENV
+
+
+def _print_speedups(verdict: Any) -> None:
+    """The verdict's speedups over eager: launched calls, and CUDA-graph replays where timed
+    (with the share of each side's launched time spent waiting for the host)."""
+    t = verdict.timing
+    if t is None:
+        return
+    for what, timing in (("launched", t), ("replayed", t.graph)):
+        sp = timing.speedup("eager") if timing is not None else None
+        if sp is not None:
+            lo, hi = sp.ci95
+            print(f"  {what}: x{sp.median:.3f} [{lo:.3f}, {hi:.3f}]", end="")
+    if t.graph is not None:
+        shares = " ".join(f"{k} {v:.2f}" for k, v in t.graph.host_share.items())
+        print(f" | host share {shares} {t.graph.note}", end="")
+    print(flush=True)
 
 
 def main() -> None:
@@ -82,6 +100,7 @@ def main() -> None:
                 print("  stages (s):", " ".join(f"{k} {v:.2f}" for k, v in verdict.stage_s.items()))
                 for line in verdict.reductions:
                     print(f"  reduced for want of memory: {line}")
+                _print_speedups(verdict)
     if verdict.timing is not None:
         t = verdict.timing
         counts = " ".join(f"{m.name} {m.samples}" for m in t.measurements)
