@@ -47,9 +47,12 @@ def test_tensors_are_placed_one_after_another_each_aligned() -> None:
     assert all(o % ALIGN == 0 for o in offsets)
 
 
-def test_host_tensors_never_take_the_device_path() -> None:
+def test_host_tensors_take_the_device_path_only_from_a_gpu_worker() -> None:
+    """Host tensors are sent on the device only where the sender names a CUDA device (a CPU
+    worker's never are; the CUDA case is tests/gpu/test_vmm_gpu.py's)."""
     big = torch.zeros(DEVICE_MIN_BYTES // 4 + 1)
     assert device_message([big, None, 3], lambda v: v) == (None, None)
+    assert device_message([big], lambda v: v, torch.device("cpu")) == (None, None)
 
 
 def test_a_pipe_carries_a_socket_for_device_memory_beside_it_and_host_outputs_still_cross() -> None:

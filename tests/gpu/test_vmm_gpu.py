@@ -99,6 +99,42 @@ def test_large_outputs_go_on_the_device_and_small_ones_through_the_host() -> Non
     assert received[1][1] is None
 
 
+@pytest.mark.parametrize("named", [True, False])
+def test_large_host_outputs_of_a_gpu_worker_cross_on_the_device(named: bool) -> None:
+    """Outputs a GPU worker kept on the host (page-locked, or not) go on the device when the
+    sender names its device: the reader gets CUDA copies, equal to them; without the device
+    they come through the pipe as host tensors. Small ones come through the pipe either way."""
+
+    class _Worker:
+        def __init__(self) -> None:
+            self.sup, self.end = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+
+        def hand_over(self, fd: int, token: bytes) -> None:
+            hand_over(self.sup, fd, token)
+
+    pinned = torch.randn(3 << 20).pin_memory()
+    pageable = torch.randn(1 << 19, dtype=torch.float64)
+    small = torch.arange(10)
+    reader, writer = _Worker(), _Worker()
+    got: dict[str, object] = {}
+    with SidePipe(reader, writer) as pipe:
+        thread = threading.Thread(
+            target=lambda: got.update(
+                r=recv_outputs(reader.end, pipe.token, 30.0, 1 << 30, torch.device("cuda"))
+            )
+        )
+        thread.start()
+        device = torch.device("cuda") if named else None
+        send_outputs(writer.end, pipe.token, [pinned, (pageable, small)], _to_host, device=device)
+        thread.join()
+    received, why, failed = got["r"]  # type: ignore[misc]
+    assert why == "" and not failed
+    assert received[0].is_cuda == received[1][0].is_cuda == named
+    assert not received[1][1].is_cuda
+    for sent, came in zip((pinned, pageable, small), (received[0], *received[1])):
+        assert torch.equal(came.cpu(), sent)
+
+
 PROBLEM = """
 import torch
 import torch.nn as nn

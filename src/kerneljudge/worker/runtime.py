@@ -439,7 +439,7 @@ class Worker(KeptTrials, CapturedCalls):
             return {"slots": None, "n_sets": len(self.sets)}
         if msg.get("side") and len(slots) == 1:
             ((s, outs),) = slots.items()
-            outputs_reply(self.handoff, msg, outs, as_sent)  # on the device where it can
+            outputs_reply(self.handoff, msg, outs, as_sent, self.device)  # the device's way
             slots = {s: len(outs)}
         return {"slots": slots, "n_sets": len(self.sets)}
 

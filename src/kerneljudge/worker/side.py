@@ -110,13 +110,15 @@ def send_outputs(
     outputs: Any,
     to_host: Callable[[Any], Any] | None = None,
     on_device: bool = True,
+    device: Any = None,
 ) -> None:
     """Write ``{"outputs": outputs}`` as one message to the pipe handed over on ``sock`` as
     ``token``, then close it. With ``to_host`` (what makes a value fit to send: a host copy of
     a tensor, a Fault for a value that is none), each CUDA tensor of at least
     :data:`kerneljudge.worker.vmm.DEVICE_MIN_BYTES` stays on the device where ``on_device``
     and the socket handed over beside the pipe (:func:`link_label`) allow it
-    (:func:`kerneljudge.worker.vmm.device_message`), the rest goes through ``to_host``; this
+    (:func:`kerneljudge.worker.vmm.device_message`; with a CUDA ``device``, host tensors of
+    that size are copied onto it and sent the same way), the rest goes through ``to_host``; this
     then returns once the reader copied them or let go (at most :data:`COPY_WAIT_S` seconds
     later), and the device memory is released.
 
@@ -131,7 +133,7 @@ def send_outputs(
     try:
         message: dict[str, Any] | None = None
         if to_host is not None and on_device and link is not None:
-            message, export = device_message(outputs, to_host)
+            message, export = device_message(outputs, to_host, device)
         if export is not None and link is not None:
             rights = (socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [export.fd]))
             try:
@@ -325,13 +327,17 @@ class SidePipe:
 
 
 def outputs_reply(
-    sock: socket.socket | None, msg: dict[str, Any], outputs: Any, to_host: Callable[[Any], Any]
+    sock: socket.socket | None,
+    msg: dict[str, Any],
+    outputs: Any,
+    to_host: Callable[[Any], Any],
+    device: Any = None,
 ) -> dict[str, Any]:
     """The part of a candidate worker's reply that carries ``outputs``: ``{"outputs":
     to_host(outputs)}``, or, when the request names a pipe (``side``: a token's hex),
-    ``{"side": True}`` once they were written there (:func:`send_outputs`, on the device unless
-    the request says ``side_host``; a reader that stopped reading, say at a message longer than
-    it reads, answers the supervisor why itself).
+    ``{"side": True}`` once they were written there (:func:`send_outputs` with ``device``, on
+    the device unless the request says ``side_host``; a reader that stopped reading, say at a
+    message longer than it reads, answers the supervisor why itself).
 
     Raises:
         RuntimeError: no pipe was handed over.
@@ -341,7 +347,8 @@ def outputs_reply(
         return {"outputs": to_host(outputs)}
     try:
         on_device = not msg.get("side_host")
-        send_outputs(sock, bytes.fromhex(str(msg["side"])), outputs, to_host, on_device)
+        token = bytes.fromhex(str(msg["side"]))
+        send_outputs(sock, token, outputs, to_host, on_device, device)
     except ChannelClosed:
         pass
     return {"side": True}

@@ -116,6 +116,7 @@ _SIGNATURES: dict[str, list[Any]] = {
     "cuMemExportToShareableHandle": [_PTR, _U64, ctypes.c_int, _U64],
     "cuMemImportFromShareableHandle": [ctypes.POINTER(_U64), _PTR, ctypes.c_int],
     "cuMemcpyDtoDAsync_v2": [_U64, _U64, _SIZE, _PTR],
+    "cuMemcpyHtoDAsync_v2": [_U64, _PTR, _SIZE, _PTR],
     "cuMemcpyDtoH_v2": [_PTR, _U64, _SIZE],
 }  # fmt: skip
 
@@ -229,18 +230,18 @@ class _Mapping:
 
 
 class Export:
-    """Copies of CUDA ``tensors`` (plain, dense; all on one device) in one allocation that
-    another process may import: :attr:`fd` is its descriptor, :attr:`offsets` where each
-    tensor's bytes start, :attr:`size` the bytes to map (a multiple of the driver's
-    granularity). :meth:`close` releases it (the importer's mapping, if any, keeps the memory
-    until it is dropped too).
+    """Copies of ``tensors`` (plain, dense; on ``device``, None: the first one's, or on the
+    host) in one allocation on that device that another process may import: :attr:`fd` is its
+    descriptor, :attr:`offsets` where each tensor's bytes start, :attr:`size` the bytes to map
+    (a multiple of the driver's granularity). :meth:`close` releases it (the importer's
+    mapping, if any, keeps the memory until it is dropped too).
 
     Raises:
         HandoffError: a driver call failed (no VMM, no descriptor handles, out of memory).
     """
 
-    def __init__(self, tensors: Sequence[torch.Tensor]) -> None:
-        device = tensors[0].device
+    def __init__(self, tensors: Sequence[torch.Tensor], device: torch.device | None = None) -> None:
+        device = tensors[0].device if device is None else device
         ordinal = _ordinal(device)
         self.offsets, end = span([t.numel() * t.element_size() for t in tensors])
         grain = _granularity(ordinal)
@@ -254,9 +255,9 @@ class Export:
             for t, offset in zip(tensors, self.offsets):
                 src = t.detach().contiguous()
                 _call(
-                    "cuMemcpyDtoDAsync_v2",
+                    "cuMemcpyDtoDAsync_v2" if src.is_cuda else "cuMemcpyHtoDAsync_v2",
                     self._mapping.ptr + offset,
-                    src.data_ptr(),
+                    src.data_ptr() if src.is_cuda else _PTR(src.data_ptr()),
                     src.numel() * src.element_size(),
                     _PTR(stream.cuda_stream),
                 )
@@ -339,14 +340,15 @@ def import_tensors(
 
 
 def device_message(
-    outputs: Any, to_host: Callable[[Any], Any]
+    outputs: Any, to_host: Callable[[Any], Any], device: torch.device | None = None
 ) -> tuple[dict[str, Any] | None, Export | None]:
     """``(message, export)``: ``outputs`` (tensors, None and numbers in nested lists and
     tuples) with each plain, dense CUDA tensor of at least :data:`DEVICE_MIN_BYTES` bytes (on
-    the device of the first of them)
-    replaced by a placeholder (its ``dtype``, ``shape`` and ``offset`` in the export) and
-    copied into one exported allocation (:class:`Export`), every other
-    value through ``to_host``; the message names the allocation's ``device_bytes``.
+    the device of the first of them) replaced by a placeholder (its ``dtype``, ``shape`` and
+    ``offset`` in the export) and copied into one exported allocation (:class:`Export`), every
+    other value through ``to_host``; the message names the allocation's ``device_bytes``.
+    With a CUDA ``device`` (this worker's, current), host tensors of that size qualify too and
+    the allocation is on it (outputs a GPU worker kept on the host for want of device room).
     ``(None, None)`` when no tensor qualifies or the driver could not export them (the caller
     then sends them through the host).
 
@@ -354,16 +356,18 @@ def device_message(
         whatever ``to_host`` raises.
     """
     picked: list[torch.Tensor] = []
+    lift = device is not None and device.type == "cuda"
+    device = torch.device("cuda", torch.cuda.current_device()) if lift else None
 
     def walk(value: Any) -> Any:
         if (
             type(value) is torch.Tensor
-            and value.is_cuda
+            and (value.is_cuda or (lift and value.device.type == "cpu"))
             and value.layout == torch.strided
             and not (value.is_conj() or value.is_neg())
             and str(value.dtype).removeprefix("torch.") in _RAW_DTYPES
             and value.numel() * value.element_size() >= DEVICE_MIN_BYTES
-            and (not picked or value.device == picked[0].device)
+            and value.device in (torch.device("cpu"), device or (picked or [value])[0].device)
         ):
             picked.append(value)
             name = str(value.dtype).removeprefix("torch.")
@@ -377,7 +381,7 @@ def device_message(
     if not picked:
         return None, None
     try:
-        export = Export(picked)
+        export = Export(picked, device or picked[0].device)
     except (HandoffError, RuntimeError):  # no VMM here, or no room on the device for it
         return None, None
     for spec in _device_specs(skeleton):
