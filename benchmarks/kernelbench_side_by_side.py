@@ -50,6 +50,7 @@ Run:  PYTHONPATH=src python3 benchmarks/kernelbench_side_by_side.py --kernelbenc
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import platform
 import queue
@@ -363,10 +364,12 @@ class _Lines:
     def __init__(self, proc: subprocess.Popen[str]) -> None:
         self.queue: queue.Queue[str | None] = queue.Queue()
         self.ended = False  # the child's stdout reached its end
-        out, lines = proc.stdout, self.queue
+        self.tail: collections.deque[str] = collections.deque(maxlen=3)  # its last lines
+        out, lines, tail = proc.stdout, self.queue, self.tail
 
         def read() -> None:
             for line in out:  # type: ignore[union-attr]
+                tail.append(line.rstrip())
                 lines.put(line)
             lines.put(None)
 
@@ -402,7 +405,7 @@ class _Prestarted:
             cmd,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=subprocess.STDOUT,  # read with stdout: a full pipe never blocks the child
             text=True,
             env=child_env(),
         )
@@ -432,8 +435,8 @@ class _Prestarted:
         self.close()
         code = self.proc.returncode
         if code is not None and code != -9:
-            tail = (self.proc.stderr.read() if self.proc.stderr else "").strip().splitlines()
-            return {"seconds": None, "status": f"exit {code}", "reason": " | ".join(tail[-3:])}
+            reason = " | ".join(self.lines.tail)
+            return {"seconds": None, "status": f"exit {code}", "reason": reason}
         return {"seconds": None, "status": "timeout", "reason": f"ended {what}"}
 
     def close(self) -> None:
