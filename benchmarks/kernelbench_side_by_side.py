@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import platform
 import queue
@@ -321,7 +322,8 @@ def _run_kernelbench(
         torch.cuda.init()
         if wait_go:
             print("READY", flush=True)
-            sys.stdin.readline()
+            if sys.stdin.readline().strip() != "GO":  # the parent is gone: no count
+                raise SystemExit(1)
         t0 = time.perf_counter()
         result = eval_kernel_against_ref(
             reference,
@@ -443,6 +445,9 @@ class _Prestarted:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
+        if self.proc.stdin is not None:  # (stdout: its reader thread sees its end)
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
 
 
 class _Served:

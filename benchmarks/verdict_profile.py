@@ -39,7 +39,7 @@ def _print_speedups(verdict: Any) -> None:
     """The verdict's speedups over eager: launched calls, and CUDA-graph replays where timed
     (with the share of each side's launched time spent waiting for the host)."""
     t = verdict.timing
-    if t is None:
+    if t is None or t.speedup("eager") is None:
         return
     for what, timing in (("launched", t), ("replayed", t.graph)):
         sp = timing.speedup("eager") if timing is not None else None

@@ -827,3 +827,22 @@ def test_the_memory_variable_alone_keeps_no_request_profile(
     assert list(kept.iterdir()) == []
     profiler = RequestProfiler()
     assert profiler.profile is None and profiler.memory
+
+
+def test_a_profile_folder_that_is_missing_is_made_and_closing_still_cleans_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker closed with the profile variable naming a folder that does not exist yet
+    closes cleanly: the folder is made, the profile copied, the scratch folder removed."""
+    from kerneljudge.worker.profiling import PROFILE_ENV
+
+    kept = tmp_path / "not" / "there"
+    monkeypatch.setenv(PROFILE_ENV, str(kept))
+    w = WorkerProcess("candidate", "cpu", threads=1)
+    try:
+        w.wait_ready()
+        w.request("pin", timeout_s=60, cpus=sorted(os.sched_getaffinity(0)), threads=1)
+    finally:
+        w.close()
+    assert [p.suffix for p in kept.iterdir()] == [".prof"]
+    assert not w.scratch.exists()

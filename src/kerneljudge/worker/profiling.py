@@ -42,11 +42,11 @@ MEMORY_FILE = "requests.mem"
 
 
 class RequestProfiler:
-    """A ``cProfile`` of a worker's request handlers when :data:`PROFILE_ENV` is set (else it
-    does nothing), written to the worker's scratch folder (``TMPDIR``) as
-    :data:`PROFILE_FILE` after every request; the supervisor keeps it when it closes the worker
-    (``benchmarks/verdict_profile.py --workers``), and on a CUDA worker a line of its device
-    memory per request in :data:`MEMORY_FILE`."""
+    """A ``cProfile`` of a worker's request handlers when :data:`PROFILE_ENV` is set, written
+    to the worker's scratch folder (``TMPDIR``) as :data:`PROFILE_FILE` after every request;
+    the supervisor keeps it when it closes the worker (``benchmarks/verdict_profile.py
+    --workers``). On a CUDA worker, with :data:`PROFILE_ENV` or :data:`MEMORY_ENV` set, a line
+    of its device memory per request in :data:`MEMORY_FILE`. Neither set: it does nothing."""
 
     def __init__(self) -> None:
         self.profile = cProfile.Profile() if os.environ.get(PROFILE_ENV) else None
@@ -114,13 +114,16 @@ def keep_profile(scratch: Path, folder: Path, stem: str, limit: int = 1 << 30) -
     """Copy a closed worker's :data:`PROFILE_FILE` and :data:`MEMORY_FILE` from its ``scratch``
     folder to ``folder`` as ``<stem>.prof`` and ``<stem>.mem``: each only where it is a regular
     file of at most ``limit`` bytes, opened without following a link (a candidate could leave
-    one to a file of the supervisor's user), its bytes alone (no mode bits)."""
+    one to a file of the supervisor's user), its bytes alone (no mode bits). ``folder`` is made
+    where it is missing; a copy that cannot be written is skipped."""
+    with contextlib.suppress(OSError):
+        folder.mkdir(parents=True, exist_ok=True)
     for name, suffix in ((PROFILE_FILE, "prof"), (MEMORY_FILE, "mem")):
         try:
             fd = os.open(scratch / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError:
             continue
-        with os.fdopen(fd, "rb") as f:
+        with os.fdopen(fd, "rb") as f, contextlib.suppress(OSError):
             info = os.fstat(f.fileno())
             if stat.S_ISREG(info.st_mode) and info.st_size <= limit:
                 with open(folder / f"{stem}.{suffix}", "wb") as out:

@@ -252,8 +252,8 @@ class Export:
         self._mapping = _Mapping(handle.value, self.size, ordinal)
         try:
             stream = torch.cuda.current_stream(device)
-            for t, offset in zip(tensors, self.offsets):
-                src = t.detach().contiguous()
+            sources = [t.detach().contiguous() for t in tensors]  # held until synchronised
+            for src, offset in zip(sources, self.offsets):
                 _call(
                     "cuMemcpyDtoDAsync_v2" if src.is_cuda else "cuMemcpyHtoDAsync_v2",
                     self._mapping.ptr + offset,
@@ -344,20 +344,22 @@ def device_message(
 ) -> tuple[dict[str, Any] | None, Export | None]:
     """``(message, export)``: ``outputs`` (tensors, None and numbers in nested lists and
     tuples) with each plain, dense CUDA tensor of at least :data:`DEVICE_MIN_BYTES` bytes (on
-    the device of the first of them) replaced by a placeholder (its ``dtype``, ``shape`` and
+    ``device``, else on the first one's) replaced by a placeholder (its ``dtype``, ``shape``,
     ``offset`` in the export) and copied into one exported allocation (:class:`Export`), every
     other value through ``to_host``; the message names the allocation's ``device_bytes``.
-    With a CUDA ``device`` (this worker's, current), host tensors of that size qualify too and
-    the allocation is on it (outputs a GPU worker kept on the host for want of device room).
-    ``(None, None)`` when no tensor qualifies or the driver could not export them (the caller
-    then sends them through the host).
+    With a CUDA ``device`` (this worker's; no index: the current one), host tensors of that
+    size qualify too (outputs kept on the host for want of device room) and the allocation is
+    on it. ``(None, None)`` when no tensor qualifies or the driver could not export them (the
+    caller then sends them through the host).
 
     Raises:
         whatever ``to_host`` raises.
     """
     picked: list[torch.Tensor] = []
     lift = device is not None and device.type == "cuda"
-    device = torch.device("cuda", torch.cuda.current_device()) if lift else None
+    if device is not None and lift and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    device = device if lift else None
 
     def walk(value: Any) -> Any:
         if (
