@@ -806,6 +806,17 @@ def test_a_profiled_worker_leaves_its_request_profile_and_no_link_is_followed(
     assert pstats.Stats(str(kept / names[0])).total_calls > 0  # a whole profile
 
 
+def _pinned_then_closed() -> WorkerProcess:
+    """A CPU candidate worker that answered one request, then closed."""
+    w = WorkerProcess("candidate", "cpu", threads=1)
+    try:
+        w.wait_ready()
+        w.request("pin", timeout_s=60, cpus=sorted(os.sched_getaffinity(0)), threads=1)
+    finally:
+        w.close()
+    return w
+
+
 def test_the_memory_variable_alone_keeps_no_request_profile(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -818,12 +829,7 @@ def test_the_memory_variable_alone_keeps_no_request_profile(
     kept.mkdir()
     monkeypatch.delenv(PROFILE_ENV, raising=False)
     monkeypatch.setenv(MEMORY_ENV, str(kept))
-    w = WorkerProcess("candidate", "cpu", threads=1)
-    try:
-        w.wait_ready()
-        w.request("pin", timeout_s=60, cpus=sorted(os.sched_getaffinity(0)), threads=1)
-    finally:
-        w.close()
+    assert not _pinned_then_closed().scratch.exists()
     assert list(kept.iterdir()) == []
     profiler = RequestProfiler()
     assert profiler.profile is None and profiler.memory
@@ -838,11 +844,6 @@ def test_a_profile_folder_that_is_missing_is_made_and_closing_still_cleans_up(
 
     kept = tmp_path / "not" / "there"
     monkeypatch.setenv(PROFILE_ENV, str(kept))
-    w = WorkerProcess("candidate", "cpu", threads=1)
-    try:
-        w.wait_ready()
-        w.request("pin", timeout_s=60, cpus=sorted(os.sched_getaffinity(0)), threads=1)
-    finally:
-        w.close()
+    w = _pinned_then_closed()
     assert [p.suffix for p in kept.iterdir()] == [".prof"]
     assert not w.scratch.exists()

@@ -89,16 +89,17 @@ def test_warm_compiles_every_fused_kernel_and_digests_stay_the_same() -> None:
     assert tree._kernel.cache_info().currsize == 4
 
 
-def test_cuda_calls_are_marked_committed_and_kept() -> None:
+def _observed_cuda_loop(fn, sets, n: int, warmup: int, keep):  # type: ignore[no-untyped-def]
+    """``time_calls`` of ``fn`` on the GPU observed through a stamp socket: ``(its result,
+    the observer)``, ``keep`` the audit's choice per timed call."""
     dev = torch.device("cuda")
-    sets = [[torch.randn(512, 512, device=dev)]]
     sup, wrk = socket_pair()
     box: dict = {}
 
     def request(op, timeout_s, **fields):  # type: ignore[no-untyped-def]
         link = fields["link"]
         box["r"] = measure.time_calls(
-            lambda x: x @ x,
+            fn,
             sets,
             n=fields["n"],
             warmup=fields["warmup"],
@@ -110,8 +111,18 @@ def test_cuda_calls_are_marked_committed_and_kept() -> None:
         )
         return {"times_ms": box["r"][0]}
 
-    _, obs = Observer(sup).run(request, 60, n=20, warmup=2, keep=lambda i: 0 if i == 5 else -1)
-    times, kept, _ = box["r"]
+    try:
+        _, obs = Observer(sup).run(request, 60, n=n, warmup=warmup, keep=keep)
+    finally:
+        sup.close()
+        wrk.close()
+    return box["r"], obs
+
+
+def test_cuda_calls_are_marked_committed_and_kept() -> None:
+    sets = [[torch.randn(512, 512, device="cuda")]]
+    keep = lambda i: 0 if i == 5 else -1  # noqa: E731
+    (times, kept, _), obs = _observed_cuda_loop(lambda x: x @ x, sets, 20, 2, keep)
     assert obs.complete()
     windows, _ = _observed(obs)
     assert all(w >= t for w, t in zip(windows, times))
@@ -130,29 +141,9 @@ def test_kept_outputs_past_the_device_room_go_to_page_locked_host_memory(
     page-locked where they are 1 MiB or more, and are the outputs of that call's inputs; a slot
     kept again holds its latest call."""
     monkeypatch.setattr(measure, "SNAPSHOT_DEVICE_SHARE", 0.0)
-    dev = torch.device("cuda")
-    sets = [[torch.randn(1024, 512, device=dev)]]  # 2 MiB outputs
-    sup, wrk = socket_pair()
-    box: dict = {}
-
-    def request(op, timeout_s, **fields):  # type: ignore[no-untyped-def]
-        link = fields["link"]
-        box["r"] = measure.time_calls(
-            torch.tanh,
-            sets,
-            n=fields["n"],
-            warmup=fields["warmup"],
-            device=dev,
-            flush=torch.empty(1 << 20, dtype=torch.uint8, device=dev),
-            poison_bytes=1 << 20,
-            link=measure.Link(wrk, link["batch"]),
-            seed=link["seed"],
-        )
-        return {"times_ms": box["r"][0]}
-
+    sets = [[torch.randn(1024, 512, device="cuda")]]  # 2 MiB outputs
     keep = {3: 0, 6: 1, 9: 0}
-    _, obs = Observer(sup).run(request, 60, n=12, warmup=2, keep=lambda i: keep.get(i, -1))
-    _, kept, _ = box["r"]
+    (_, kept, _), obs = _observed_cuda_loop(torch.tanh, sets, 12, 2, lambda i: keep.get(i, -1))
     assert obs.complete() and set(kept) == {0, 1}
     for slot, call in ((0, 9), (1, 6)):
         (out,) = kept[slot]

@@ -67,21 +67,24 @@ def test_an_exported_allocation_crosses_to_another_process_and_is_copied_whole()
     assert torch.equal(got[0], x) and torch.equal(got[1], y)
 
 
+class _Worker:
+    """A worker's hand-over socket pair, as :class:`SidePipe` uses it."""
+
+    def __init__(self) -> None:
+        self.sup, self.end = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+
+    def hand_over(self, fd: int, token: bytes) -> None:
+        hand_over(self.sup, fd, token)
+
+
 def _to_host(value: object) -> object:
     return value.cpu() if isinstance(value, torch.Tensor) else value
 
 
-def test_large_outputs_go_on_the_device_and_small_ones_through_the_host() -> None:
-    class _Worker:
-        def __init__(self) -> None:
-            self.sup, self.end = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
-
-        def hand_over(self, fd: int, token: bytes) -> None:
-            hand_over(self.sup, fd, token)
-
+def _sent_and_received(outputs: object, device: torch.device | None = None) -> tuple:
+    """``recv_outputs``'s answer (onto the GPU) to ``send_outputs(outputs, device=device)``
+    through a :class:`SidePipe` between two stand-in workers."""
     reader, writer = _Worker(), _Worker()
-    big = torch.randn(4 << 20, device="cuda")
-    small = torch.arange(10, device="cuda")
     got: dict[str, object] = {}
     with SidePipe(reader, writer) as pipe:
         thread = threading.Thread(
@@ -90,9 +93,15 @@ def test_large_outputs_go_on_the_device_and_small_ones_through_the_host() -> Non
             )
         )
         thread.start()
-        send_outputs(writer.end, pipe.token, [big, (small, None)], to_host=_to_host)
+        send_outputs(writer.end, pipe.token, outputs, _to_host, device=device)
         thread.join()
-    received, why, failed = got["r"]  # type: ignore[misc]
+    return got["r"]  # type: ignore[return-value]
+
+
+def test_large_outputs_go_on_the_device_and_small_ones_through_the_host() -> None:
+    big = torch.randn(4 << 20, device="cuda")
+    small = torch.arange(10, device="cuda")
+    received, why, failed = _sent_and_received([big, (small, None)])
     assert why == "" and not failed
     assert received[0].is_cuda and torch.equal(received[0], big)
     assert not received[1][0].is_cuda and torch.equal(received[1][0], small.cpu())
@@ -104,30 +113,11 @@ def test_large_host_outputs_of_a_gpu_worker_cross_on_the_device(named: bool) -> 
     """Outputs a GPU worker kept on the host (page-locked, or not) go on the device when the
     sender names its device: the reader gets CUDA copies, equal to them; without the device
     they come through the pipe as host tensors. Small ones come through the pipe either way."""
-
-    class _Worker:
-        def __init__(self) -> None:
-            self.sup, self.end = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
-
-        def hand_over(self, fd: int, token: bytes) -> None:
-            hand_over(self.sup, fd, token)
-
     pinned = torch.randn(3 << 20).pin_memory()
     pageable = torch.randn(1 << 19, dtype=torch.float64)
     small = torch.arange(10)
-    reader, writer = _Worker(), _Worker()
-    got: dict[str, object] = {}
-    with SidePipe(reader, writer) as pipe:
-        thread = threading.Thread(
-            target=lambda: got.update(
-                r=recv_outputs(reader.end, pipe.token, 30.0, 1 << 30, torch.device("cuda"))
-            )
-        )
-        thread.start()
-        device = torch.device("cuda") if named else None
-        send_outputs(writer.end, pipe.token, [pinned, (pageable, small)], _to_host, device=device)
-        thread.join()
-    received, why, failed = got["r"]  # type: ignore[misc]
+    device = torch.device("cuda") if named else None
+    received, why, failed = _sent_and_received([pinned, (pageable, small)], device)
     assert why == "" and not failed
     assert received[0].is_cuda == received[1][0].is_cuda == named
     assert not received[1][1].is_cuda
