@@ -267,7 +267,10 @@ def test_digest_covers_length_and_layout() -> None:
 
 # ------------------------------------------------------------------ the loop and the observer
 def _observe(fn, sets, n: int, warmup: int, keep, threads_before=None, kept_before=None,  # type: ignore[no-untyped-def]
-             reject_threads=True, recycle=None):  # fmt: skip
+             reject_threads=True, recycle=None, device="cpu", flush=None, poison_bytes=0,
+             timeout_s=30):  # fmt: skip
+    """``time_calls`` of ``fn`` observed through a stamp socket (tests/gpu uses it too):
+    ``(its result, the observer)``, ``keep`` the audit's choice per timed call."""
     sup, wrk = socket_pair()
     box: dict = {}
 
@@ -278,9 +281,9 @@ def _observe(fn, sets, n: int, warmup: int, keep, threads_before=None, kept_befo
             sets,
             n=fields["n"],
             warmup=fields["warmup"],
-            device=torch.device("cpu"),
-            flush=None,
-            poison_bytes=0,
+            device=torch.device(device),
+            flush=flush,
+            poison_bytes=poison_bytes,
             link=measure.Link(wrk, link["batch"]),
             seed=link["seed"],
             threads_before=threads_before,
@@ -291,7 +294,7 @@ def _observe(fn, sets, n: int, warmup: int, keep, threads_before=None, kept_befo
         return {"times_ms": box["result"][0]}
 
     try:
-        reply, obs = Observer(sup).run(request, 30, n=n, warmup=warmup, keep=keep)
+        reply, obs = Observer(sup).run(request, timeout_s, n=n, warmup=warmup, keep=keep)
     finally:
         sup.close()
         wrk.close()

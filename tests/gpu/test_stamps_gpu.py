@@ -9,10 +9,11 @@ import time
 
 import pytest
 import torch
+from test_timer_audit import _observe
 
 from kerneljudge.timing.sampling import observed as _observed
 from kerneljudge.worker import measure
-from kerneljudge.worker.stamps import KIND_TREE, Observer, output_digest, socket_pair
+from kerneljudge.worker.stamps import KIND_TREE, output_digest, socket_pair
 
 pytestmark = pytest.mark.gpu
 
@@ -90,33 +91,12 @@ def test_warm_compiles_every_fused_kernel_and_digests_stay_the_same() -> None:
 
 
 def _observed_cuda_loop(fn, sets, n: int, warmup: int, keep):  # type: ignore[no-untyped-def]
-    """``time_calls`` of ``fn`` on the GPU observed through a stamp socket: ``(its result,
-    the observer)``, ``keep`` the audit's choice per timed call."""
+    """The CPU tests' observed loop (``tests/test_timer_audit.py``) on the GPU, with an L2
+    flush and freed memory poisoned as a verdict's loop has them."""
     dev = torch.device("cuda")
-    sup, wrk = socket_pair()
-    box: dict = {}
-
-    def request(op, timeout_s, **fields):  # type: ignore[no-untyped-def]
-        link = fields["link"]
-        box["r"] = measure.time_calls(
-            fn,
-            sets,
-            n=fields["n"],
-            warmup=fields["warmup"],
-            device=dev,
-            flush=torch.empty(1 << 20, dtype=torch.uint8, device=dev),
-            poison_bytes=1 << 20,
-            link=measure.Link(wrk, link["batch"]),
-            seed=link["seed"],
-        )
-        return {"times_ms": box["r"][0]}
-
-    try:
-        _, obs = Observer(sup).run(request, 60, n=n, warmup=warmup, keep=keep)
-    finally:
-        sup.close()
-        wrk.close()
-    return box["r"], obs
+    flush = torch.empty(1 << 20, dtype=torch.uint8, device=dev)
+    return _observe(fn, sets, n, warmup, keep, device=dev, flush=flush, poison_bytes=1 << 20,
+                    timeout_s=60)  # fmt: skip
 
 
 def test_cuda_calls_are_marked_committed_and_kept() -> None:
