@@ -326,3 +326,23 @@ def test_an_infinite_rtol_is_decided_elementwise_and_0_over_0_hides_no_error() -
         finally:
             check.CHUNK = saved
         assert res.max_rel_err == 1.0, chunk
+
+
+def test_the_fused_kernels_entries_are_the_comparisons_and_the_cpu_keeps_torchs_way() -> None:
+    """The fused comparison's sources name their entry functions as jiterator reads them (the
+    last function of each source, whose name becomes the kernel's), and a comparison off CUDA
+    never takes that path."""
+    from torch.cuda.jiterator import _CodeParser
+
+    from kerneljudge.check import fused
+
+    with_oracle = fused._COMMON + fused._WITH_ORACLE
+    without = fused._COMMON + fused._WITHOUT_ORACLE
+    assert _CodeParser(with_oracle).function_name == "kj_compare_oracle"
+    assert _CodeParser(without).function_name == "kj_compare"
+    assert _CodeParser(with_oracle).return_type == "void"
+    x = torch.ones(4, dtype=torch.float64)
+    assert not fused.available(torch.device("cpu"), x, x, x)
+    assert fused.available(torch.device("cuda"), x.float(), x.float(), x)
+    assert not fused.available(torch.device("cuda"), x.float(), x.float(), x.float())
+    assert not fused.warm(torch.device("cpu"))

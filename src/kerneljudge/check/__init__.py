@@ -23,8 +23,8 @@ Two rules decide a trial (``mode``):
     defaults fp32 1e-4 and fp16/bf16 1e-2, as the task prompts state the rule.
 
 Both numbers are always reported. Comparisons run in float64, a chunk at a time: on the CPU on
-the calling thread, or on a GPU when asked (``device``), with one wait for the device per output
-(:func:`_scan`).
+the calling thread, or on a GPU when asked (``device``), one fused kernel per chunk
+(:mod:`kerneljudge.check.fused`), with one wait for the device per output (:func:`_scan`).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from kerneljudge.check import fused
 from kerneljudge.verdict import Mismatch, TrialResult
 
 __all__ = ["CHUNK", "DEVICE_CHUNK", "K_MAX", "K_NORM", "compare_outputs", "flatten_outputs"]
@@ -224,25 +225,30 @@ class _Scan:
     scale: float = 0.0  # max |oracle|
 
 
-def _chunk_size(where: torch.device) -> int:
+def _chunk_size(where: torch.device, fuse: bool = False) -> int:
+    if fuse:
+        return fused.CHUNK
     return CHUNK if where.type == "cpu" else DEVICE_CHUNK
 
 
 def _pieces(
-    where: torch.device, n: int, *tensors: torch.Tensor | None
+    where: torch.device, n: int, *tensors: torch.Tensor | None, fuse: bool = False
 ) -> Iterator[tuple[int, list[torch.Tensor | None]]]:
     """``(start, [float64 slice on where, ...])`` for consecutive chunks of the flattened
-    ``tensors`` (each copied to ``where`` as it is, then converted there)."""
+    ``tensors`` (each copied to ``where`` as it is, then converted there; with ``fuse``, the
+    fused comparison's chunks, not converted)."""
     flat = [t.reshape(-1) if t is not None else None for t in tensors]
-    size = _chunk_size(where)
+    size = _chunk_size(where, fuse)
+    f64 = not fuse
     for lo in range(0, n, size):
         yield (
             lo,
-            [
-                t[lo : lo + size].to(where).to(torch.float64) if t is not None else None
-                for t in flat
-            ],
+            [_to(t[lo : lo + size].to(where), f64) if t is not None else None for t in flat],
         )
+
+
+def _to(t: torch.Tensor, f64: bool) -> torch.Tensor:
+    return t.to(torch.float64) if f64 else t
 
 
 def _nonfinite_mismatch(e64: torch.Tensor, a64: torch.Tensor) -> torch.Tensor:
@@ -366,16 +372,28 @@ def _scan(
     worker holds nor allocates float64 copies of the whole output; the scan stops at the
     first chunk with a non-finite mismatch. On a GPU each chunk of :data:`DEVICE_CHUNK`
     elements is copied there and its statistics stay there: the host waits once, for all of
-    them (``lazy``: the default off the CPU). Either way they are combined on the host in
+    them (``lazy``: the default off the CPU); there one kernel makes a chunk's terms from its
+    elements in their own dtypes (:func:`kerneljudge.check.fused.chunk_row`; the torch
+    operations on float64 copies where it cannot). Either way they are combined on the host in
     chunk order. Non-finite values must sit
     where the reference's do, with the same value (NaN, +inf or -inf); positions where the
     reference is not finite count as no error.
     """
     where = torch.device(device) if device is not None else torch.device("cpu")
     lazy = where.type != "cpu" if lazy is None else lazy
+    fuse = lazy and fused.available(where, e, a, o)
     rows: list[Any] = []
-    for _, (e64, a64, o64) in _pieces(where, e.numel(), e, a, o):
+    size = _chunk_size(where, fuse)
+    for _, (e64, a64, o64) in _pieces(where, e.numel(), e, a, o, fuse=fuse):
         assert e64 is not None and a64 is not None
+        if fuse:
+            try:
+                rows.append(fused.chunk_row(e64, a64, o64, atol, rtol))
+                continue
+            except torch.cuda.OutOfMemoryError:
+                raise
+            except RuntimeError:  # NVRTC failed: the whole output the torch way
+                return _scan(e, a, o, atol, rtol, device, lazy)
         rows.append(_chunk_stats(e64, a64, o64, atol, rtol, lazy))
         if not lazy and rows[-1][0]:
             break
@@ -383,13 +401,12 @@ def _scan(
     values = torch.stack(rows).tolist() if lazy and rows else rows  # the one wait for the device
     for k, row in enumerate(values):
         bad, max_abs, sum_abs, max_rel, close, cand_max, cand_sq, ref_max, ref_sq, scale = row
-        if bad:
-            lo = k * _chunk_size(where)
-            _, (e64, a64) = next(
-                _pieces(where, e.numel() - lo, e.reshape(-1)[lo:], a.reshape(-1)[lo:])
-            )
-            assert e64 is not None and a64 is not None
-            st.nonfinite_at = lo + int(_nonfinite_mismatch(e64, a64).nonzero()[0])
+        if bad:  # its first position, found in that chunk (in smaller ones, if fused)
+            lo = k * size
+            e_k, a_k = e.reshape(-1)[lo : lo + size], a.reshape(-1)[lo : lo + size]
+            first = _first_where(lambda e64, a64, _: _nonfinite_mismatch(e64, a64), e_k, a_k,
+                                 None, device)  # fmt: skip
+            st.nonfinite_at = lo + first[0]
             return st
         st.max_abs = max(st.max_abs, max_abs)
         st.sum_abs += sum_abs
