@@ -858,3 +858,26 @@ def test_a_cpu_loop_writes_a_calls_copies_into_those_of_a_call_not_kept() -> Non
     assert new[0] is not one and new[0].shape == (3,) and new[1].shape == (5,)
     again = measure._end_copies([torch.ones(3), torch.ones(4)], [one, two])
     assert again[0] is one and again[1] is two and torch.equal(one, torch.ones(3))
+
+
+def test_every_datagram_sent_before_the_reply_is_observed_once_the_reply_wakes_the_reader() -> None:
+    """The observer's reader thread ends when the request returns (woken at once, not on a
+    poll's timeout), but only after it read every datagram the worker sent before its reply:
+    here three the observer cannot parse, counted as junk, sent just before the reply; a
+    second run on the same socket starts with none left over."""
+    sup, wrk = socket_pair()
+
+    def request(op, timeout_s, **fields):  # type: ignore[no-untyped-def]
+        for _ in range(3):
+            wrk.send(b"zz")
+        return {"times_ms": []}
+
+    try:
+        for _ in range(2):
+            _, obs = Observer(sup).run(request, 5.0, n=0, warmup=0, keep=lambda i: -1)
+            assert obs.junk == 3
+    finally:
+        sup.close()
+        wrk.close()
+    alive = [t.name for t in threading.enumerate() if t.name == "kj-stamps"]
+    assert alive == []

@@ -34,6 +34,7 @@ import functools
 import hashlib
 import os
 import secrets
+import select
 import socket
 import struct
 import threading
@@ -255,7 +256,6 @@ class Observer:
         total = n + warmup
         seeds = [secrets.randbits(62)]
         obs.calls[0] = CallRecord(seeds[0])
-        stop = threading.Event()
 
         def send(data: bytes) -> None:
             try:
@@ -307,16 +307,21 @@ class Observer:
             if others and self.avoid_cpus:
                 os.sched_setaffinity(0, others)  # this thread only (Linux)
             space = socket.CMSG_SPACE(16)
-            self.sock.settimeout(0.05)
+            self.sock.setblocking(False)
+            listened = self.sock.fileno()
             while True:
+                # The socket first: a wake-up (the reply came) ends the thread only once
+                # every datagram sent before the reply has been read.
+                try:
+                    ready, _, _ = select.select([listened, woken], [], [])
+                except (OSError, ValueError):
+                    return
+                if listened not in ready:
+                    return
                 try:
                     data, anc, _, _ = self.sock.recvmsg(
                         COMMIT_HEAD.size + MAX_OUTPUTS * COMMIT_ITEM.size + 1, space
                     )
-                except TimeoutError:
-                    if stop.is_set():
-                        return
-                    continue
                 except (BlockingIOError, InterruptedError):
                     continue
                 except OSError:
@@ -330,6 +335,7 @@ class Observer:
                     stamp = time.time_ns()
                 on_datagram(data, stamp)
 
+        woken, wake = os.pipe()
         thread = threading.Thread(target=receive, name="kj-stamps", daemon=True)
         thread.start()
         cpu0 = tree_cpu_ns(cpu_root) if cpu_root is not None else None
@@ -348,8 +354,10 @@ class Observer:
             cpu1 = tree_cpu_ns(cpu_root) if cpu_root is not None else None
             if cpu0 is not None and cpu1 is not None:
                 obs.cpu_ns = cpu1 - cpu0
-            stop.set()
+            os.write(wake, b"x")
             thread.join()
+            os.close(woken)
+            os.close(wake)
         return reply, obs
 
 
