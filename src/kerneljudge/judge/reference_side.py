@@ -294,21 +294,37 @@ class ReferenceSide:
         return seed, secret, False
 
     def begin(
-        self, config: JudgeConfig, device: str, run_seed: int, secret: bool, lock: Any = None
+        self,
+        config: JudgeConfig,
+        device: str,
+        run_seed: int,
+        secret: bool,
+        lock: Any = None,
+        before: Callable[[], None] | None = None,
     ) -> Preparation:
         """Start preparing a verdict's reference work (after the pending one) and make it the
-        pending one; ``lock``: the device lock it waits for (None: none)."""
-        run = functools.partial(self.prepare, config, device, run_seed)
+        pending one; ``lock``: the device lock it waits for (None: none); ``before``: called on
+        its thread before it starts (what must end first)."""
+        prepare = functools.partial(self.prepare, config, device, run_seed)
+
+        def run() -> Prepared:
+            if before is not None:
+                before()
+            return prepare()
+
         key = preparation_key(config, device)
         self.pending = Preparation(key, run_seed, secret, run, after=self.pending, lock=lock)
         return self.pending
 
-    def prepare_ahead(self, config: JudgeConfig, device: str, lock: Any) -> None:
-        """Prepare the reference for the next verdict now, with a fresh secret run seed, while
-        nothing is timed (an agent's next call comes seconds later); :meth:`claim` gives it to
-        the next verdict when its configuration and device match and no seed is asked for."""
+    def prepare_ahead(
+        self, config: JudgeConfig, device: str, lock: Any, before: Callable[[], None]
+    ) -> None:
+        """Prepare the reference for the next verdict now (once ``before`` returned), with a
+        fresh secret run seed, while nothing is timed (an agent's next call comes seconds
+        later); :meth:`claim` gives it to the next verdict when its configuration and device
+        match and no seed is asked for."""
         if config.seed is None and not self.closed:
-            self.begin(config, device, secrets.randbits(62), True, lock=lock)
+            self.begin(config, device, secrets.randbits(62), True, lock=lock, before=before)
 
     def settle(self) -> None:
         """Drop the pending preparation and wait until none runs."""

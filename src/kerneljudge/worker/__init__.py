@@ -14,7 +14,8 @@ The process itself: :mod:`~kerneljudge.worker.runtime` (the request handlers),
 :mod:`~kerneljudge.worker.forward` (the float64 oracle, the operator recorder and the input
 classifier, shared with the linter), :mod:`~kerneljudge.worker.measure` (the timed loop),
 :mod:`~kerneljudge.worker.stamps` (kernel-stamped marks), :mod:`~kerneljudge.worker.sandbox` and
-:mod:`~kerneljudge.worker.threads` (the audit hook, lingering threads). Builds run in
+:mod:`~kerneljudge.worker.threads` (the audit hook, lingering threads),
+:mod:`~kerneljudge.worker.warming` (a CUDA worker's start). Builds run in
 :mod:`~kerneljudge.worker.build`.
 """
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from kerneljudge.worker import digest, measure
+from kerneljudge.worker import measure
 from kerneljudge.worker.calls import (
     Confined,
     align_state_dict,
@@ -63,8 +63,8 @@ from kerneljudge.worker.sandbox import (
 from kerneljudge.worker.serving import serve
 from kerneljudge.worker.side import outputs_reply
 from kerneljudge.worker.torchlog import drop_no_cuda_runtime_notice
+from kerneljudge.worker.warming import warm_device
 
-# Fault, align_state_dict and trial_fields are defined in forward and calls, and named here too.
 __all__ = [
     "MAX_TIMING_SETS",
     "SETS_DEVICE_SHARE",
@@ -478,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-        digest.warm(device)  # the context and the fused digest's kernels, before any timing
+        warm_device(device, args.role)  # the context, kernels and libraries, before any timing
     if args.record_ops:
         # The first call under a TorchDispatchMode (``OpRecorder``, in every trial of a
         # problem that requires a custom kernel) imports torch._dynamo, 1-3 s: here, while the
