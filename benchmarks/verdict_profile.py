@@ -52,6 +52,20 @@ def _print_speedups(verdict: Any) -> None:
     print(flush=True)
 
 
+def _print_timeline(timeline: list[tuple[float, float, str, str]], t0: float) -> None:
+    """Each request of the last verdict (start and seconds from the verdict's start) and each
+    stage's start (``judge.progress``), with the seconds no request was in flight before it."""
+    print("timeline (s from the verdict's start; gap: no request in flight before it):")
+    busy_until = t0
+    for start, end, role, what in sorted(timeline):
+        gap = max(0.0, start - busy_until)
+        if role:
+            print(f"  {start - t0:7.3f} gap {gap:6.3f}  {role:9s} {what:14s} {end - start:6.3f}")
+            busy_until = max(busy_until, end)
+        else:
+            print(f"  {start - t0:7.3f} gap {gap:6.3f}  -- {what}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=64)
@@ -69,11 +83,15 @@ def main() -> None:
     parser.add_argument(
         "--no-graph", action="store_true", help="no CUDA-graph timing pass (launched calls only)"
     )
+    parser.add_argument(
+        "--timeline", action="store_true", help="the last verdict's requests and stages in order"
+    )
     args = parser.parse_args()
     kept = Path(tempfile.mkdtemp(prefix="kj-worker-profiles-")) if args.workers else None
     if kept is not None:
         os.environ[PROFILE_ENV] = str(kept)
-    spent = count_requests()
+    timeline: list[tuple[float, float, str, str]] = []
+    spent = count_requests(timeline)
     with tempfile.TemporaryDirectory() as tmp:
         problem, candidate = Path(tmp) / "problem.py", Path(tmp) / "candidate.py"
         n = args.mib * (1 << 20) // 4
@@ -88,14 +106,17 @@ def main() -> None:
             graph_timing=not args.no_graph,
         )
         with Judge(problem, config) as judge:
+            judge.progress = lambda line: timeline.append((time.perf_counter(), 0.0, "", line))
             for i in range(args.verdicts):
                 spent.clear()
+                timeline.clear()
                 profile = cProfile.Profile()
                 t0 = time.perf_counter()
                 profile.enable()
                 verdict = judge.evaluate(candidate)
                 profile.disable()
                 seconds = time.perf_counter() - t0
+                timeline.append((time.perf_counter(), 0.0, "", "(verdict)"))
                 print(f"verdict {i + 1}: {verdict.status.value} in {seconds:.1f} s", flush=True)
                 print("  stages (s):", " ".join(f"{k} {v:.2f}" for k, v in verdict.stage_s.items()))
                 for line in verdict.reductions:
@@ -107,6 +128,8 @@ def main() -> None:
         print(f"timing: {t.passes} pass(es), {t.rounds} rounds, stop {t.stop_reason}; {counts}")
         if t.timer_note or (t.host and t.host.noisy):
             print(f"  note: {t.timer_note or ''} noisy: {t.host.noise_reasons if t.host else ''}")
+    if args.timeline:
+        _print_timeline(timeline, t0)
     print("requests (role, request: total s / count):")
     for (role, op), times in sorted(spent.items(), key=lambda kv: -sum(kv[1])):
         print(f"  {role:10s} {op:16s} {sum(times):7.2f} s / {len(times)}")
