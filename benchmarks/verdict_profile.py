@@ -117,6 +117,7 @@ def main() -> None:
                 profile.disable()
                 seconds = time.perf_counter() - t0
                 timeline.append((time.perf_counter(), 0.0, "", "(verdict)"))
+                last = list(timeline)  # the work started after it is the next verdict's
                 print(f"verdict {i + 1}: {verdict.status.value} in {seconds:.1f} s", flush=True)
                 print("  stages (s):", " ".join(f"{k} {v:.2f}" for k, v in verdict.stage_s.items()))
                 for line in verdict.reductions:
@@ -129,7 +130,7 @@ def main() -> None:
         if t.timer_note or (t.host and t.host.noisy):
             print(f"  note: {t.timer_note or ''} noisy: {t.host.noise_reasons if t.host else ''}")
     if args.timeline:
-        _print_timeline(timeline, t0)
+        _print_timeline(last, t0)
     print("requests (role, request: total s / count):")
     for (role, op), times in sorted(spent.items(), key=lambda kv: -sum(kv[1])):
         print(f"  {role:10s} {op:16s} {sum(times):7.2f} s / {len(times)}")

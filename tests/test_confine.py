@@ -779,6 +779,26 @@ def test_the_jit_caches_a_candidate_writes_follow_its_environment() -> None:
     assert jit_cache_folders(env, cuda=False) == ["/h/.triton", "/t", "/i"]
 
 
+def test_a_reference_worker_never_loads_torchs_kernel_cache_from_disk(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The kernels a reference worker compiles at run time (the digest's and the comparison's,
+    through jiterator) are not looked up in torch's kernel cache on disk, which a candidate
+    may write to: its environment turns that cache off, whatever the supervisor's says."""
+    monkeypatch.setenv("USE_PYTORCH_KERNEL_CACHE", "1")
+    seen = {}
+    for role in ("reference",):
+        w = WorkerProcess(role, "cpu", threads=1)
+        try:
+            w.wait_ready()
+            with open(f"/proc/{w.worker_pid()}/environ", "rb") as f:
+                env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+            seen[role] = env.get(b"USE_PYTORCH_KERNEL_CACHE")
+        finally:
+            w.close()
+    assert seen == {"reference": b"0"}
+
+
 def test_a_profiled_worker_leaves_its_request_profile_and_no_link_is_followed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -50,6 +50,14 @@ def test_a_problem_that_hangs_is_stopped_at_its_time_limit() -> None:
     assert "calling get_inputs did not finish within 40 s" in str(err.value)
 
 
+def test_a_problem_that_leaves_a_thread_running_is_stopped_at_its_time_limit() -> None:
+    """The probe child ends at once after its report, except where the problem left a thread
+    that is not a daemon: the interpreter's end waits for it there, as the judge's would."""
+    with pytest.raises(ProblemError) as err:
+        Problem.load(PROBLEMS / "leaves_a_thread.py", probe_timeout_s=5)
+    assert "did not finish within 5 s" in str(err.value)
+
+
 def test_bundled_problems_are_trusted_and_not_probed(monkeypatch: pytest.MonkeyPatch) -> None:
     import kerneljudge.problem.probe
 

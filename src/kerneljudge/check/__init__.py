@@ -362,6 +362,7 @@ def _scan(
     rtol: float,
     device: torch.device | str | None = None,
     lazy: bool | None = None,
+    fuse: bool = True,
 ) -> _Scan:
     """Every statistic :func:`compare_outputs` needs of one floating output, in one pass.
 
@@ -374,14 +375,14 @@ def _scan(
     elements is copied there and its statistics stay there: the host waits once, for all of
     them (``lazy``: the default off the CPU); there one kernel makes a chunk's terms from its
     elements in their own dtypes (:func:`kerneljudge.check.fused.chunk_row`; the torch
-    operations on float64 copies where it cannot). Either way they are combined on the host in
-    chunk order. Non-finite values must sit
+    operations on float64 copies where it cannot, where it ran out of memory, or without
+    ``fuse``). Either way they are combined on the host in chunk order. Non-finite values must sit
     where the reference's do, with the same value (NaN, +inf or -inf); positions where the
     reference is not finite count as no error.
     """
     where = torch.device(device) if device is not None else torch.device("cpu")
     lazy = where.type != "cpu" if lazy is None else lazy
-    fuse = lazy and fused.available(where, e, a, o)
+    fuse = fuse and lazy and fused.available(where, e, a, o)
     rows: list[Any] = []
     size = _chunk_size(where, fuse)
     for _, (e64, a64, o64) in _pieces(where, e.numel(), e, a, o, fuse=fuse):
@@ -390,10 +391,9 @@ def _scan(
             try:
                 rows.append(fused.chunk_row(e64, a64, o64, atol, rtol))
                 continue
-            except torch.cuda.OutOfMemoryError:
-                raise
-            except RuntimeError:  # NVRTC failed: the whole output the torch way
-                return _scan(e, a, o, atol, rtol, device, lazy)
+            except RuntimeError:  # out of memory, or NVRTC failed: the torch way's chunks
+                del e64, a64, o64, rows
+                return _scan(e, a, o, atol, rtol, device, lazy, fuse=False)
         rows.append(_chunk_stats(e64, a64, o64, atol, rtol, lazy))
         if not lazy and rows[-1][0]:
             break

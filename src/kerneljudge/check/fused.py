@@ -36,6 +36,8 @@ __all__ = ["CHUNK", "available", "chunk_row", "warm"]
 
 #: Elements per chunk of the fused comparison (2^24; see the module docstring).
 CHUNK = 1 << 24
+#: The dtypes the kernels take (promoted to float64 with the oracle's, or converted to it).
+_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 
 #: Not empty once the kernels failed to compile in this process (the torch operations are
 #: used from then on).
@@ -91,15 +93,16 @@ def _kernel(oracle: bool) -> Callable[..., tuple[torch.Tensor, ...]]:
 
 def available(where: torch.device, *tensors: torch.Tensor | None) -> bool:
     """Whether :func:`chunk_row` takes chunks of these tensors, copied to ``where``: a CUDA
-    device, every tensor floating (not complex), the last (the oracle) float64 or None, and
-    the kernels not known to fail in this process."""
+    device, every tensor float16, bfloat16, float32 or float64 (jiterator promotes those to
+    float64; it refuses float8 formats), the last (the oracle) float64 or None, and the kernels
+    not known to fail in this process."""
     present = [t for t in tensors if t is not None]
     last = tensors[-1] if len(tensors) == 3 else None
     return (
         not _UNCOMPILED
         and where.type == "cuda"
         and bool(present)
-        and all(t.is_floating_point() for t in present)
+        and all(t.dtype in _DTYPES for t in present)
         and (last is None or last.dtype == torch.float64)
     )
 
@@ -113,6 +116,7 @@ def chunk_row(
     ``e``, ``a`` (same length, the problem's floating dtype) and ``o`` (float64 or None).
 
     Raises:
+        torch.cuda.OutOfMemoryError: the device had no room for the chunk's terms.
         RuntimeError: NVRTC could not compile the kernels (then every later call raises it too,
             and :func:`available` is False).
     """
@@ -138,7 +142,8 @@ def chunk_row(
 
 
 def warm(device: torch.device) -> bool:
-    """Compile both kernels on ``device`` (a CUDA device) now, on a few elements; torch's
+    """Compile both kernels on ``device`` (a CUDA device) now, on a few elements, for inputs
+    of one dtype and of several (jiterator compiles those apart); torch's
     warnings meanwhile (its kernel cache on disk not writable in a confined worker) are
     dropped. Returns whether they compiled (False off CUDA and where the device was out of
     memory)."""
@@ -148,7 +153,8 @@ def warm(device: torch.device) -> bool:
         x = torch.ones(8, dtype=torch.float64, device=device)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            chunk_row(x, x, x, 1e-5, 1e-5)
+            chunk_row(x, x, x, 1e-5, 1e-5)  # one dtype: jiterator's vectorised variant
+            chunk_row(x.float(), x.float(), x, 1e-5, 1e-5)  # mixed: its casting variant
             chunk_row(x.float(), x.float(), None, 1e-5, 1e-5)
     except torch.cuda.OutOfMemoryError:
         return False

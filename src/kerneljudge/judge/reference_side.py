@@ -100,7 +100,8 @@ class Preparation:
     """The reference's part of one verdict (:meth:`ReferenceSide.prepare`), on its own thread.
 
     Preparations run one at a time, in order (each first waits for the one before it: they
-    share the reference workers). One made ahead of need waits for ``lock``, the device lock of
+    share the reference workers, then calls ``before``, what must end before it starts). One
+    made ahead of need waits for ``lock``, the device lock of
     everything timed on the same device, unless whoever needs it holds that lock already
     (:meth:`result`) or it was dropped.
 
@@ -119,8 +120,10 @@ class Preparation:
         run: Callable[[], Prepared],
         after: Preparation | None,
         lock: Any = None,
+        before: Callable[[], None] | None = None,
     ) -> None:
         self.key, self.run_seed, self.secret = key, run_seed, secret
+        self._before = before
         self.dropped = False
         self._future: Future[Prepared] = Future()
         self._lock_held_by_caller = threading.Event()
@@ -133,6 +136,8 @@ class Preparation:
         try:
             if after is not None:
                 after.join()
+            if self._before is not None:
+                self._before()
             while lock is not None and not self._lock_held_by_caller.is_set():
                 if self.dropped:
                     raise _Dropped
@@ -305,15 +310,11 @@ class ReferenceSide:
         """Start preparing a verdict's reference work (after the pending one) and make it the
         pending one; ``lock``: the device lock it waits for (None: none); ``before``: called on
         its thread before it starts (what must end first)."""
-        prepare = functools.partial(self.prepare, config, device, run_seed)
-
-        def run() -> Prepared:
-            if before is not None:
-                before()
-            return prepare()
-
+        run = functools.partial(self.prepare, config, device, run_seed)
         key = preparation_key(config, device)
-        self.pending = Preparation(key, run_seed, secret, run, after=self.pending, lock=lock)
+        self.pending = Preparation(
+            key, run_seed, secret, run, after=self.pending, lock=lock, before=before
+        )
         return self.pending
 
     def prepare_ahead(

@@ -11,7 +11,8 @@ constructs ``Model``, calls ``get_inputs`` and makes the first reference call on
 judge's supervisor and reference worker will. Before each step it writes the step's name to
 ``RESULT``, then its outcome, so that a child that exits, is killed or hangs is reported with the
 step it was in; once the outcome is written it ends at once (``os._exit``: an interpreter's
-shutdown with torch imported took 0.3-0.5 s, which a judge's construction waited for). Its
+shutdown with torch imported took 0.3-0.5 s, which a judge's construction waited for), unless
+the problem left a thread that is not a daemon, which the interpreter's end waits for. Its
 stdout is discarded; its stderr goes to a log in its folder, whose last
 line is quoted when the probe could not start at all. It runs as a worker does
 (:func:`kerneljudge.worker.confine.command`, without Landlock): in PID, mount and network
@@ -45,6 +46,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -427,6 +429,9 @@ def main(argv: list[str]) -> int:
             error = f"{report.stage} raised {next(iter(text.splitlines()), text)}"
         outcome = {"error": error}
     report.write(**outcome)
+    main_thread = threading.main_thread()
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not main_thread):
+        return 0  # the interpreter's end waits for the thread the problem left, as it always did
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

@@ -56,6 +56,7 @@ class WorkerPool:
         )
         self._idle: list[WorkerProcess] = []
         self._retiring: list[threading.Thread] = []
+        self._retiring_lock = threading.Lock()
 
     def _spawn(self) -> WorkerProcess:
         # The start and the spares' key are made of the same values, read once here: a field
@@ -112,12 +113,18 @@ class WorkerPool:
             return
         thread = threading.Thread(target=worker.close, name="kerneljudge-retire", daemon=True)
         thread.start()
-        self._retiring.append(thread)
+        with self._retiring_lock:
+            self._retiring.append(thread)
 
     def settle(self) -> None:
-        """Wait until every worker retired ``later`` has ended."""
-        while self._retiring:
-            self._retiring.pop(0).join()
+        """Wait until every worker retired ``later`` has ended (safe from several threads at
+        once: each waits for all of them)."""
+        with self._retiring_lock:
+            retiring = list(self._retiring)
+        for thread in retiring:
+            thread.join()
+        with self._retiring_lock:
+            self._retiring = [t for t in self._retiring if t not in retiring]
 
     def close(self) -> None:
         idle, self._idle = self._idle, []

@@ -106,6 +106,10 @@ class WorkerProcess:
         full_env["PYTHONUNBUFFERED"] = "1"
         full_env["PYTHONDONTWRITEBYTECODE"] = "1"  # no __pycache__ beside cached candidates
         full_env["TMPDIR"] = str(self.scratch)
+        if role == "reference":
+            # Kernels compiled at run time (the digest's, the comparison's) are compiled anew,
+            # never loaded from torch's kernel cache on disk, which a candidate may write to.
+            full_env["USE_PYTORCH_KERNEL_CACHE"] = "0"
         if not device.startswith("cuda"):
             full_env["CUDA_VISIBLE_DEVICES"] = ""
         args = [

@@ -309,12 +309,15 @@ class Observer:
             space = socket.CMSG_SPACE(16)
             self.sock.setblocking(False)
             listened = self.sock.fileno()
+            poller = select.poll()  # (select.select refuses descriptors past 1023)
+            poller.register(listened, select.POLLIN)
+            poller.register(woken, select.POLLIN)
             while True:
                 # The socket first: a wake-up (the reply came) ends the thread only once
                 # every datagram sent before the reply has been read.
                 try:
-                    ready, _, _ = select.select([listened, woken], [], [])
-                except (OSError, ValueError):
+                    ready = {fd for fd, _ in poller.poll()}
+                except OSError:
                     return
                 if listened not in ready:
                     return
