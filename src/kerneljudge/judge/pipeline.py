@@ -244,15 +244,13 @@ class Judge:
         device = resolve_device(self.config.device, cand.needs_gpu)
         verdict = self._judge(cand, device, seed)
         if self.reference.pending is None:  # this verdict used its preparation: start the next
-            settle = self._pool(device).settle  # once the candidate's worker has ended
-            self.reference.prepare_ahead(self.config, device, self.device_lock, settle)
+            self.reference.prepare_ahead(self.config, device, self.device_lock)
         return verdict
 
     def _judge(self, cand: Candidate, device: str, seed: int | None) -> Verdict:
         """:meth:`evaluate` of one candidate on one device."""
         clock = Stopwatch()
         pool = self._pool(device)
-        pool.settle()  # the last candidate's worker has ended
         pool.prestart()  # the worker starts while the build runs
         run_seed, secret, reused = self.reference.claim(self.config, device, seed)
         out = self._writer(cand, device, clock)
@@ -263,9 +261,7 @@ class Judge:
             return out.decided(early)
         done: list[TrialResult] = []  # the trials so far, for the verdict of a failure
         with contextlib.ExitStack() as running:
-            # Ended on a thread where this judge has the device to itself (the next verdict,
-            # and the reference's preparation ahead of it, wait for it: WorkerPool.settle).
-            running.callback(pool.retire, worker, self.device_lock is None)
+            running.callback(worker.close)
             try:
                 prepared, limits = self._reference_stage(worker, device, run_seed, clock)
                 out.reductions.trials(prepared)

@@ -50,9 +50,7 @@ def profile_candidate(
     judge.reference.settle()
     ref = judge.reference.session(device, shape_set)
     run_seed = seed if seed is not None else secrets.randbits(62)
-    pool = judge._pool(device)
-    pool.settle()  # the last verdict's candidate worker has ended
-    worker = pool.take()
+    worker = judge._pool(device).take()
     try:
         inputs = ref.problem.make_inputs(derive_seed(run_seed, shape_set, "profile"))
         moved = tensor_bytes([inputs, ref.init_inputs]) + ref.weight_bytes  # none measured

@@ -100,8 +100,7 @@ class Preparation:
     """The reference's part of one verdict (:meth:`ReferenceSide.prepare`), on its own thread.
 
     Preparations run one at a time, in order (each first waits for the one before it: they
-    share the reference workers, then calls ``before``, what must end before it starts). One
-    made ahead of need waits for ``lock``, the device lock of
+    share the reference workers). One made ahead of need waits for ``lock``, the device lock of
     everything timed on the same device, unless whoever needs it holds that lock already
     (:meth:`result`) or it was dropped.
 
@@ -120,10 +119,8 @@ class Preparation:
         run: Callable[[], Prepared],
         after: Preparation | None,
         lock: Any = None,
-        before: Callable[[], None] | None = None,
     ) -> None:
         self.key, self.run_seed, self.secret = key, run_seed, secret
-        self._before = before
         self.dropped = False
         self._future: Future[Prepared] = Future()
         self._lock_held_by_caller = threading.Event()
@@ -136,8 +133,6 @@ class Preparation:
         try:
             if after is not None:
                 after.join()
-            if self._before is not None:
-                self._before()
             while lock is not None and not self._lock_held_by_caller.is_set():
                 if self.dropped:
                     raise _Dropped
@@ -299,33 +294,21 @@ class ReferenceSide:
         return seed, secret, False
 
     def begin(
-        self,
-        config: JudgeConfig,
-        device: str,
-        run_seed: int,
-        secret: bool,
-        lock: Any = None,
-        before: Callable[[], None] | None = None,
+        self, config: JudgeConfig, device: str, run_seed: int, secret: bool, lock: Any = None
     ) -> Preparation:
         """Start preparing a verdict's reference work (after the pending one) and make it the
-        pending one; ``lock``: the device lock it waits for (None: none); ``before``: called on
-        its thread before it starts (what must end first)."""
+        pending one; ``lock``: the device lock it waits for (None: none)."""
         run = functools.partial(self.prepare, config, device, run_seed)
         key = preparation_key(config, device)
-        self.pending = Preparation(
-            key, run_seed, secret, run, after=self.pending, lock=lock, before=before
-        )
+        self.pending = Preparation(key, run_seed, secret, run, after=self.pending, lock=lock)
         return self.pending
 
-    def prepare_ahead(
-        self, config: JudgeConfig, device: str, lock: Any, before: Callable[[], None]
-    ) -> None:
-        """Prepare the reference for the next verdict now (once ``before`` returned), with a
-        fresh secret run seed, while nothing is timed (an agent's next call comes seconds
-        later); :meth:`claim` gives it to the next verdict when its configuration and device
-        match and no seed is asked for."""
+    def prepare_ahead(self, config: JudgeConfig, device: str, lock: Any) -> None:
+        """Prepare the reference for the next verdict now, with a fresh secret run seed, while
+        nothing is timed (an agent's next call comes seconds later); :meth:`claim` gives it to
+        the next verdict when its configuration and device match and no seed is asked for."""
         if config.seed is None and not self.closed:
-            self.begin(config, device, secrets.randbits(62), True, lock=lock, before=before)
+            self.begin(config, device, secrets.randbits(62), True, lock=lock)
 
     def settle(self) -> None:
         """Drop the pending preparation and wait until none runs."""

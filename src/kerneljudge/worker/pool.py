@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import threading
 from collections.abc import Iterator
 
 from kerneljudge.worker.faults import WorkerDied, WorkerTimeout
@@ -55,8 +54,6 @@ class WorkerPool:
             default_memory_limit() if memory_limit_bytes is None else memory_limit_bytes
         )
         self._idle: list[WorkerProcess] = []
-        self._retiring: list[threading.Thread] = []
-        self._retiring_lock = threading.Lock()
 
     def _spawn(self) -> WorkerProcess:
         # The start and the spares' key are made of the same values, read once here: a field
@@ -102,33 +99,6 @@ class WorkerPool:
         with stopped(list(self._idle)):
             yield
 
-    def retire(self, worker: WorkerProcess, later: bool = False) -> None:
-        """Close a worker :meth:`take` gave out (:meth:`WorkerProcess.close`: asked to exit,
-        then its process tree killed and reaped); with ``later``, on a thread that
-        :meth:`settle` and :meth:`close` wait for, so that a verdict does not wait for the
-        end of its candidate's process, which on a GPU worker includes the driver's teardown of
-        its context (about 0.1 s on an H100). Whoever uses the device next settles first."""
-        if not later:
-            worker.close()
-            return
-        thread = threading.Thread(target=worker.close, name="kerneljudge-retire", daemon=True)
-        thread.start()
-        with self._retiring_lock:
-            self._retiring.append(thread)
-
-    def settle(self) -> None:
-        """Wait until every worker retired ``later`` has ended (safe from several threads at
-        once: each waits for all of them)."""
-        with self._retiring_lock:
-            retiring = list(self._retiring)
-        for thread in retiring:
-            thread.join()
-        with self._retiring_lock:
-            self._retiring = [t for t in self._retiring if t not in retiring]
-
     def close(self) -> None:
         idle, self._idle = self._idle, []
-        try:
-            close_all(idle)
-        finally:
-            self.settle()
+        close_all(idle)
