@@ -4,8 +4,10 @@ libraries a model's first call would otherwise load.
 
 On an H100, a fresh candidate worker's first correctness trial took 0.19 s for KernelBench's
 level-3 VisionTransformer and 0.14 s for its level-1 3-D convolution, against 0.007 s and
-0.013 s for the trials after it (``benchmarks/verdict_profile.py --timeline``): the first call
-made the cuBLAS and cuDNN handles and loaded those libraries' and torch's kernels.
+0.013 s for the trials after it (``benchmarks/verdict_profile.py --timeline``). A first call
+makes the cuBLAS and cuDNN handles and loads those libraries' and torch's kernels; how much of
+that difference this warm-up removes was not measured apart from other changes
+(docs/benchmarks/2026-12-06-h100-kernelbench-20-floor.md).
 """
 
 from __future__ import annotations
