@@ -867,3 +867,23 @@ def test_a_profile_folder_that_is_missing_is_made_and_closing_still_cleans_up(
     w = _pinned_then_closed()
     assert [p.suffix for p in kept.iterdir()] == [".prof"]
     assert not w.scratch.exists()
+
+
+def test_waiting_for_a_process_to_end_returns_its_status_at_its_end_or_raises_at_the_limit() -> (
+    None
+):
+    """``wait_exited`` reports the exit status, returns once the process ends (not at the next
+    of ``Popen.wait``'s growing sleeps), raises at its limit, and leaves a reaped process as is."""
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            process.wait_exited(sleeper, 0.2)
+        assert sleeper.poll() is None
+    finally:
+        sleeper.kill()
+    assert process.wait_exited(sleeper, 5) == -signal.SIGKILL
+    assert process.wait_exited(sleeper, 5) == -signal.SIGKILL  # reaped: the recorded status
+    ends = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; time.sleep(0.3); sys.exit(7)"]
+    )
+    assert process.wait_exited(ends, 30) == 7

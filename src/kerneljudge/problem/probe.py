@@ -233,9 +233,10 @@ class ProbeChild:
         os.close(self._path_fd)
         self._path_fd = -1
         from kerneljudge.worker import confine
+        from kerneljudge.worker.process import wait_exited
 
         try:
-            code = confine.exit_status(self.proc.wait(timeout=timeout_s))
+            code = confine.exit_status(wait_exited(self.proc, timeout_s))
         except subprocess.TimeoutExpired:
             code = None
         finally:
