@@ -629,6 +629,14 @@ def _awaited_state(pid: int, want: str = "T", wait_s: float = 2.0) -> str:
     return state
 
 
+def _comm(pid: int) -> str:
+    """Process ``pid``'s name (``/proc/PID/comm``), empty once it has ended."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 @pytest.mark.parametrize("ready", [False, True])
 def test_a_starting_worker_is_not_stopped_before_its_launcher_child_runs_python(
     tmp_path: Path, ready: bool
@@ -645,9 +653,10 @@ def test_a_starting_worker_is_not_stopped_before_its_launcher_child_runs_python(
     parent = subprocess.Popen(["sh", "-c", f"{launcher} 30 & {other} 30 & wait"])
     try:
         deadline = time.monotonic() + 10
-        while len(child_pids(parent.pid)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        kids = {Path(f"/proc/{p}/comm").read_text().strip(): p for p in child_pids(parent.pid)}
+        kids: dict[str, int] = {}
+        while set(kids) != {"unshare", "other"} and time.monotonic() < deadline:
+            time.sleep(0.01)  # both forked and both exec'd (a forked shell is still "sh")
+            kids = {_comm(p): p for p in child_pids(parent.pid)}
         assert launching_children(parent.pid) == {kids["unshare"]}
         worker = object.__new__(WorkerProcess)
         worker.proc = parent
