@@ -63,7 +63,8 @@ def main() -> int:
     parser.add_argument("--idle", type=float, default=0.3, help="seconds a ready worker idles")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    rows = rounds(args.device, args.rounds, args.idle)
+    device = "cuda:0" if args.device == "cuda" else args.device
+    rows = rounds(device, args.rounds, args.idle)
     medians = {
         way: statistics.median(r["close_s"] for r in rows if r["way"] == way)
         for way in ("polled", "pidfd")
@@ -74,7 +75,7 @@ def main() -> int:
         f"pidfd / polled {pidfd / polled:.2f}"
     )
     if args.json:
-        args.json.write_text(json.dumps({"device": args.device, "rows": rows, "medians": medians}))
+        args.json.write_text(json.dumps({"device": device, "rows": rows, "medians": medians}))
     return 0
 
 
