@@ -703,6 +703,7 @@ def test_the_references_compile_cache_lies_where_no_candidate_writes(
     assert reference_environment(cache) == {
         "TORCHINDUCTOR_CACHE_DIR": str(folder),
         "TRITON_CACHE_DIR": str(folder / "triton"),
+        "PYTORCH_KERNEL_CACHE_PATH": str(folder / "kernels"),
     }
     assert reference_environment(Path.home() / ".triton" / "kj") == {}
     monkeypatch.setenv("CUDA_CACHE_PATH", str(tmp_path))  # above the cache: a candidate's
@@ -788,24 +789,34 @@ def test_the_jit_caches_a_candidate_writes_follow_its_environment() -> None:
     assert jit_cache_folders(env, cuda=False) == ["/h/.triton", "/t", "/i"]
 
 
-def test_a_reference_worker_never_loads_torchs_kernel_cache_from_disk(
-    monkeypatch: pytest.MonkeyPatch,
+def test_a_reference_worker_loads_kernels_only_from_the_kernel_cache_it_is_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The kernels a reference worker compiles at run time (the digest's and the comparison's,
-    through jiterator) are not looked up in torch's kernel cache on disk, which a candidate
-    may write to: its environment turns that cache off, whatever the supervisor's says."""
+    through jiterator) are looked up on disk only in the kernel cache its caller names (the
+    judge names one where no candidate can write: ``reference_environment``), which is made if
+    missing; given none, its environment turns torch's kernel cache off, whatever the
+    supervisor's says (torch's default cache is one a candidate may write to)."""
+    from kerneljudge.worker.environment import KERNEL_CACHE_ENV
+
     monkeypatch.setenv("USE_PYTORCH_KERNEL_CACHE", "1")
-    seen = {}
-    for role in ("reference",):
-        w = WorkerProcess(role, "cpu", threads=1)
+    monkeypatch.setenv(KERNEL_CACHE_ENV, str(tmp_path / "supervisors"))
+    given = tmp_path / "cache" / "kernels"
+    seen = []
+    for env in ({}, {KERNEL_CACHE_ENV: str(given)}):
+        w = WorkerProcess("reference", "cpu", dict(env), threads=1)
         try:
             w.wait_ready()
             with open(f"/proc/{w.worker_pid()}/environ", "rb") as f:
-                env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
-            seen[role] = env.get(b"USE_PYTORCH_KERNEL_CACHE")
+                got = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+            seen.append((got.get(b"USE_PYTORCH_KERNEL_CACHE"), got.get(KERNEL_CACHE_ENV.encode())))
         finally:
             w.close()
-    assert seen == {"reference": b"0"}
+    assert seen == [
+        (b"0", str(tmp_path / "supervisors").encode()),  # off: the path is not read
+        (b"1", str(given).encode()),
+    ]
+    assert given.is_dir()
 
 
 def test_a_profiled_worker_leaves_its_request_profile_and_no_link_is_followed(
