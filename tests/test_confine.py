@@ -703,7 +703,6 @@ def test_the_references_compile_cache_lies_where_no_candidate_writes(
     assert reference_environment(cache) == {
         "TORCHINDUCTOR_CACHE_DIR": str(folder),
         "TRITON_CACHE_DIR": str(folder / "triton"),
-        "PYTORCH_KERNEL_CACHE_PATH": str(folder / "kernels"),
     }
     assert reference_environment(Path.home() / ".triton" / "kj") == {}
     monkeypatch.setenv("CUDA_CACHE_PATH", str(tmp_path))  # above the cache: a candidate's
@@ -789,34 +788,24 @@ def test_the_jit_caches_a_candidate_writes_follow_its_environment() -> None:
     assert jit_cache_folders(env, cuda=False) == ["/h/.triton", "/t", "/i"]
 
 
-def test_a_reference_worker_loads_kernels_only_from_the_kernel_cache_it_is_given(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_reference_worker_never_loads_torchs_kernel_cache_from_disk(
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The kernels a reference worker compiles at run time (the digest's and the comparison's,
-    through jiterator) are looked up on disk only in the kernel cache its caller names (the
-    judge names one where no candidate can write: ``reference_environment``), which is made if
-    missing; given none, its environment turns torch's kernel cache off, whatever the
-    supervisor's says (torch's default cache is one a candidate may write to)."""
-    from kerneljudge.worker.environment import KERNEL_CACHE_ENV
-
+    through jiterator) are not looked up in torch's kernel cache on disk, which a candidate
+    may write to: its environment turns that cache off, whatever the supervisor's says."""
     monkeypatch.setenv("USE_PYTORCH_KERNEL_CACHE", "1")
-    monkeypatch.setenv(KERNEL_CACHE_ENV, str(tmp_path / "supervisors"))
-    given = tmp_path / "cache" / "kernels"
-    seen = []
-    for env in ({}, {KERNEL_CACHE_ENV: str(given)}):
-        w = WorkerProcess("reference", "cpu", dict(env), threads=1)
+    seen = {}
+    for role in ("reference",):
+        w = WorkerProcess(role, "cpu", threads=1)
         try:
             w.wait_ready()
             with open(f"/proc/{w.worker_pid()}/environ", "rb") as f:
-                got = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
-            seen.append((got.get(b"USE_PYTORCH_KERNEL_CACHE"), got.get(KERNEL_CACHE_ENV.encode())))
+                env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+            seen[role] = env.get(b"USE_PYTORCH_KERNEL_CACHE")
         finally:
             w.close()
-    assert seen == [
-        (b"0", str(tmp_path / "supervisors").encode()),  # off: the path is not read
-        (b"1", str(given).encode()),
-    ]
-    assert given.is_dir()
+    assert seen == {"reference": b"0"}
 
 
 def test_a_profiled_worker_leaves_its_request_profile_and_no_link_is_followed(
@@ -907,3 +896,59 @@ def test_waiting_for_a_process_to_end_returns_its_status_at_its_end_or_raises_at
         [sys.executable, "-c", "import sys, time; time.sleep(0.3); sys.exit(7)"]
     )
     assert process.wait_exited(ends, 30) == 7
+
+
+def test_no_confined_process_is_given_a_protected_folder_through_a_link(tmp_path: Path) -> None:
+    """A folder a candidate may write, replaced by a link to a protected folder (the
+    reference's compile cache), or a writable folder above a protected one, is dropped from the
+    rules of every process started after it was protected; the others stay, in order."""
+    from kerneljudge.worker.protected import protect
+
+    protected = tmp_path / "cache" / "inductor"
+    protected.mkdir(parents=True)
+    protect(protected)
+    mine, other = tmp_path / "mine", tmp_path / "other"
+    mine.mkdir()
+    other.mkdir()
+    (mine / "triton").symlink_to(protected, target_is_directory=True)
+    writable = [mine / "triton", mine, protected / "x", tmp_path / "cache", other]
+    cmd = confine.command(["kjprobe"], [str(p) for p in writable])
+    policy = json.loads(cmd[-3])  # ... python -P confine.py POLICY -- kjprobe
+    assert [w for w in policy["write"] if w != "/dev/shm"] == [
+        os.path.realpath(mine),
+        os.path.realpath(other),
+    ]
+
+
+def test_a_writable_folder_that_opens_as_another_path_gets_no_rule(tmp_path: Path) -> None:
+    """In the confined child, a writable folder that is a link when its rule is made (one made
+    after the supervisor resolved the folders) is left out: nothing beneath its target can be
+    written; a real folder beside it can."""
+    abi = confine.features().landlock_abi
+    if abi < 1:
+        pytest.skip("no Landlock on this host")
+    real, link, ok = tmp_path / "real", tmp_path / "link", tmp_path / "ok"
+    real.mkdir()
+    ok.mkdir()
+    link.symlink_to(real, target_is_directory=True)
+    (tmp_path / "kjwrite.py").write_text(
+        "import sys\n"
+        "for path in sys.argv[1:]:\n"
+        "    try:\n"
+        "        open(path, 'w').close()\n"
+        "        print(path, 'written')\n"
+        "    except OSError as exc:\n"
+        "        print(path, type(exc).__name__)\n"
+    )
+    policy = {"landlock": abi, "write": [str(link), str(ok)], "devices": []}
+    cmd = [sys.executable, "-P", confine.__file__, json.dumps(policy), "--", "kjwrite"]
+    out = subprocess.run(
+        [*cmd, str(real / "f"), str(ok / "f")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        check=True,
+    ).stdout.split("\n")
+    assert out[:2] == [f"{real / 'f'} PermissionError", f"{ok / 'f'} written"]
+    assert not (real / "f").exists()

@@ -54,13 +54,7 @@ def reference_environment(cache_root: Path) -> dict[str, str]:
     ``TORCHINDUCTOR_CACHE_DIR`` set to ``<cache_root>/inductor`` and ``TRITON_CACHE_DIR`` to
     its ``triton`` folder, so that the ``torch.compile`` of the reference (the ``compile``
     baseline) finds what an earlier judge compiled; inductor's own default lies beneath the
-    worker's temporary folder, which ends with the worker. ``PYTORCH_KERNEL_CACHE_PATH``
-    (:data:`~kerneljudge.worker.environment.KERNEL_CACHE_ENV`) is set to its ``kernels``
-    folder: the kernels a reference worker compiles at run time through jiterator (the fused
-    digest, the fused comparison) are kept there and found by the next reference worker,
-    which without it compiles them anew
-    (:class:`~kerneljudge.worker.process.WorkerProcess` turns torch's kernel cache off for a
-    reference worker given no such folder). The reference worker loads what it
+    worker's temporary folder, which ends with the worker. The reference worker loads what it
     finds there, so they are set only where no candidate can write there: Landlock (ABI 3 or
     later, which also governs truncation) confines candidate workers, build workers and the
     header maker to their own folders (beneath ``<cache_root>/builds``, the header store, their
@@ -71,14 +65,13 @@ def reference_environment(cache_root: Path) -> dict[str, str]:
     supervisor's own values are not the reference's: candidates may write there, and inductor
     sets ``TORCHINDUCTOR_CACHE_DIR`` in any process that compiled once.) The supervisor's
     environment is read when this is called: a cache folder it names only later is not checked
-    against (docs/security.md)."""
+    against (docs/security.md). The folder returned is protected from then on
+    (:func:`kerneljudge.worker.protected.protect`): every confined process started later is
+    refused a writable folder that resolves to it, above it or beneath it."""
     from kerneljudge.build.pch import store_dir
     from kerneljudge.worker.confine import features
-    from kerneljudge.worker.environment import (
-        KERNEL_CACHE_ENV,
-        candidate_environment,
-        jit_cache_folders,
-    )
+    from kerneljudge.worker.environment import candidate_environment, jit_cache_folders
+    from kerneljudge.worker.protected import protect
 
     if features().landlock_abi < 3:
         return {}
@@ -99,11 +92,8 @@ def reference_environment(cache_root: Path) -> dict[str, str]:
         folder.is_relative_to(scratch) and folder.relative_to(scratch).parts[0].startswith("kj-")
     ):
         return {}
-    return {
-        "TORCHINDUCTOR_CACHE_DIR": str(folder),
-        "TRITON_CACHE_DIR": str(folder / "triton"),
-        KERNEL_CACHE_ENV: str(folder / "kernels"),
-    }
+    protect(folder)  # no confined process started from now on is given it (links included)
+    return {"TORCHINDUCTOR_CACHE_DIR": str(folder), "TRITON_CACHE_DIR": str(folder / "triton")}
 
 
 class _Dropped(Exception):

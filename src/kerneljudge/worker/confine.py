@@ -119,10 +119,10 @@ def restrict(abi: int, writable: Sequence[str], devices: Sequence[str]) -> None:
     """Apply Landlock to the calling thread and every process and thread it starts later.
 
     Read and execute stay allowed everywhere; writing, creating, removing and renaming only
-    beneath ``writable`` (folders that do not exist are created first; one that cannot be is
-    left out), and writing into the ``devices`` files and the calling process's own ``/proc``
-    files. From ABI 4 every TCP bind and connect is denied; from ABI 6 signals to
-    processes outside this domain and abstract unix sockets of other domains are too.
+    beneath ``writable`` (resolved paths; one that does not exist is created first; one that
+    cannot be, or opens as another path, a link made since, is left out), and writing into the
+    ``devices`` files and the process's own ``/proc`` files. From ABI 4 every TCP bind and
+    connect is denied; from ABI 6 signals out of this domain and abstract unix sockets too.
 
     Raises:
         OSError: a system call failed (Landlock missing, a rule the kernel refused).
@@ -154,6 +154,8 @@ def restrict(abi: int, writable: Sequence[str], devices: Sequence[str]) -> None:
         for path, rights in rules:
             fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
             try:
+                if rights == write and os.readlink(f"/proc/self/fd/{fd}") != path:
+                    continue  # a link made since the supervisor resolved it: left out
                 rule = _PathBeneath(rights, fd)
                 if libc.syscall(ctypes.c_long(_SYS_ADD_RULE), ruleset, 1, ctypes.byref(rule), 0):
                     raise OSError(ctypes.get_errno(), f"landlock_add_rule {path} failed")
@@ -290,7 +292,9 @@ def command(
         devs = [*DEVICE_FILES]
         for pattern in devices:
             devs.extend(sorted(glob.glob(pattern)))
-        write = [os.path.realpath(w) for w in writable]
+        from kerneljudge.worker.protected import outside_protected
+
+        write = outside_protected(os.path.realpath(w) for w in writable)
         if f.unshare and f.private_shm:
             policy["shm"] = True
             write.append("/dev/shm")
