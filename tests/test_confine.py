@@ -902,7 +902,7 @@ def test_no_confined_process_is_given_a_protected_folder_through_a_link(tmp_path
     """A folder a candidate may write, replaced by a link to a protected folder (the
     reference's compile cache), or a writable folder above a protected one, is dropped from the
     rules of every process started after it was protected; the others stay, in order."""
-    from kerneljudge.worker.protected import protect
+    from kerneljudge.worker.confine import protect
 
     protected = tmp_path / "cache" / "inductor"
     protected.mkdir(parents=True)
@@ -914,7 +914,25 @@ def test_no_confined_process_is_given_a_protected_folder_through_a_link(tmp_path
     writable = [mine / "triton", mine, protected / "x", tmp_path / "cache", other]
     cmd = confine.command(["kjprobe"], [str(p) for p in writable])
     policy = json.loads(cmd[-3])  # ... python -P confine.py POLICY -- kjprobe
-    assert [w for w in policy["write"] if w != "/dev/shm"] == [
+    assert [w for w in policy["write"] if w != os.path.realpath("/dev/shm")] == [
+        os.path.realpath(mine),
+        os.path.realpath(other),
+    ]
+
+
+def test_a_folder_reached_through_a_link_in_a_writable_folder_gets_no_rule(tmp_path: Path) -> None:
+    """Whoever made it, a link lying in a folder the process may write (one a candidate could
+    have made) takes the folders reached through it out of the rules, with nothing protected;
+    a link in a folder no rule covers (the host's own) is followed."""
+    mine, elsewhere, other = tmp_path / "mine", tmp_path / "elsewhere", tmp_path / "other"
+    for folder in (mine, elsewhere, other):
+        folder.mkdir()
+    (mine / "triton").symlink_to(elsewhere, target_is_directory=True)
+    (tmp_path / "alias").symlink_to(other, target_is_directory=True)
+    writable = [mine, mine / "triton" / "0", tmp_path / "alias"]
+    cmd = confine.command(["kjprobe"], [str(p) for p in writable])
+    policy = json.loads(cmd[-3])
+    assert [w for w in policy["write"] if w != os.path.realpath("/dev/shm")] == [
         os.path.realpath(mine),
         os.path.realpath(other),
     ]

@@ -32,7 +32,7 @@ from kerneljudge.candidate import Candidate
 from kerneljudge.candidate.backends import IMPORT_ONLY_BACKENDS
 from kerneljudge.errors import BuildCacheError, ConfigError
 from kerneljudge.verdict import BuildResult, CompilerMessage, decode
-from kerneljudge.worker import confine
+from kerneljudge.worker import confine, exits
 from kerneljudge.worker.sandbox import candidate_environment, child_pids
 from kerneljudge.worker.torchlog import NO_CUDA_RUNTIME
 
@@ -400,7 +400,7 @@ def build(
                     precompiler.poll()
 
             try:
-                finished = confine.exited(proc, timeout_s, poll)
+                finished = exits.exited(proc, timeout_s, poll)
             finally:  # also when the wait failed: nothing of the build outlives it
                 _kill_group(proc)  # the rest of its process group ends with it
                 for precompiler in precompilers:
@@ -424,7 +424,7 @@ def build(
             outcome = {
                 "ok": False,
                 "error": "the build process died (exit status "
-                f"{confine.exit_status(proc.returncode)})",
+                f"{exits.exit_status(proc.returncode)})",
                 "lineno": None,
             }
         if outcome.get("ok"):

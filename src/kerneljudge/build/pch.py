@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import IO
 
 from kerneljudge.build import pch_cuda, pch_cxx, toolchain
-from kerneljudge.worker import confine
+from kerneljudge.worker import confine, exits
 
 __all__ = ["PCH_TIMEOUT_S", "Precompiler", "environment", "refusal", "salt", "store_dir"]
 
@@ -409,10 +409,10 @@ class Precompiler:
         limit = 0.0
         if deadline is not None:
             limit = min(deadline, self._started + PCH_TIMEOUT_S) - time.monotonic()
-        if not confine.exited(proc, max(0.0, limit)):  # not reaped: its group is its own
+        if not exits.exited(proc, max(0.0, limit)):  # not reaped: its group is its own
             self.outcome = "not made: it ran out of time"
         elif proc.poll() != 0:
-            status = confine.exit_status(proc.returncode)
+            status = exits.exit_status(proc.returncode)
             self.outcome = f"not made: the compiler failed (exit status {status}): " + _last_line(
                 self._staging
             )

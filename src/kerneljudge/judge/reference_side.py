@@ -66,12 +66,11 @@ def reference_environment(cache_root: Path) -> dict[str, str]:
     sets ``TORCHINDUCTOR_CACHE_DIR`` in any process that compiled once.) The supervisor's
     environment is read when this is called: a cache folder it names only later is not checked
     against (docs/security.md). The folder returned is protected from then on
-    (:func:`kerneljudge.worker.protected.protect`): every confined process started later is
+    (:func:`kerneljudge.worker.confine.protect`): every confined process started later is
     refused a writable folder that resolves to it, above it or beneath it."""
     from kerneljudge.build.pch import store_dir
-    from kerneljudge.worker.confine import features
+    from kerneljudge.worker.confine import features, protect
     from kerneljudge.worker.environment import candidate_environment, jit_cache_folders
-    from kerneljudge.worker.protected import protect
 
     if features().landlock_abi < 3:
         return {}

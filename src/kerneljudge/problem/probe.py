@@ -232,11 +232,11 @@ class ProbeChild:
             pass
         os.close(self._path_fd)
         self._path_fd = -1
-        from kerneljudge.worker import confine
+        from kerneljudge.worker.exits import exit_status
         from kerneljudge.worker.process import wait_exited
 
         try:
-            code = confine.exit_status(wait_exited(self.proc, timeout_s))
+            code = exit_status(wait_exited(self.proc, timeout_s))
         except subprocess.TimeoutExpired:
             code = None
         finally:

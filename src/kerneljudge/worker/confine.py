@@ -35,7 +35,6 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,12 +43,12 @@ from typing import IO, Any
 __all__ = [
     "Features",
     "command",
-    "exit_status",
-    "exited",
     "features",
     "landlock_abi",
     "layers",
+    "protect",
     "restrict",
+    "rule_folders",
     "spawn",
     "spawn_in",
 ]
@@ -267,6 +266,33 @@ def layers(role: str = "candidate") -> tuple[str, ...]:
     return tuple(out)
 
 
+_PROTECTED: set[str] = set()
+
+
+def protect(folder: str | os.PathLike[str]) -> None:
+    """Give no confined process started from now on a rule for ``folder`` (resolved now), a
+    folder above it or one beneath it (:func:`rule_folders`)."""
+    _PROTECTED.add(os.path.realpath(folder))
+
+
+def rule_folders(writable: Sequence[str]) -> list[str]:
+    """The folders of ``writable`` that get a rule, resolved, in order: less each whose path
+    passes through a link lying in a folder of ``writable`` (one a process that may write
+    there could have made) and each at, above or beneath a folder :func:`protect` was given."""
+    resolved = [os.path.realpath(w) for w in writable]
+    near = lambda a, b: os.path.commonpath([a, b]) in (a, b)  # noqa: E731
+    out = []
+    for given, real in zip(writable, resolved):
+        parts = os.path.abspath(given).split(os.sep)
+        links = [os.sep.join(parts[:i]) for i in range(2, len(parts) + 1)]
+        made = [os.path.realpath(os.path.dirname(p)) for p in links if os.path.islink(p)]
+        if any(os.path.commonpath([m, r]) == r for m in made for r in resolved):
+            continue
+        if not any(near(real, f) for f in list(_PROTECTED)):
+            out.append(real)
+    return out
+
+
 def command(
     module_argv: Sequence[str],
     writable: Sequence[str] | None,
@@ -292,12 +318,10 @@ def command(
         devs = [*DEVICE_FILES]
         for pattern in devices:
             devs.extend(sorted(glob.glob(pattern)))
-        from kerneljudge.worker.protected import outside_protected
-
-        write = outside_protected(os.path.realpath(w) for w in writable)
+        write = rule_folders([str(w) for w in writable])
         if f.unshare and f.private_shm:
             policy["shm"] = True
-            write.append("/dev/shm")
+            write.append(os.path.realpath("/dev/shm"))
         policy.update(landlock=f.landlock_abi, write=write, devices=devs)
     cmd: list[str] = []
     if f.setpriv:
@@ -410,26 +434,6 @@ def spawn_in(
     )
 
 
-def exited(
-    proc: subprocess.Popen[bytes], timeout_s: float, poll: Callable[[], None] | None = None
-) -> bool:
-    """Wait up to ``timeout_s`` seconds for ``proc`` to exit, without reaping it: while it is
-    a zombie its pid, and so its process group id, cannot name another process. ``poll`` is
-    called while it waits (every 20 ms)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if poll is not None:
-            poll()
-        try:
-            if os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
-                return True
-        except ChildProcessError:
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(min(0.02, max(deadline - time.monotonic(), 0.0)))
-
-
 # ---------------------------------------------------------------------- child side
 def _enter(policy: dict[str, Any]) -> None:
     if policy.get("pdeathsig"):  # its parent: the supervisor (which may be PID 1), or the
@@ -457,14 +461,6 @@ def _init(worker: int) -> None:
             if os.WIFSIGNALED(status):
                 os._exit(128 + os.WTERMSIG(status))
             os._exit(os.waitstatus_to_exitcode(status))
-
-
-def exit_status(returncode: int | None) -> int | None:
-    """The worker's own exit status from that of its confined command: negative N when signal
-    N killed it (the namespace's PID 1 reports it as 128 + N)."""
-    if returncode is not None and features().unshare and 128 < returncode < 128 + 65:
-        return 128 - returncode
-    return returncode
 
 
 def _main(argv: list[str]) -> None:

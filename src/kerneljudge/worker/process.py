@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kerneljudge.errors import WorkerError
-from kerneljudge.worker import confine
+from kerneljudge.worker import confine, exits
 from kerneljudge.worker.environment import jit_cache_folders
 from kerneljudge.worker.faults import (
     CandidateFault,
@@ -331,7 +331,7 @@ class WorkerProcess:
             wait_exited(self.proc, 5)
         except subprocess.TimeoutExpired:
             pass
-        code = confine.exit_status(self.proc.poll())
+        code = exits.exit_status(self.proc.poll())
         self.kill()
         raise WorkerDied(code, self.log_tail()) from None
 
