@@ -108,3 +108,27 @@ def test_every_package_is_in_the_architecture_page_with_a_docstring() -> None:
         assert f"`{package}/`" in text, f"docs/architecture.md does not place {package}/"
         if package != "problems":
             assert ast.get_docstring(ast.parse(init.read_text())), f"{package}/ has no docstring"
+
+
+def test_no_nested_function_calls_itself() -> None:
+    """A nested function that calls itself holds its own closure cell: a reference cycle, so
+    what it captures lives until the cyclic collector runs. In a GPU worker that was a
+    candidate's outputs (gigabytes of device memory) per trial, until the device ran out
+    beside the other worker. Such walks are module functions given their state."""
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for outer in ast.walk(tree):
+            if not isinstance(outer, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for inner in ast.walk(outer):
+                if inner is outer or not isinstance(inner, ast.FunctionDef | ast.AsyncFunctionDef):
+                    continue
+                called = {
+                    n.func.id
+                    for n in ast.walk(inner)
+                    if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                }
+                if inner.name in called:
+                    found.append(f"{path.relative_to(SRC)}:{inner.lineno} {inner.name}")
+    assert found == []

@@ -113,24 +113,28 @@ def _json_type(annotation: Any, where: str) -> dict[str, Any]:
 def _invalid_unicode(arguments: dict[Any, Any]) -> str:
     """What in decoded arguments holds a lone surrogate (``"argument 'x'"``), "" when nothing.
     Such text cannot be written to a file or sent back as UTF-8."""
-
-    def bad(value: Any, depth: int = 0) -> bool:
-        if isinstance(value, str):
-            return _SURROGATE.search(value) is not None
-        if depth > 50:
-            return False
-        if isinstance(value, dict):
-            return any(bad(k, depth + 1) or bad(v, depth + 1) for k, v in value.items())
-        if isinstance(value, list):
-            return any(bad(v, depth + 1) for v in value)
-        return False
-
     for key, value in arguments.items():
-        if bad(key):
+        if _has_surrogate(key):
             return "an argument's name"
-        if bad(value):
+        if _has_surrogate(value):
             return f"argument {key!r}"
     return ""
+
+
+def _has_surrogate(value: Any, depth: int = 0) -> bool:
+    """Whether ``value`` (text, or dicts and lists of it, 50 levels deep at most) holds a lone
+    surrogate."""
+    if isinstance(value, str):
+        return _SURROGATE.search(value) is not None
+    if depth > 50:
+        return False
+    if isinstance(value, dict):
+        return any(
+            _has_surrogate(k, depth + 1) or _has_surrogate(v, depth + 1) for k, v in value.items()
+        )
+    if isinstance(value, list):
+        return any(_has_surrogate(v, depth + 1) for v in value)
+    return False
 
 
 def _check_type(value: Any, annotation: Any) -> bool:

@@ -22,6 +22,7 @@ Imports only the standard library, torch and :mod:`kerneljudge.worker` modules a
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import secrets
 import types
@@ -289,25 +290,7 @@ def _reaches_outside(model: torch.nn.Module) -> bool:
     known.update(id(t) for m in modules for t in (*m._parameters.values(), *m._buffers.values()))
     seen: set[int] = set()
     looked = [0]
-
-    def outside(value: Any, depth: int) -> bool:
-        looked[0] += 1
-        if looked[0] > WALK_LIMIT:
-            raise RecursionError("too many objects to look through")
-        kind = type(value)  # the real type: no __class__ property of the object's code
-        if id(value) in known or kind in _LEAVES:
-            return False
-        if issubclass(kind, torch.Tensor | torch.nn.Module):
-            return True
-        if depth > 4 or id(value) in seen:
-            return False
-        seen.add(id(value))
-        if kind is dict:
-            return any(outside(v, depth + 1) for v in list(dict.values(value))[: WALK_LIMIT + 1])
-        if kind in _SEQUENCES:
-            return any(outside(v, depth + 1) for v in list(value)[: WALK_LIMIT + 1])
-        attrs = _plain_dict(value)
-        return attrs is not None and any(outside(v, depth + 1) for v in list(attrs.values()))
+    outside = functools.partial(_outside, known=known, seen=seen, looked=looked)
 
     own = ("_parameters", "_buffers", "_modules")
     for module in modules:
@@ -319,6 +302,34 @@ def _reaches_outside(model: torch.nn.Module) -> bool:
             if name not in own and not hook and outside(value, 1):
                 return True
     return False
+
+
+def _outside(value: Any, depth: int, known: set[int], seen: set[int], looked: list[int]) -> bool:
+    """Whether ``value`` reaches, within 4 levels, a tensor or module not among ``known``
+    (ids) for :func:`_reaches_outside`; ``seen`` and ``looked`` (a one-item count) are the
+    walk's. A module function: a closure that calls itself is a reference cycle.
+
+    Raises:
+        RecursionError: more than :data:`WALK_LIMIT` objects looked at.
+    """
+    looked[0] += 1
+    if looked[0] > WALK_LIMIT:
+        raise RecursionError("too many objects to look through")
+    kind = type(value)  # the real type: no __class__ property of the object's code
+    if id(value) in known or kind in _LEAVES:
+        return False
+    if issubclass(kind, torch.Tensor | torch.nn.Module):
+        return True
+    if depth > 4 or id(value) in seen:
+        return False
+    seen.add(id(value))
+    walk = lambda v: _outside(v, depth + 1, known, seen, looked)  # noqa: E731
+    if kind is dict:
+        return any(map(walk, list(dict.values(value))[: WALK_LIMIT + 1]))
+    if kind in _SEQUENCES:
+        return any(map(walk, list(value)[: WALK_LIMIT + 1]))
+    attrs = _plain_dict(value)
+    return attrs is not None and any(map(walk, list(attrs.values())))
 
 
 def _plain_dict(value: Any) -> dict[str, Any] | None:

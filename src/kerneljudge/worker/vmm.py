@@ -350,36 +350,12 @@ def device_message(
     With a CUDA ``device`` (this worker's; no index: the current one), host tensors of that
     size qualify too (outputs kept on the host for want of device room) and the allocation is
     on it. ``(None, None)`` when no tensor qualifies or the driver could not export them (the
-    caller then sends them through the host).
-
-    Raises:
-        whatever ``to_host`` raises.
-    """
+    caller then sends them through the host). Raises whatever ``to_host`` raises."""
     picked: list[torch.Tensor] = []
-    lift = device is not None and device.type == "cuda"
-    if device is not None and lift and device.index is None:
+    device = device if device is not None and device.type == "cuda" else None
+    if device is not None and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    device = device if lift else None
-
-    def walk(value: Any) -> Any:
-        if (
-            type(value) is torch.Tensor
-            and (value.is_cuda or (lift and value.device.type == "cpu"))
-            and value.layout == torch.strided
-            and not (value.is_conj() or value.is_neg())
-            and str(value.dtype).removeprefix("torch.") in _RAW_DTYPES
-            and value.numel() * value.element_size() >= DEVICE_MIN_BYTES
-            and value.device in (torch.device("cpu"), device or (picked or [value])[0].device)
-        ):
-            picked.append(value)
-            name = str(value.dtype).removeprefix("torch.")
-            return {_DEVICE_KEY: len(picked) - 1, "dtype": name, "shape": list(value.shape)}
-        if isinstance(value, (list, tuple)):
-            walked = [walk(v) for v in value]
-            return walked if isinstance(value, list) else tuple(walked)
-        return to_host(value)
-
-    skeleton = walk(outputs)
+    skeleton = _placeholders(outputs, picked, device, to_host)
     if not picked:
         return None, None
     try:
@@ -389,6 +365,28 @@ def device_message(
     for spec in _device_specs(skeleton):
         spec["offset"] = export.offsets[spec[_DEVICE_KEY]]
     return {"outputs": skeleton, "device_bytes": export.size}, export
+
+
+def _placeholders(value: Any, picked: list[torch.Tensor], device: Any, to_host: Any) -> Any:
+    """``value`` as :func:`device_message` sends it, each tensor it picks appended to
+    ``picked`` (a module function: a closure that calls itself is a reference cycle, and would
+    keep ``picked``, device memory, until the cyclic collector ran)."""
+    if (
+        type(value) is torch.Tensor
+        and (value.is_cuda or (device is not None and value.device.type == "cpu"))
+        and value.layout == torch.strided
+        and not (value.is_conj() or value.is_neg())
+        and str(value.dtype).removeprefix("torch.") in _RAW_DTYPES
+        and value.numel() * value.element_size() >= DEVICE_MIN_BYTES
+        and value.device in (torch.device("cpu"), device or (picked or [value])[0].device)
+    ):
+        picked.append(value)
+        name = str(value.dtype).removeprefix("torch.")
+        return {_DEVICE_KEY: len(picked) - 1, "dtype": name, "shape": list(value.shape)}
+    if isinstance(value, (list, tuple)):
+        walked = [_placeholders(v, picked, device, to_host) for v in value]
+        return walked if isinstance(value, list) else tuple(walked)
+    return to_host(value)
 
 
 def _device_specs(value: Any) -> list[dict[str, Any]]:
@@ -462,16 +460,17 @@ def from_device(
         tensors = import_tensors(fd, size, parsed, device)
     finally:
         os.close(fd)
-    by_spec = {id(spec): t for spec, t in zip(specs, tensors)}
+    return _filled(message["outputs"], {id(spec): t for spec, t in zip(specs, tensors)})
 
-    def put(value: Any) -> Any:
-        if type(value) is dict and id(value) in by_spec:
-            return by_spec[id(value)]
-        if type(value) in (list, tuple):
-            return type(value)(put(v) for v in value)
-        return value
 
-    return put(message["outputs"])
+def _filled(value: Any, by_spec: dict[int, torch.Tensor]) -> Any:
+    """``value`` with each placeholder whose id is in ``by_spec`` replaced by its tensor (a
+    module function: a closure that calls itself would keep them in a reference cycle)."""
+    if type(value) is dict and id(value) in by_spec:
+        return by_spec[id(value)]
+    if type(value) in (list, tuple):
+        return type(value)(_filled(v, by_spec) for v in value)
+    return value
 
 
 def _take_fd(link: socket.socket | None) -> int:
