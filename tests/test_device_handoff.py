@@ -55,6 +55,27 @@ def test_host_tensors_take_the_device_path_only_from_a_gpu_worker() -> None:
     assert device_message([big], lambda v: v, torch.device("cpu")) == (None, None)
 
 
+def test_outputs_picked_for_the_device_are_let_go_without_the_cyclic_collector() -> None:
+    """What ``device_message`` picked to send on the device is freed once the caller drops it,
+    by reference counts alone: a closure that walked the outputs by calling itself kept them
+    in a reference cycle, gigabytes of device memory per trial until the collector ran. (With
+    no GPU the export fails and the message goes through the host; on a GPU it is closed.)"""
+    import gc
+    import weakref
+
+    big = torch.zeros(DEVICE_MIN_BYTES // 4 + 1)
+    gone = weakref.ref(big)
+    gc.disable()
+    try:
+        message, export = device_message([[big], None], lambda v: v, torch.device("cuda:0"))
+        if export is not None:
+            export.close()
+        del big, message, export
+        assert gone() is None
+    finally:
+        gc.enable()
+
+
 def test_a_pipe_carries_a_socket_for_device_memory_beside_it_and_host_outputs_still_cross() -> None:
     reader, writer = _Worker(), _Worker()
     outputs = [torch.randn(2000), 7, None]
