@@ -11,12 +11,10 @@ latest preparation.
 
 from __future__ import annotations
 
-import atexit
 import functools
 import hashlib
 import os
 import secrets
-import shutil
 import tempfile
 import threading
 from collections.abc import Callable, Mapping
@@ -69,17 +67,10 @@ def reference_environment(cache_root: Path) -> dict[str, str]:
     environment is read when this is called: a cache folder it names only later is not checked
     against (docs/security.md). The folder returned is protected from then on
     (:func:`kerneljudge.worker.confine.protect`): every confined process started later is
-    refused a writable folder that resolves to it, above it or beneath it. With it,
-    ``PYTORCH_KERNEL_CACHE_PATH`` names a folder beneath it made anew for this process
-    (:func:`kernel_folder`): the reference workers' kernels compiled at run time are kept
-    there for the next reference worker of this process, and never taken from an earlier run."""
+    refused a writable folder that resolves to it, above it or beneath it."""
     from kerneljudge.build.pch import store_dir
     from kerneljudge.worker.confine import features, protect
-    from kerneljudge.worker.environment import (
-        KERNEL_CACHE_ENV,
-        candidate_environment,
-        jit_cache_folders,
-    )
+    from kerneljudge.worker.environment import candidate_environment, jit_cache_folders
 
     if features().landlock_abi < 3:
         return {}
@@ -101,53 +92,7 @@ def reference_environment(cache_root: Path) -> dict[str, str]:
     ):
         return {}
     protect(folder)  # no confined process started from now on is given it (links included)
-    env = {"TORCHINDUCTOR_CACHE_DIR": str(folder), "TRITON_CACHE_DIR": str(folder / "triton")}
-    kernels = kernel_folder(folder)
-    return env if kernels is None else {**env, KERNEL_CACHE_ENV: str(kernels)}
-
-
-#: (process id, protected folder) -> the kernel cache folder made beneath it by that process.
-_KERNEL_FOLDERS: dict[tuple[int, Path], Path] = {}
-_KERNEL_FOLDERS_LOCK = threading.Lock()
-#: The name of a process's kernel cache folder begins with this and its process id, then "-".
-KERNEL_FOLDER_PREFIX = "kernels-"
-
-
-def kernel_folder(protected: Path) -> Path | None:
-    """The reference workers' kernel cache of this process: a folder made once per process
-    beneath ``protected`` (``kernels-<pid>-<random>``, mode 0700, :func:`tempfile.mkdtemp`),
-    so it holds only kernels this process's reference workers compiled, never one an earlier
-    run left (a run whose candidates Landlock did not confine could have left one in any
-    lasting folder). It is removed when the process exits; first, the folders of this form
-    whose process no longer runs are removed. None where it cannot be made (an ``OSError``)."""
-    key = (os.getpid(), protected)
-    with _KERNEL_FOLDERS_LOCK:
-        made = _KERNEL_FOLDERS.get(key)
-        if made is not None and made.is_dir():
-            return made
-        try:
-            protected.mkdir(parents=True, exist_ok=True)
-            _remove_orphans(protected)
-            made = Path(tempfile.mkdtemp(prefix=f"{KERNEL_FOLDER_PREFIX}{key[0]}-", dir=protected))
-        except OSError:
-            return None
-        atexit.register(shutil.rmtree, made, True)
-        _KERNEL_FOLDERS[key] = made
-        return made
-
-
-def _remove_orphans(protected: Path) -> None:
-    """Remove the kernel cache folders beneath ``protected`` whose process no longer runs."""
-    for child in protected.glob(f"{KERNEL_FOLDER_PREFIX}*-*"):
-        pid = child.name[len(KERNEL_FOLDER_PREFIX) :].split("-", 1)[0]
-        if not pid.isdigit() or child.is_symlink() or not child.is_dir():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            shutil.rmtree(child, ignore_errors=True)
-        except OSError:  # another user's process: it runs
-            pass
+    return {"TORCHINDUCTOR_CACHE_DIR": str(folder), "TRITON_CACHE_DIR": str(folder / "triton")}
 
 
 class _Dropped(Exception):

@@ -13,11 +13,7 @@ import os
 import re
 from collections.abc import Mapping
 
-__all__ = ["INDUCTOR_IN_PROCESS", "KERNEL_CACHE_ENV", "candidate_environment", "jit_cache_folders"]
-
-#: torch's variable naming the folder of its kernel cache on disk (the binaries of the kernels
-#: it compiles at run time with NVRTC: jiterator's); torch makes no folder it names.
-KERNEL_CACHE_ENV = "PYTORCH_KERNEL_CACHE_PATH"
+__all__ = ["INDUCTOR_IN_PROCESS", "candidate_environment", "jit_cache_folders"]
 
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|COOKIE|SESSION")
 #: What a process running candidate code inherits of the judge's environment: the toolchain's

@@ -23,7 +23,7 @@ from typing import Any
 
 from kerneljudge.errors import WorkerError
 from kerneljudge.worker import confine, exits
-from kerneljudge.worker.environment import KERNEL_CACHE_ENV, jit_cache_folders
+from kerneljudge.worker.environment import jit_cache_folders
 from kerneljudge.worker.faults import (
     CandidateFault,
     WorkerDied,
@@ -58,9 +58,7 @@ class WorkerProcess:
     Args:
         role: ``"reference"`` or ``"candidate"``.
         device: a torch device string (``"cpu"``, ``"cuda:0"``).
-        env: extra environment variables. For a reference worker, ``PYTORCH_KERNEL_CACHE_PATH``
-            here turns torch's kernel cache on in that folder; without it the reference
-            worker's kernel cache is off, whatever this process's environment says.
+        env: extra environment variables.
         threads: torch intra-op threads (0: torch's default).
         memory_limit_bytes: resident memory (bytes) past which a waited-on worker is killed
             (0: no limit).
@@ -110,12 +108,9 @@ class WorkerProcess:
         full_env["PYTHONDONTWRITEBYTECODE"] = "1"  # no __pycache__ beside cached candidates
         full_env["TMPDIR"] = str(self.scratch)
         if role == "reference":
-            # Kernels compiled at run time (the digest's, the comparison's) are loaded only from
-            # a kernel cache the caller names in ``env``, one no candidate can write to
-            # (kerneljudge.judge.reference_side.kernel_folder); else compiled anew, never
-            # loaded from torch's default cache, which a candidate may write to.
-            own = (env or {}).get(KERNEL_CACHE_ENV)
-            full_env["USE_PYTORCH_KERNEL_CACHE"] = "1" if own else "0"
+            # Kernels compiled at run time (the digest's, the comparison's) are compiled anew,
+            # never loaded from torch's kernel cache on disk, which a candidate may write to.
+            full_env["USE_PYTORCH_KERNEL_CACHE"] = "0"
         if not device.startswith("cuda"):
             full_env["CUDA_VISIBLE_DEVICES"] = ""
         args = [
