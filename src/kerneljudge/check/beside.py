@@ -92,8 +92,8 @@ def beside(
         finally:
             pipe.finish()
             thread.join()
-            if "error" in box:
-                raise box["error"]
+            if "error" in box:  # taken out: the box would hold it, its traceback the box
+                raise box.pop("error")
     return got, box["reply"]
 
 

@@ -311,8 +311,10 @@ def _on_device_or_host(device: Any, work: Callable[[Any], Any]) -> Any:
     if getattr(device, "type", "cpu") == "cpu":
         return work(None)
     try:
-        return work(device)
-    except torch.cuda.OutOfMemoryError:
+        try:
+            return work(device)
+        except torch.cuda.OutOfMemoryError:
+            pass  # left here: its traceback holds the attempt's tensors on the device
         torch.cuda.empty_cache()
         return work(None)
     finally:
