@@ -22,7 +22,6 @@ Imports only the standard library, torch and :mod:`kerneljudge.worker` modules a
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import secrets
 import types
@@ -290,7 +289,6 @@ def _reaches_outside(model: torch.nn.Module) -> bool:
     known.update(id(t) for m in modules for t in (*m._parameters.values(), *m._buffers.values()))
     seen: set[int] = set()
     looked = [0]
-    outside = functools.partial(_outside, known=known, seen=seen, looked=looked)
 
     own = ("_parameters", "_buffers", "_modules")
     for module in modules:
@@ -299,7 +297,7 @@ def _reaches_outside(model: torch.nn.Module) -> bool:
             return True  # nothing to read it by: as if it kept host tensors
         for name, value in list(attrs.items()):
             hook = name.endswith("_hooks") or name.startswith("_forward")
-            if name not in own and not hook and outside(value, 1):
+            if name not in own and not hook and _outside(value, 1, known, seen, looked):
                 return True
     return False
 
