@@ -218,3 +218,52 @@ def test_what_a_sender_forges_is_its_own_doing_unless_the_driver_refuses_a_devic
         os.close(r)
         os.close(w)
         export.close()
+
+
+_BIG = """
+import torch
+
+
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return x * 0.5 + 1.0
+
+
+def get_inputs():
+    return [torch.rand(64 << 20)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def _allocated(path: Path, op: str) -> list[float]:
+    """torch's allocated device memory (GiB) after each ``op`` request of a worker's memory
+    lines (``wall op allocated A reserved R peak P free F``)."""
+    return [float(w[3]) for w in (ln.split() for ln in path.read_text().splitlines()) if w[1] == op]
+
+
+def test_a_workers_device_memory_does_not_grow_with_each_trial(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 256 MiB outputs: a worker that kept each trial's outputs alive until Python's cyclic
+    # collector ran grew by 0.25 GiB per trial (4 GiB per trial at 4 GiB inputs on an H100).
+    from kerneljudge import Judge, JudgeConfig, Status
+    from kerneljudge.worker.profiling import MEMORY_ENV
+
+    lines = tmp_path / "mem"
+    lines.mkdir()
+    monkeypatch.setenv(MEMORY_ENV, str(lines))
+    path = tmp_path / "p.py"
+    path.write_text(_BIG)
+    right = tmp_path / "right.py"
+    right.write_text(_BIG.replace("class Model(", "class ModelNew("))
+    config = JudgeConfig(device="cuda", cache_dir=tmp_path / "cache", graph_timing=False)
+    with Judge(path, config) as judge:
+        verdict = judge.evaluate(right)
+    assert verdict.status is Status.CORRECT, verdict.reason
+    (candidate,) = lines.glob("candidate-*.mem")
+    runs = _allocated(candidate, "run")
+    assert len(runs) >= 3, candidate.read_text()
+    assert max(runs) - min(runs) < 0.125, candidate.read_text()  # half of one output
