@@ -15,13 +15,14 @@ oracles-episode-memory.md``). Two measurements, ``--rounds`` times each, one aft
   ``inherit`` leaves the variable as this process has it (what a worker sees).
 * ``workers``: a reference and a candidate :class:`~kerneljudge.worker.process.WorkerProcess`
   started at once, as a judge starts them, confined; seconds from each start to its ready
-  message.
+  message; ``--rounds`` pairs of rounds, the reference worker's kernel cache first emptied of
+  this process's seed, then filled from it (:func:`workers`).
 
 On a CPU device the context, digest and recorder phases are skipped (the recorder is timed
 with ``--record-ops``).
 
 Run:  PYTHONPATH=src python3 benchmarks/worker_start.py [--device cuda] [--rounds 3]
-      [--kernel-cache fresh|shared|inherit] [--record-ops] [--json OUT]
+      [--kernel-cache fresh|shared|inherit] [--record-ops] [--skip-phases] [--json OUT]
 """
 
 from __future__ import annotations
@@ -91,17 +92,24 @@ def phases(device: str, rounds: int, cache: str, record_ops: bool) -> list[dict[
 
 
 def workers(device: str, rounds: int, record_ops: bool) -> list[dict[str, Any]]:
-    """A reference and a candidate worker started at once per round: seconds to ready."""
+    """A reference and a candidate worker started at once per round: seconds to ready. The
+    rounds alternate between the reference worker's kernel cache filled from this process's
+    seed (``seeded``: :mod:`kerneljudge.worker.kernel_cache`, where it is usable) and the seed
+    dropped first (``compiled``: the worker compiles its kernels and gives the next seed)."""
+    from kerneljudge.worker import kernel_cache
     from kerneljudge.worker.process import WorkerProcess
 
     rows: list[dict[str, Any]] = []
-    for i in range(rounds):
+    for i in range(2 * rounds):
+        way = "seeded" if i % 2 else "compiled"
+        if way == "compiled":
+            kernel_cache.forget()
         t = time.monotonic()
         started = [
             WorkerProcess("reference", device, record_ops=record_ops),
             WorkerProcess("candidate", device, record_ops=record_ops),
         ]
-        row: dict[str, Any] = {"round": i + 1}
+        row: dict[str, Any] = {"round": i // 2 + 1, "way": way, "seed": len(kernel_cache.seed())}
         try:
             for w in started:
                 w.wait_ready()
@@ -111,8 +119,8 @@ def workers(device: str, rounds: int, record_ops: bool) -> list[dict[str, Any]]:
                 w.close()
         rows.append(row)
         print(
-            f"workers {i + 1}: reference ready {row['reference']:.2f} s, "
-            f"candidate ready {row['candidate']:.2f} s",
+            f"workers {i // 2 + 1} {way:>8} (seed of {row['seed']} files): reference ready "
+            f"{row['reference']:.2f} s, candidate ready {row['candidate']:.2f} s",
             flush=True,
         )
     return rows
@@ -127,22 +135,26 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--skip-phases", action="store_true", help="only the workers' starts")
     parser.add_argument("--kernel-cache", choices=("fresh", "shared", "inherit"), default="fresh")
     parser.add_argument("--record-ops", action="store_true", help="time the operator recorder")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     device = "cuda:0" if args.device == "cuda" else args.device
-    rows_p = phases(device, args.rounds, args.kernel_cache, args.record_ops)
+    rows_p = (
+        [] if args.skip_phases else phases(device, args.rounds, args.kernel_cache, args.record_ops)
+    )
     rows_w = workers(device, args.rounds, args.record_ops)
     print("\nmedian seconds")
     for key in (*PHASES, "wall"):
         m = _median(rows_p, key)
         if m is not None:
             print(f"  phase {key:14s} {m:6.2f}")
-    for key in ("reference", "candidate"):
-        m = _median(rows_w, key)
-        if m is not None:
-            print(f"  {key} worker ready {m:6.2f}")
+    for way in ("compiled", "seeded"):
+        for key in ("reference", "candidate"):
+            m = _median([r for r in rows_w if r["way"] == way], key)
+            if m is not None:
+                print(f"  {key} worker ready ({way}) {m:6.2f}")
     if args.json:
         record = {
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

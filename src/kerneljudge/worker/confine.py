@@ -20,8 +20,7 @@ or candidate code is imported): mount the private ``/dev/shm``, set ``no_new_pri
 in the policy's folders and device files; TCP bind/connect denied from ABI 4; signals and
 abstract unix sockets scoped to the worker from ABI 6), then run the worker module.
 
-Each feature is probed once per supervisor process (:func:`features`); where one is missing the
-worker starts without it and :func:`layers` says what was in force.
+Features are probed once (:func:`features`); a worker starts without a missing one (:func:`layers`).
 """
 
 from __future__ import annotations
@@ -51,6 +50,7 @@ __all__ = [
     "rule_folders",
     "spawn",
     "spawn_in",
+    "unprotect",
 ]
 
 _PR_SET_PDEATHSIG = 1
@@ -273,6 +273,11 @@ def protect(folder: str | os.PathLike[str]) -> None:
     """Give no confined process started from now on a rule for ``folder`` (resolved now), a
     folder above it or one beneath it (:func:`rule_folders`)."""
     _PROTECTED.add(os.path.realpath(folder))
+
+
+def unprotect(folder: str | os.PathLike[str]) -> None:
+    """Undo :func:`protect` for ``folder`` (resolved now, as :func:`protect` resolved it)."""
+    _PROTECTED.discard(os.path.realpath(folder))
 
 
 def rule_folders(writable: Sequence[str]) -> list[str]:

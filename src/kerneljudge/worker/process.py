@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kerneljudge.errors import WorkerError
-from kerneljudge.worker import confine, exits
+from kerneljudge.worker import confine, exits, kernel_cache
 from kerneljudge.worker.environment import jit_cache_folders
 from kerneljudge.worker.faults import (
     CandidateFault,
@@ -108,9 +108,11 @@ class WorkerProcess:
         full_env["PYTHONDONTWRITEBYTECODE"] = "1"  # no __pycache__ beside cached candidates
         full_env["TMPDIR"] = str(self.scratch)
         if role == "reference":
-            # Kernels compiled at run time (the digest's, the comparison's) are compiled anew,
-            # never loaded from torch's kernel cache on disk, which a candidate may write to.
-            full_env["USE_PYTORCH_KERNEL_CACHE"] = "0"
+            # Kernels compiled at run time (the digest's, the comparison's) are loaded only from
+            # a kernel cache of this worker's own that this process filled, never from torch's
+            # default one on disk, which a candidate may write to (kerneljudge.worker.
+            # kernel_cache); where that cannot be, they are compiled anew.
+            full_env.update(kernel_cache.environment(self.scratch, device))
         if not device.startswith("cuda"):
             full_env["CUDA_VISIBLE_DEVICES"] = ""
         args = [
@@ -186,6 +188,8 @@ class WorkerProcess:
         pid = msg.get("pid")
         self._own_pid = pid if type(pid) is int else None
         self.ready = True
+        if self.role == "reference":  # before any request: no problem's code ran there yet
+            kernel_cache.keep_seed(self.scratch)
 
     def worker_pid(self) -> int:
         """The host pid of the Python worker process itself (the process the supervisor
@@ -282,6 +286,7 @@ class WorkerProcess:
         if keep:
             keep_profile(self.scratch, Path(keep), f"{self.role}-{self.id}")
         shutil.rmtree(self.scratch, ignore_errors=True)
+        kernel_cache.release(self.scratch)
 
     def log_tail(self, limit: int = LOG_TAIL_BYTES) -> str:
         try:
