@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import stat
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,6 +38,16 @@ def test_off_without_a_cuda_device_or_without_landlock_3(
     _landlock(monkeypatch, 2)
     assert kernel_cache.environment(tmp_path, "cuda:0") == off
     assert not (tmp_path / kernel_cache.FOLDER).exists()
+    _landlock(monkeypatch, 7)
+    assert kernel_cache.usable("cuda:0")
+    # The temporary folder beneath a folder where candidates' JIT compilers write: a candidate
+    # already running could write in a reference worker's folder made there.
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    assert not kernel_cache.usable("cuda:0")
+    monkeypatch.delenv("TRITON_CACHE_DIR")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "kj-candidate-x"))
+    assert not kernel_cache.usable("cuda:0")
 
 
 def test_a_folder_is_made_private_filled_with_the_seed_and_protected_until_released(
@@ -87,6 +98,17 @@ def test_the_seed_takes_regular_files_it_lacks_and_nothing_past_its_bound(
     assert kernel_cache.keep_seed(tmp_path / "missing") == 2
 
 
+def _kernels_ready(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers' ``ready`` messages say their run-time kernels compiled (a CPU worker's say not)."""
+    recv = WorkerProcess._recv
+
+    def said(self: WorkerProcess, op: str, *args: object) -> dict[str, object]:
+        msg = recv(self, op, *args)  # type: ignore[arg-type]
+        return {**msg, "kernels": True} if op == "start" else msg
+
+    monkeypatch.setattr(WorkerProcess, "_recv", said)
+
+
 def test_a_reference_worker_starts_with_the_seed_and_gives_its_own_kernels_to_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -94,6 +116,7 @@ def test_a_reference_worker_starts_with_the_seed_and_gives_its_own_kernels_to_it
     holds, at its ready, what it left there at its start; the next worker starts with those
     files, its environment naming its own folder."""
     monkeypatch.setattr(kernel_cache, "usable", lambda device: True)
+    _kernels_ready(monkeypatch)
     first = WorkerProcess("reference", "cpu", threads=1)
     try:
         (first.scratch / kernel_cache.FOLDER / "kernel_digest").write_bytes(b"compiled")
@@ -113,3 +136,30 @@ def test_a_reference_worker_starts_with_the_seed_and_gives_its_own_kernels_to_it
     finally:
         first.close()
     assert confine.rule_folders([str(folder)]) == [os.path.realpath(folder)]
+
+
+def test_a_reference_worker_whose_kernels_did_not_compile_or_load_drops_the_seed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A seeded kernel that does not load (a file cut short when it was written) must not be
+    given to every later worker: a ready without its kernels empties the seed, and what that
+    worker's folder holds is not taken."""
+    monkeypatch.setattr(kernel_cache, "usable", lambda device: True)
+    _kernels_ready(monkeypatch)
+    first = WorkerProcess("reference", "cpu", threads=1)
+    try:
+        (first.scratch / kernel_cache.FOLDER / "kernel_digest").write_bytes(b"cut")
+        first.wait_ready()
+    finally:
+        first.close()
+    assert kernel_cache.seed() == {"kernel_digest": b"cut"}
+    monkeypatch.undo()
+    monkeypatch.setattr(kernel_cache, "usable", lambda device: True)
+    second = WorkerProcess("reference", "cpu", threads=1)  # a CPU worker: no kernels compiled
+    try:
+        assert (second.scratch / kernel_cache.FOLDER / "kernel_digest").exists()
+        second.wait_ready()
+        assert second.kernels is False
+    finally:
+        second.close()
+    assert kernel_cache.seed() == {}

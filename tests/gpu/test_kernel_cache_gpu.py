@@ -19,6 +19,7 @@ def test_the_next_reference_worker_loads_the_seeded_kernels_and_compiles_none() 
     first = WorkerProcess("reference", "cuda:0")
     try:
         first.wait_ready()
+        assert first.kernels  # compiled
         seeded = kernel_cache.seed()
     finally:
         first.close()
@@ -26,6 +27,7 @@ def test_the_next_reference_worker_loads_the_seeded_kernels_and_compiles_none() 
     second = WorkerProcess("reference", "cuda:0")
     try:
         second.wait_ready()
+        assert second.kernels  # loaded: a seeded kernel that did not load would say False
         folder = second.scratch / kernel_cache.FOLDER
         # A kernel compiled anew would have been written beside the seeded files.
         assert sorted(p.name for p in folder.iterdir()) == sorted(seeded)

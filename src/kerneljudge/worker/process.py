@@ -138,18 +138,23 @@ class WorkerProcess:
             # Until it is pinned for timing, keep the worker (its start-up especially) off the
             # core where timed calls run.
             cpus = set(os.sched_getaffinity(0)) - {timing_cpu()} or None
-        with open(self.log_path, "wb") as log:
-            self.proc = confine.spawn(
-                confine.command(args, self._writable(full_env, writable), _GPU_DEVICES),
-                cpus=cpus,
-                pass_fds=(to_worker_r, from_worker_w, stamp_end.fileno(), handoff_end.fileno()),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env=full_env,
-                cwd=self.scratch,
-            )
+        try:
+            with open(self.log_path, "wb") as log:
+                self.proc = confine.spawn(
+                    confine.command(args, self._writable(full_env, writable), _GPU_DEVICES),
+                    cpus=cpus,
+                    pass_fds=(to_worker_r, from_worker_w, stamp_end.fileno(), handoff_end.fileno()),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    env=full_env,
+                    cwd=self.scratch,
+                )
+        except BaseException:
+            kernel_cache.release(self.scratch)
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            raise
         self._start_ticks = start_ticks(self.proc.pid)
         os.close(to_worker_r)
         os.close(from_worker_w)
@@ -157,6 +162,9 @@ class WorkerProcess:
         handoff_end.close()
         self.chan = Channel(from_worker_r, to_worker_w)
         self.ready = False
+        #: Whether the kernels it compiles at run time compiled or loaded at its start (its
+        #: ``ready`` message; False off CUDA).
+        self.kernels = False
         #: Longest reply the supervisor reads from this worker (bytes; 0: the protocol's own
         #: limit); a longer one is :class:`WorkerReplyTooLarge`.
         self.reply_limit_bytes = 0
@@ -187,9 +195,12 @@ class WorkerProcess:
             raise WorkerDied(None, "unexpected first message from worker")
         pid = msg.get("pid")
         self._own_pid = pid if type(pid) is int else None
+        self.kernels = msg.get("kernels") is True
+        if self.role == "reference" and self.kernels:  # before any request: no problem's code
+            kernel_cache.keep_seed(self.scratch)  # has run there yet
+        elif self.role == "reference":  # a seeded kernel that did not load (a file cut short?)
+            kernel_cache.forget()
         self.ready = True
-        if self.role == "reference":  # before any request: no problem's code ran there yet
-            kernel_cache.keep_seed(self.scratch)
 
     def worker_pid(self) -> int:
         """The host pid of the Python worker process itself (the process the supervisor
@@ -285,8 +296,8 @@ class WorkerProcess:
         keep = kept_folder()
         if keep:
             keep_profile(self.scratch, Path(keep), f"{self.role}-{self.id}")
-        shutil.rmtree(self.scratch, ignore_errors=True)
         kernel_cache.release(self.scratch)
+        shutil.rmtree(self.scratch, ignore_errors=True)
 
     def log_tail(self, limit: int = LOG_TAIL_BYTES) -> str:
         try:

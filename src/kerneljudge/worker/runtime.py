@@ -478,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-        warm_device(device, args.role)  # the context, kernels and libraries, before any timing
+    kernels = warm_device(device, args.role)  # the context, kernels, libraries: before any timing
     if args.record_ops:
         # The first call under a TorchDispatchMode (``OpRecorder``, in every trial of a
         # problem that requires a custom kernel) imports torch._dynamo, 1-3 s: here, while the
@@ -493,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
     stamps = socket.socket(fileno=args.stamp_fd) if args.stamp_fd >= 0 else None
     worker = Worker(args.role, device, stamps)
     worker.handoff = socket.socket(fileno=args.handoff_fd) if args.handoff_fd >= 0 else None
-    return serve(chan, worker)
+    return serve(chan, worker, kernels)
 
 
 if __name__ == "__main__":  # pragma: no cover

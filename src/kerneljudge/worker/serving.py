@@ -17,8 +17,10 @@ from kerneljudge.worker.protocol import Channel, ChannelClosed
 __all__ = ["serve"]
 
 
-def serve(chan: Channel, worker: Any) -> int:
-    """Answer requests until ``exit`` or a closed pipe; returns the exit code.
+def serve(chan: Channel, worker: Any, kernels: bool = False) -> int:
+    """Say ``ready`` (with ``kernels``: whether the kernels the worker compiles at run time
+    compiled or loaded, :func:`kerneljudge.worker.warming.warm_device`), then answer requests
+    until ``exit`` or a closed pipe; returns the exit code.
 
     Each ``op`` goes to ``worker``'s ``op_<name>`` method (:class:`kerneljudge.worker.runtime.
     Worker`); a :class:`~kerneljudge.worker.forward.Fault` is answered as the candidate's
@@ -29,7 +31,7 @@ def serve(chan: Channel, worker: Any) -> int:
         for name in dir(worker)
         if name.startswith("op_")
     }
-    chan.send({"op": "ready", "pid": os.getpid()})
+    chan.send({"op": "ready", "pid": os.getpid(), "kernels": kernels})
     profiler = RequestProfiler()
     while True:
         try:

@@ -19,19 +19,21 @@ from kerneljudge.worker import digest
 __all__ = ["warm_device", "warm_libraries"]
 
 
-def warm_device(device: torch.device, role: str) -> None:
+def warm_device(device: torch.device, role: str) -> bool:
     """On a CUDA ``device``: the context and the fused digest's kernels
     (:func:`kerneljudge.worker.digest.warm`), in the reference worker (the one that compares)
     the comparison's fused kernels (:func:`kerneljudge.check.fused.warm`), and
-    :func:`warm_libraries`. Nothing on another device."""
+    :func:`warm_libraries`. Nothing on another device. Returns whether every one of those
+    kernels compiled (or loaded): False off CUDA."""
     if device.type != "cuda":
-        return
-    digest.warm(device)
+        return False
+    compiled = digest.warm(device)
     if role == "reference":
         from kerneljudge.check import fused
 
-        fused.warm(device)
+        compiled = fused.warm(device) and compiled
     warm_libraries(device)
+    return compiled
 
 
 def warm_libraries(device: torch.device) -> bool:
