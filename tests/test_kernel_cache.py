@@ -109,6 +109,17 @@ def _kernels_ready(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(WorkerProcess, "_recv", said)
 
 
+def _first_worker_leaves(data: bytes) -> None:
+    """Start a reference worker that leaves ``data`` in its kernel folder at its start (as its
+    compiled kernel ``kernel_digest``), wait for its ready, close it."""
+    first = WorkerProcess("reference", "cpu", threads=1)
+    try:
+        (first.scratch / kernel_cache.FOLDER / "kernel_digest").write_bytes(data)
+        first.wait_ready()
+    finally:
+        first.close()
+
+
 def test_a_reference_worker_starts_with_the_seed_and_gives_its_own_kernels_to_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -117,24 +128,19 @@ def test_a_reference_worker_starts_with_the_seed_and_gives_its_own_kernels_to_it
     files, its environment naming its own folder."""
     monkeypatch.setattr(kernel_cache, "usable", lambda device: True)
     _kernels_ready(monkeypatch)
-    first = WorkerProcess("reference", "cpu", threads=1)
+    _first_worker_leaves(b"compiled")
+    assert kernel_cache.seed() == {"kernel_digest": b"compiled"}
+    second = WorkerProcess("reference", "cpu", threads=1)
     try:
-        (first.scratch / kernel_cache.FOLDER / "kernel_digest").write_bytes(b"compiled")
-        first.wait_ready()
-        assert kernel_cache.seed() == {"kernel_digest": b"compiled"}
-        second = WorkerProcess("reference", "cpu", threads=1)
-        try:
-            second.wait_ready()
-            folder = second.scratch / kernel_cache.FOLDER
-            assert (folder / "kernel_digest").read_bytes() == b"compiled"
-            with open(f"/proc/{second.worker_pid()}/environ", "rb") as f:
-                env = dict(x.split(b"=", 1) for x in f.read().split(b"\0") if b"=" in x)
-            assert env[b"USE_PYTORCH_KERNEL_CACHE"] == b"1"
-            assert env[b"PYTORCH_KERNEL_CACHE_PATH"] == str(folder).encode()
-        finally:
-            second.close()
+        second.wait_ready()
+        folder = second.scratch / kernel_cache.FOLDER
+        assert (folder / "kernel_digest").read_bytes() == b"compiled"
+        with open(f"/proc/{second.worker_pid()}/environ", "rb") as f:
+            env = dict(x.split(b"=", 1) for x in f.read().split(b"\0") if b"=" in x)
+        assert env[b"USE_PYTORCH_KERNEL_CACHE"] == b"1"
+        assert env[b"PYTORCH_KERNEL_CACHE_PATH"] == str(folder).encode()
     finally:
-        first.close()
+        second.close()
     assert confine.rule_folders([str(folder)]) == [os.path.realpath(folder)]
 
 
@@ -146,12 +152,7 @@ def test_a_reference_worker_whose_kernels_did_not_compile_or_load_drops_the_seed
     worker's folder holds is not taken."""
     monkeypatch.setattr(kernel_cache, "usable", lambda device: True)
     _kernels_ready(monkeypatch)
-    first = WorkerProcess("reference", "cpu", threads=1)
-    try:
-        (first.scratch / kernel_cache.FOLDER / "kernel_digest").write_bytes(b"cut")
-        first.wait_ready()
-    finally:
-        first.close()
+    _first_worker_leaves(b"cut")
     assert kernel_cache.seed() == {"kernel_digest": b"cut"}
     monkeypatch.undo()
     monkeypatch.setattr(kernel_cache, "usable", lambda device: True)
