@@ -70,16 +70,13 @@ def reference_environment(cache_root: Path) -> dict[str, str]:
     refused a writable folder that resolves to it, above it or beneath it."""
     from kerneljudge.build.pch import store_dir
     from kerneljudge.worker.confine import features, protect
-    from kerneljudge.worker.environment import candidate_environment, jit_cache_folders
+    from kerneljudge.worker.environment import candidates_cache_folders
 
     if features().landlock_abi < 3:
         return {}
     root = Path(cache_root).resolve()
     folder = root / "inductor"
-    env = candidate_environment(dict(os.environ))
-    # ~/.nv whether or not CUDA_CACHE_PATH names another folder now (it may not at a spawn).
-    nv = Path(env.get("HOME") or Path.home()) / ".nv"
-    theirs = [root / "builds", store_dir(root), nv, *map(Path, jit_cache_folders(env, True))]
+    theirs = [root / "builds", store_dir(root), *map(Path, candidates_cache_folders())]
     if folder.is_symlink() or os.path.realpath(folder) != str(folder):
         return {}
     for t in (Path(os.path.realpath(t)) for t in theirs):

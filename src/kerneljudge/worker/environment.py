@@ -13,7 +13,12 @@ import os
 import re
 from collections.abc import Mapping
 
-__all__ = ["INDUCTOR_IN_PROCESS", "candidate_environment", "jit_cache_folders"]
+__all__ = [
+    "INDUCTOR_IN_PROCESS",
+    "candidate_environment",
+    "candidates_cache_folders",
+    "jit_cache_folders",
+]
 
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH|COOKIE|SESSION")
 #: What a process running candidate code inherits of the judge's environment: the toolchain's
@@ -102,3 +107,13 @@ def jit_cache_folders(env: Mapping[str, str], cuda: bool) -> list[str]:
     if cuda:
         out.append(env.get("CUDA_CACHE_PATH") or os.path.join(home, ".nv"))
     return out + [env[v] for v in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR") if env.get(v)]
+
+
+def candidates_cache_folders() -> list[str]:
+    """The folders, resolved, where processes running candidate code started now would write
+    their JIT compilers' caches: :func:`jit_cache_folders` of :func:`candidate_environment` of
+    this process's environment, with ``~/.nv`` whether or not ``CUDA_CACHE_PATH`` names
+    another folder now (it may not when a later process starts)."""
+    env = candidate_environment(dict(os.environ))
+    nv = os.path.join(env.get("HOME") or os.path.expanduser("~"), ".nv")
+    return [os.path.realpath(f) for f in (nv, *jit_cache_folders(env, True))]

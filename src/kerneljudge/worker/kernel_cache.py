@@ -34,7 +34,7 @@ import threading
 from pathlib import Path
 
 from kerneljudge.worker import confine
-from kerneljudge.worker.environment import candidate_environment, jit_cache_folders
+from kerneljudge.worker.environment import candidates_cache_folders
 
 __all__ = [
     "FOLDER",
@@ -61,17 +61,14 @@ def usable(device: str) -> bool:
     """Whether a reference worker on ``device`` gets a kernel cache: a CUDA device, Landlock
     of ABI 3 or later confining candidates (:func:`kerneljudge.worker.confine.features`), and
     the temporary folder (where the worker's scratch folder is made) beneath no folder where
-    candidates' JIT compilers write (:func:`kerneljudge.worker.environment.jit_cache_folders`
-    of their environment, and ``~/.nv``) and beneath no worker's scratch folder (``kj-*``): a
+    candidates' JIT compilers write (:func:`kerneljudge.worker.environment.
+    candidates_cache_folders`) and beneath no worker's scratch folder (``kj-*``): a
     candidate worker already running when the folder is made keeps the rules it was given."""
     f = confine.features()
     if not (device.startswith("cuda") and f.enabled and f.landlock_abi >= 3):
         return False
     tmp = Path(os.path.realpath(tempfile.gettempdir()))
-    env = candidate_environment(dict(os.environ))
-    nv = Path(env.get("HOME") or Path.home()) / ".nv"
-    theirs = [Path(os.path.realpath(t)) for t in (str(nv), *jit_cache_folders(env, True))]
-    return not any(tmp.is_relative_to(t) for t in theirs) and not any(
+    return not any(tmp.is_relative_to(t) for t in candidates_cache_folders()) and not any(
         part.startswith("kj-") for part in tmp.parts
     )
 
