@@ -115,7 +115,7 @@ def replay(
                     tw.tool(turn, call, result)
                     say(
                         f"[replay {env.problem.name}] turn {turn} {call.name}: "
-                        f"{result.observation.splitlines()[0][:100]}"
+                        f"{(result.observation.splitlines() or [''])[0]}"
                     )
                 if not env.done:
                     final = env.end_turn()

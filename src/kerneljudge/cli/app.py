@@ -4,6 +4,7 @@ environment variable named ``KERNELJUDGE_<OPTION>``."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
@@ -78,7 +79,7 @@ def _root(
             "--version",
             callback=_print_version,
             is_eager=True,
-            help="Print kerneljudge's and torch's versions and exit.",
+            help="Print the versions of kerneljudge, torch, CUDA and Python, and exit.",
         ),
     ] = False,
 ) -> None:
@@ -323,7 +324,7 @@ def problems_list(ctx: typer.Context) -> None:
         except KernelJudgeError as exc:
             table.add_row(name, "-", "-", "-", f"[red]{exc}[/]")
             continue
-        desc = p.description.split(". ")[0]
+        desc = re.split(r"\.\s+(?=[A-Z])", p.description)[0].removesuffix(".")
         table.add_row(
             p.name,
             str(p.dtype).removeprefix("torch."),
@@ -419,6 +420,8 @@ def main() -> None:
     from kerneljudge.worker.sandbox import set_undumpable
 
     set_undumpable()  # this process holds the run seed and the reference outputs
+    if not console.is_terminal:  # help and usage errors as click's plain text, not rich's panels
+        app.rich_markup_mode = None
     try:
         app()
     except KeyboardInterrupt:

@@ -408,7 +408,8 @@ def report_command(
     store: StoreOpt = None,
 ) -> None:
     """Write one self-contained HTML page of a run (plots, metrics, every candidate's verdict,
-    source and episode transcript), or of two runs compared. Needs kerneljudge[report]."""
+    source and episode transcript), or of two runs compared. Needs matplotlib (the report
+    extra)."""
     from kerneljudge.suite.htmlreport import write_report
 
     try:
