@@ -134,6 +134,30 @@ def test_console_script_prints_no_traceback(tmp_path: Path) -> None:
     assert proc.stdout == ""
 
 
+def test_help_and_usage_errors_into_a_pipe_are_plain_text() -> None:
+    """Piped, help and a usage error are click's plain text (no rich panel), with text in
+    brackets kept as written."""
+    for args, code, stream in (
+        (["report", "--help"], 0, "stdout"),
+        (["eval", "-p", "causal_gqa"], 2, "stderr"),
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "kerneljudge", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        out = getattr(proc, stream)
+        assert proc.returncode == code, out
+        assert out.startswith("Usage: ") and not set("╭╮╰╯│─") & set(out)
+    assert "Missing argument" in proc.stderr
+
+
+def test_problem_list_cuts_a_description_at_a_sentence_end_only() -> None:
+    res = runner.invoke(app, ["problems"])
+    assert res.exit_code == 0 and "(Jumper et al. 2021" in res.output
+
+
 def test_problems_show_into_a_file_is_the_exact_source(tmp_path: Path) -> None:
     """Redirected, `problems show` writes the problem's source as it is (it compiles); the
     metadata goes to stderr."""
