@@ -420,7 +420,8 @@ def main() -> None:
     from kerneljudge.worker.sandbox import set_undumpable
 
     set_undumpable()  # this process holds the run seed and the reference outputs
-    if not console.is_terminal:  # help and usage errors as click's plain text, not rich's panels
+    if not (console.is_terminal and err_console.is_terminal):
+        # Help (stdout) and usage errors (stderr) as click's plain text, not rich's panels.
         app.rich_markup_mode = None
     try:
         app()
