@@ -135,8 +135,7 @@ def test_console_script_prints_no_traceback(tmp_path: Path) -> None:
 
 
 def test_help_and_usage_errors_into_a_pipe_are_plain_text() -> None:
-    """Piped, help and a usage error are click's plain text (no rich panel), with text in
-    brackets kept as written."""
+    """Piped, help and a usage error are click's plain text (no rich panel)."""
     for args, code, stream in (
         (["report", "--help"], 0, "stdout"),
         (["eval", "-p", "causal_gqa"], 2, "stderr"),
