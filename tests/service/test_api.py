@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import functools
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -26,6 +27,8 @@ from kerneljudge.service.client import (
     JudgeClient,
     NotFoundError,
     QueueFullError,
+    ServiceError,
+    _q,
 )
 from kerneljudge.verdict import Status
 
@@ -105,6 +108,8 @@ def test_same_job_id_is_one_job(client: JudgeClient) -> None:
         ({"options": {"timing": "yes"}}, "timing must be true or false"),
         ({"source": ""}, "job.source must be a non-empty string"),
         ({"job_id": "a/b"}, "job.job_id is 1 to 128 of"),
+        ({"job_id": "."}, "not '.' or '..'"),
+        ({"job_id": ".."}, "not '.' or '..'"),
         ({"name": "../x.py"}, "job.name is a file name"),
         ({"source": "x" * ((1 << 20) + 1)}, "larger than"),
     ],
@@ -118,6 +123,9 @@ def test_bad_jobs_are_refused_with_one_line(
     assert message in str(caught.value) and "\n" not in str(caught.value)
     with pytest.raises(NotFoundError):
         client.status(data["job_id"]) if "/" not in data["job_id"] else client.status("nope")
+    if data["job_id"] in (".", ".."):  # the client sends a dot segment as %2E: not resolved away
+        url = client._http.build_request("GET", f"/v1/jobs/{_q(data['job_id'])}/result").url
+        assert url.raw_path == b"/v1/jobs/" + b"%2E" * len(data["job_id"]) + b"/result"
 
 
 def test_malformed_bodies_get_one_line_422(server: Server) -> None:
@@ -126,6 +134,12 @@ def test_malformed_bodies_get_one_line_422(server: Server) -> None:
         answer = _post(server.url + "/v1/jobs", content=body, headers=headers)
         assert answer.status_code == 422, body
         assert "\n" not in answer.json()["detail"]
+    answer = _post(server.url + "/v1/jobs", content=b"{", headers=headers)
+    assert answer.json()["detail"].startswith("request body is not valid JSON")
+    # A batch over --max-batch (4) is refused on its length, before its jobs are read: these
+    # jobs would each be refused for a missing source.
+    answer = _post(server.url + "/v1/batches", json={"jobs": [{"problem": 1}] * 5}, headers=headers)
+    assert answer.status_code == 422 and answer.json()["detail"] == "a batch holds at most 4 jobs"
     answer = _post(server.url + "/v1/batches", json={"jobs": []}, headers=headers)
     assert answer.status_code == 422
     big = b'{"problem": "problem.py", "source": "' + b"x" * (16 << 20) + b'"}'
@@ -250,3 +264,36 @@ def test_serve_refuses_a_public_address_without_token(tmp_path: Path) -> None:
     assert "refusing to listen on 0.0.0.0 without an API token" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "x.sqlite").exists()
+
+
+def test_clients_refuse_bad_addresses_and_tokens_in_one_line() -> None:
+    for cls in (JudgeClient, AsyncJudgeClient):
+        with pytest.raises(ServiceError, match=r"^not a service address: 'http://\[::1'"):
+            cls("http://[::1")
+        with pytest.raises(ServiceError, match="API token must be printable ASCII"):
+            cls("http://127.0.0.1:1", token="t\u00f6ken")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--token", "t\u00f6ken"], "the API token must be printable ASCII"),
+        (["--devices", "cuda:7"], "cuda:7 is not a GPU this process sees"),
+        (["--port", "{busy}"], "cannot listen on 127.0.0.1:{busy}"),
+    ],
+)
+def test_serve_refuses_bad_settings_at_start_in_one_line(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    with socket.socket() as busy:  # a port in use, for the last case
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        args = [a.format(busy=port) for a in args]
+        cmd = [sys.executable, "-m", "kerneljudge", "serve", "--cpu-slots", "1", *args]
+        cmd += ["--db", str(tmp_path / "x.sqlite")]
+        env = {"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""}
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert message.format(busy=port) in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr

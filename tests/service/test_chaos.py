@@ -230,6 +230,45 @@ def test_sigkill_twice_loses_nothing_and_duplicates_nothing(tmp_path: Path) -> N
         assert Verdict.from_json(verdict_json).status == expected[job_id]
 
 
+def test_sigterm_starts_no_job_answers_waiting_clients_and_counts_no_attempt(
+    tmp_path: Path,
+) -> None:
+    """A clean stop while one job is judged (it hangs), one waits in the queue and a client
+    waits for the queued one's result: the client is answered (202) before the server exits,
+    the queued job never starts, and both are queued again with no attempt counted."""
+    import dataclasses
+
+    import httpx
+
+    from .conftest import HANG
+
+    db = tmp_path / "jobs.sqlite"
+    server = Server(db, ["--cpu-slots", "1", "--max-in-flight", "1"]).start()
+    hang = smoke_job(HANG, options=dataclasses.replace(smoke_job().options, run_timeout_s=120.0))
+    queued = smoke_job()
+    with JudgeClient(server.url, token=TOKEN) as client:
+        client.submit(hang)
+        client.submit(queued)
+        deadline = time.monotonic() + 300
+        while client.status(hang.job_id)["state"] != "running":
+            assert time.monotonic() < deadline, "the hanging job never started"
+            time.sleep(0.2)
+    answer: list[httpx.Response] = []
+    url = f"{server.url}/v1/jobs/{queued.job_id}/result?wait=60"
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    poll = threading.Thread(target=lambda: answer.append(httpx.get(url, headers=auth, timeout=200)))
+    poll.start()
+    time.sleep(1.0)  # the request is waiting
+    assert server.proc is not None
+    server.proc.terminate()
+    poll.join(45)  # before the 60 s it asked to wait
+    assert answer and answer[0].status_code == 202 and answer[0].json()["state"] == "queued"
+    assert server.proc.wait(timeout=120) == 0
+    with sqlite3.connect(db) as con:
+        rows = dict(con.execute("SELECT job_id, state || ' ' || attempts FROM jobs").fetchall())
+    assert rows == {hang.job_id: "queued 0", queued.job_id: "queued 0"}
+
+
 @pytest.fixture(autouse=True)
 def _no_marker_left() -> None:
     os.environ.pop(MARK, None)

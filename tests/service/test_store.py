@@ -66,7 +66,14 @@ def test_one_store_per_file_and_the_schema_version(tmp_path: Path) -> None:
     store = JobStore(db)
     with pytest.raises(RuntimeError, match="in use by another kerneljudge service"):
         JobStore(db)
+    (tmp_path / "alias").mkdir()
+    (tmp_path / "alias" / "jobs.sqlite").symlink_to(db)
+    (tmp_path / "hard.sqlite").hardlink_to(db)
+    for other in (tmp_path / "alias" / "jobs.sqlite", tmp_path / "hard.sqlite"):
+        with pytest.raises(RuntimeError, match="in use by another kerneljudge service"):
+            JobStore(other)  # the same file by another name
     store.close()
+    JobStore(tmp_path / "alias" / "jobs.sqlite").close()  # free again once the first closed
     with sqlite3.connect(db) as con:
         con.execute("UPDATE meta SET value='99' WHERE key='schema_version'")
     with pytest.raises(RuntimeError, match="schema version 99"):
@@ -115,6 +122,21 @@ def test_a_job_running_at_every_stop_fails_instead_of_crash_looping(tmp_path: Pa
     store.close()
 
 
+def test_a_clean_stop_gives_the_attempt_back(tmp_path: Path) -> None:
+    from kerneljudge.service.store import MAX_ATTEMPTS
+
+    store = JobStore(tmp_path / "jobs.sqlite")
+    job = smoke_job()
+    _add(store, job)
+    for _ in range(MAX_ATTEMPTS + 2):  # more clean stops than a crash may have
+        record = store.claim_next()
+        assert record is not None and record.attempts == 1
+        assert store.requeue_running(clean_stop=True) == 1
+    record = store.get(job.job_id)
+    assert record is not None and record.state == "queued" and record.attempts == 0
+    store.close()
+
+
 def test_admission_caps_options_and_refuses_unencodable_sources(tmp_path: Path) -> None:
     from kerneljudge.service.core import Limits, parse_job
 
@@ -137,3 +159,23 @@ def test_admission_caps_options_and_refuses_unencodable_sources(tmp_path: Path) 
     assert "problems folder" in str(
         pytest.raises(ValueError, resolve_problem, "a" * 300 + ".py", tmp_path).value
     )
+
+
+def test_the_rate_of_the_last_minute_counts_only_this_service_s_life(tmp_path: Path) -> None:
+    import time
+
+    from kerneljudge.executors.local import LocalExecutor
+    from kerneljudge.service.core import JudgeService
+
+    store = JobStore(tmp_path / "jobs.sqlite")
+    service = JudgeService(store, lambda: LocalExecutor(devices=[], cpu_slots=1))
+    jobs = [smoke_job() for _ in range(3)]
+    _add(store, *jobs)
+    for job in jobs:
+        store.claim_next()
+        store.finish(job.job_id, "done", verdict_json="{}")
+    service.started_at = time.time() - 6.0  # up 6 s: 3 verdicts in 6 s, not in 60
+    assert 0.45 <= service.rate_1m() <= 0.5
+    service.started_at = time.time() - 600.0
+    assert service.rate_1m() == pytest.approx(3 / 60)
+    store.close()

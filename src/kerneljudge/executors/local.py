@@ -102,7 +102,8 @@ class LocalExecutor(Executor):
             that hangs; the candidate's own hangs end by ``run_timeout_s`` in its verdict).
 
     Raises:
-        ValueError: fewer CPU cores than slots; a device that is not ``cuda:N``.
+        ValueError: fewer CPU cores than slots; a device that is not ``cuda:N``, or not one
+            of the visible GPUs.
     """
 
     def __init__(
@@ -113,11 +114,15 @@ class LocalExecutor(Executor):
         build_threads: int | None = None,
         job_timeout_s: float = 3600.0,
     ) -> None:
-        if devices is None:
-            import torch
+        import torch
 
-            devices = [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+        visible = torch.cuda.device_count()
+        if devices is None:
+            devices = [f"cuda:{i}" for i in range(visible)]
         gpus = [cuda_name(d) for d in devices]
+        for gpu in gpus:
+            if int(gpu.partition(":")[2]) >= visible:
+                raise ValueError(f"{gpu} is not a GPU this process sees ({visible} visible)")
         if len(set(gpus)) != len(gpus):
             raise ValueError(f"a device is named twice: {list(devices)}")
         n_cpu = default_cpu_slots(len(gpus)) if cpu_slots is None else cpu_slots

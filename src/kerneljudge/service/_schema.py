@@ -17,14 +17,83 @@ Versions:
 
 from __future__ import annotations
 
+import json
 import sqlite3
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-__all__ = ["SCHEMA_VERSION", "DEFAULT_CLIENT", "open_schema"]
+from kerneljudge.executors.base import Job
+
+__all__ = ["SCHEMA_VERSION", "COLUMNS", "DEFAULT_CLIENT", "FINISHED", "STATES", "JobRecord",
+           "open_schema"]  # fmt: skip
 
 SCHEMA_VERSION = 2
 #: The client of a request without a token and without a name (``X-Client-Id``).
 DEFAULT_CLIENT = "name:anonymous"
+#: A job's states, and those it ends in.
+STATES = ("queued", "running", "done", "failed", "cancelled")
+FINISHED = ("done", "failed", "cancelled")
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """One stored job. Times are UNIX seconds (None: not reached yet).
+
+    ``seq`` is the store's own number for the job (unique for ever in this file), ``client``
+    the client whose namespace ``job_id`` is in, ``fetched_at`` when a client first read the
+    finished result (None: not yet).
+    """
+
+    job_id: str
+    state: str
+    problem: str
+    source_sha256: str
+    submitted_at: float
+    started_at: float | None
+    finished_at: float | None
+    attempts: int
+    verdict_json: str | None
+    error_kind: str | None
+    error: str | None
+    job_json: str
+    seq: int = 0
+    client: str = ""
+    fetched_at: float | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.state in FINISHED
+
+    @property
+    def run_id(self) -> str:
+        """The job's id at the executor: ``<seq>:<job_id>``, unique across clients."""
+        return f"{self.seq}:{self.job_id}"
+
+    def job(self) -> Job:
+        """The job as the client sent it (its problem resolved on this machine)."""
+        return Job.from_dict(json.loads(self.job_json))
+
+    def status(self) -> dict[str, Any]:
+        """The JSON-ready status (no verdict)."""
+        return {
+            "job_id": self.job_id,
+            "state": self.state,
+            "problem": self.problem,
+            "source_sha256": self.source_sha256,
+            "submitted_at": self.submitted_at,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "attempts": self.attempts,
+            "error_kind": self.error_kind,
+            "error": self.error,
+        }
+
+
+COLUMNS = (
+    "job_id, state, problem, source_sha256, submitted_at, started_at, finished_at, attempts, "
+    "verdict_json, error_kind, error, job_json, seq, client, fetched_at"
+)
 
 _JOBS = """
 CREATE TABLE {name} (

@@ -24,7 +24,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, create_model
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -53,6 +53,13 @@ class JobIn(BaseModel):
 
 class BatchIn(BaseModel):
     jobs: list[JobIn]
+
+
+def _batch_model(max_batch: int) -> type[BatchIn]:
+    """:class:`BatchIn` with at most ``max_batch`` jobs: pydantic refuses an oversized batch
+    on its length instead of validating every job of it on the event loop first."""
+    jobs = Field(max_length=max_batch)
+    return create_model("BatchIn", __base__=BatchIn, jobs=(list[JobIn], jobs))
 
 
 class JobStatus(BaseModel):
@@ -208,12 +215,16 @@ def create_app(service: JudgeService, token: str | None = None) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
-        if errors:
-            first = errors[0]
-            where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-            detail = f"{where or 'request'}: {first.get('msg', 'invalid')}"
-        else:
+        first = errors[0] if errors else {}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        if not errors:
             detail = "invalid request"
+        elif first.get("type") == "json_invalid":
+            detail = f"request body is not valid JSON: {first.get('msg', '')}"
+        elif first.get("type") == "too_long" and where == "jobs":
+            detail = f"a batch holds at most {service.limits.max_batch} jobs"
+        else:
+            detail = f"{where or 'request'}: {first.get('msg', 'invalid')}"
         return JSONResponse({"detail": _one_line(detail)}, status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
@@ -264,13 +275,6 @@ def create_app(service: JudgeService, token: str | None = None) -> FastAPI:
         with that job (``created: false``)."""
         return submit([raw(job)], client)[0]
 
-    @app.post(
-        "/v1/batches",
-        status_code=202,
-        response_model=BatchOut,
-        responses=_errors(409, 429),
-        tags=["jobs"],
-    )
     def submit_batch(batch: BatchIn, client: str = Depends(client_of)) -> dict[str, Any]:
         """Queue several jobs, all or none, in order."""
         if not batch.jobs:
@@ -278,6 +282,16 @@ def create_app(service: JudgeService, token: str | None = None) -> FastAPI:
         if len(batch.jobs) > service.limits.max_batch:
             raise HTTPException(422, f"a batch holds at most {service.limits.max_batch} jobs")
         return {"jobs": submit([raw(j) for j in batch.jobs], client)}
+
+    # The body's model carries this service's bound (annotations are strings in this module).
+    submit_batch.__annotations__["batch"] = _batch_model(service.limits.max_batch)
+    app.post(
+        "/v1/batches",
+        status_code=202,
+        response_model=BatchOut,
+        responses=_errors(409, 429),
+        tags=["jobs"],
+    )(submit_batch)
 
     def record_of(job_id: str, client: str) -> JobRecord:
         record = service.store.get(job_id, client)
@@ -320,7 +334,8 @@ def create_app(service: JudgeService, token: str | None = None) -> FastAPI:
         # The store's reads wait for its lock (held over fsync'd writes): off the event loop.
         record = await run_in_threadpool(record_of, job_id, client)
         delay = 0.05
-        while not record.finished and time.monotonic() < deadline:
+        # A stopping service answers at once: a wait does not hold its shutdown.
+        while not record.finished and time.monotonic() < deadline and not service.stopping:
             await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(0.5, delay * 1.5)
             record = await run_in_threadpool(record_of, job_id, client)

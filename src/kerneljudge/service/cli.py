@@ -13,7 +13,7 @@ import signal
 import socket
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
@@ -118,6 +118,8 @@ def serve_command(
 
     if not is_loopback(host) and not token:
         _fail(f"refusing to listen on {host} without an API token (--token or KERNELJUDGE_TOKEN)")
+    if token and not (token.isascii() and token.isprintable()):
+        _fail("the API token must be printable ASCII (clients send it in an HTTP header)")
     if problems_dir is not None and not problems_dir.is_dir():
         _fail(f"--problems-dir {problems_dir} is not a folder")
     try:
@@ -151,23 +153,35 @@ def serve_command(
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     app = create_app(service, token=token)
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
-    server = uvicorn.Server(config)
-    try:
-        service.start()
-    except Exception as exc:
-        _fail(f"cannot start the executor: {' '.join(str(exc).split())}")
-        return
-    previous = signal.signal(signal.SIGTERM, lambda *_: setattr(server, "should_exit", True))
-    try:
+    # Open connections (a client waiting for a result) get this long after a stop is asked.
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="warning", lifespan="off", timeout_graceful_shutdown=5
+    )
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:  # SIGTERM, SIGINT while serving
+            service.stop_dispatching()  # no job starts after the signal
+            super().handle_exit(sig, frame)
+
+    server = Server(config)
+    try:  # the port first: a port in use costs no executor start
         sock = socket.create_server(
             (host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET
         )
     except OSError as exc:
-        signal.signal(signal.SIGTERM, previous)
-        service.close()
+        store.close()
         _fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
         return
+    try:
+        service.start()
+    except Exception as exc:
+        sock.close()
+        store.close()
+        _fail(f"cannot start the executor: {' '.join(str(exc).split())}")
+        return
+    # uvicorn raises the signals it caught again once it stopped: this one must not kill the
+    # process before the clean-up below.
+    previous = signal.signal(signal.SIGTERM, lambda *_: setattr(server, "should_exit", True))
     from kerneljudge.service.discovery import remove_record, write_record
 
     bound = int(sock.getsockname()[1])

@@ -114,11 +114,21 @@ def _verdict(body: dict[str, Any], job_id: str, wait: float) -> Verdict:
 
 
 def _q(job_id: str) -> str:
-    return quote(job_id, safe="")
+    """``job_id`` as one path segment: percent-encoded, and the dot segments ``.`` and ``..``
+    (which a URL would resolve away) as ``%2E``s."""
+    return "%2E" * len(job_id) if job_id in (".", "..") else quote(job_id, safe="")
 
 
-def _headers(token: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"} if token else {}
+def _http_client(cls: type[Any], base_url: str, token: str | None, timeout_s: float) -> Any:
+    """``cls`` (httpx's client or async client) for ``base_url``, or a one-line ServiceError
+    for an address it cannot use or a token an HTTP header cannot carry (printable ASCII)."""
+    if token and not (token.isascii() and token.isprintable()):
+        raise ServiceError("the API token must be printable ASCII (an HTTP header carries it)")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        return cls(base_url=base_url, headers=headers, timeout=timeout_s)
+    except (httpx.InvalidURL, ValueError, TypeError) as exc:
+        raise ServiceError(f"not a service address: {base_url!r} ({exc})") from None
 
 
 def _unreachable(base_url: str, exc: Exception) -> ServiceError:
@@ -132,14 +142,16 @@ class JudgeClient:
         base_url: the service's address.
         token: the API token (sent as ``Authorization: Bearer``).
         timeout_s: seconds for one request, beyond any ``wait``.
+
+    Raises:
+        ServiceError: ``base_url`` is not an address httpx can use, or ``token`` is not
+            printable ASCII.
     """
 
     def __init__(self, base_url: str, token: str | None = None, timeout_s: float = 30.0) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
-        self._http = httpx.Client(
-            base_url=self.base_url, headers=_headers(token), timeout=timeout_s
-        )
+        self._http = _http_client(httpx.Client, self.base_url, token, timeout_s)
 
     def _call(self, method: str, path: str, wait: float = 0.0, **kw: Any) -> dict[str, Any]:
         try:
@@ -205,9 +217,7 @@ class AsyncJudgeClient:
     def __init__(self, base_url: str, token: str | None = None, timeout_s: float = 30.0) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
-        self._http = httpx.AsyncClient(
-            base_url=self.base_url, headers=_headers(token), timeout=timeout_s
-        )
+        self._http = _http_client(httpx.AsyncClient, self.base_url, token, timeout_s)
 
     async def _call(self, method: str, path: str, wait: float = 0.0, **kw: Any) -> dict[str, Any]:
         try:

@@ -128,8 +128,9 @@ def parse_job(data: Any, problems_dir: Path | None, limits: Limits) -> tuple[Job
         value = getattr(o, name)
         if value is not None and not value <= limits.max_timeout_s:  # refuses inf and nan
             raise ValueError(f"options.{name} is at most {limits.max_timeout_s:g} on this server")
-    if not _JOB_ID.fullmatch(job.job_id):
-        raise ValueError("job.job_id is 1 to 128 of A-Z a-z 0-9 . _ : -")
+    if not _JOB_ID.fullmatch(job.job_id) or job.job_id in (".", ".."):
+        # '.' and '..' are dot segments: a URL with one does not name the job.
+        raise ValueError("job.job_id is 1 to 128 of A-Z a-z 0-9 . _ : -, not '.' or '..'")
     if (
         len(job.name) > 255
         or job.name in (".", "..")
@@ -197,12 +198,21 @@ class JudgeService:
         self._thread = threading.Thread(target=self._dispatch, name="kj-dispatch", daemon=True)
         self._thread.start()
 
-    def close(self) -> None:
-        """Stop dispatching and close the executor; jobs it held without finishing go back
-        to ``queued`` (judged at the next start)."""
+    @property
+    def stopping(self) -> bool:
+        """True once :meth:`stop_dispatching` or :meth:`close` was called."""
+        return self._stop
+
+    def stop_dispatching(self) -> None:
+        """Hand no more jobs to the executor (those it holds go on until :meth:`close`)."""
         with self._wake:
             self._stop = True
             self._wake.notify_all()
+
+    def close(self) -> None:
+        """Stop dispatching and close the executor; jobs it held without finishing go back
+        to ``queued`` with their attempt given back (judged at the next start)."""
+        self.stop_dispatching()
         self._stop_sweeping.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
@@ -210,7 +220,7 @@ class JudgeService:
             self._sweeper.join(timeout=30)
         if self.executor is not None:
             self.executor.close()
-        self.store.requeue_running()  # handed out, not finished: judged at the next start
+        self.store.requeue_running(clean_stop=True)  # judged at the next start
 
     # -- admission -----------------------------------------------------------------------------
 
@@ -247,11 +257,18 @@ class JudgeService:
     def retry_after_s(self) -> int:
         """Seconds a refused client should wait: the time the executor needs for a tenth of
         the queue at its rate over the last minute, within [1, 60]."""
-        rate = self.store.finished_since(time.time() - 60.0) / 60.0
+        rate = self.rate_1m()
         queued = self.store.counts()["queued"]
         if rate <= 0:
             return 10
         return int(min(60, max(1, queued / 10 / rate)))
+
+    def rate_1m(self) -> float:
+        """Verdicts per second over the last minute, or over this service's life when it is
+        shorter (at least a second)."""
+        now = time.time()
+        window = min(60.0, max(1.0, now - self.started_at))
+        return self.store.finished_since(now - window) / window
 
     def cancel(self, job_id: str, client: str | None = None) -> bool:
         """Cancel ``client``'s job ``job_id`` (None: see :class:`JobStore`) if it has not
@@ -368,7 +385,7 @@ class JudgeService:
             "queue_depth": counts["queued"],
             "in_flight": self.in_flight(),
             "states": counts,
-            "verdicts_per_s_1m": self.store.finished_since(now - 60.0) / 60.0,
+            "verdicts_per_s_1m": self.rate_1m(),
             "verdicts_per_s": stats.verdicts_per_s if stats else 0.0,
             "busy_share": dict(stats.busy_share) if stats else {},
             "executor": dataclasses.asdict(stats) if stats else None,

@@ -28,7 +28,6 @@ import json
 import sqlite3
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +38,10 @@ __all__ = ["SCHEMA_VERSION", "STATES", "JobRecord", "JobStore", "QueueFull", "Jo
 
 #: The layout of the database file; an older one is migrated, a newer one refused.
 SCHEMA_VERSION = _schema.SCHEMA_VERSION
-STATES = ("queued", "running", "done", "failed", "cancelled")
-FINISHED = ("done", "failed", "cancelled")
+STATES = _schema.STATES
+FINISHED = _schema.FINISHED
+JobRecord = _schema.JobRecord
+_COLUMNS = _schema.COLUMNS
 _FINISHED_SQL = "state IN ('done', 'failed', 'cancelled')"
 #: Rows deleted per transaction by :meth:`JobStore.prune` (the store's lock is let go between).
 PRUNE_CHUNK = 500
@@ -64,66 +65,6 @@ class JobConflict(Exception):
     """A job id already names a different job (another problem, source or options)."""
 
 
-@dataclass(frozen=True)
-class JobRecord:
-    """One stored job. Times are UNIX seconds (None: not reached yet).
-
-    ``seq`` is the store's own number for the job (unique for ever in this file), ``client``
-    the client whose namespace ``job_id`` is in, ``fetched_at`` when a client first read the
-    finished result (None: not yet).
-    """
-
-    job_id: str
-    state: str
-    problem: str
-    source_sha256: str
-    submitted_at: float
-    started_at: float | None
-    finished_at: float | None
-    attempts: int
-    verdict_json: str | None
-    error_kind: str | None
-    error: str | None
-    job_json: str
-    seq: int = 0
-    client: str = ""
-    fetched_at: float | None = None
-
-    @property
-    def finished(self) -> bool:
-        return self.state in FINISHED
-
-    @property
-    def run_id(self) -> str:
-        """The job's id at the executor: ``<seq>:<job_id>``, unique across clients."""
-        return f"{self.seq}:{self.job_id}"
-
-    def job(self) -> Job:
-        """The job as the client sent it (its problem resolved on this machine)."""
-        return Job.from_dict(json.loads(self.job_json))
-
-    def status(self) -> dict[str, Any]:
-        """The JSON-ready status (no verdict)."""
-        return {
-            "job_id": self.job_id,
-            "state": self.state,
-            "problem": self.problem,
-            "source_sha256": self.source_sha256,
-            "submitted_at": self.submitted_at,
-            "started_at": self.started_at,
-            "finished_at": self.finished_at,
-            "attempts": self.attempts,
-            "error_kind": self.error_kind,
-            "error": self.error,
-        }
-
-
-_COLUMNS = (
-    "job_id, state, problem, source_sha256, submitted_at, started_at, finished_at, attempts, "
-    "verdict_json, error_kind, error, job_json, seq, client, fetched_at"
-)
-
-
 def _same_job(a: Job, b: Job) -> bool:
     return (a.problem, a.source, a.options, a.name) == (b.problem, b.source, b.options, b.name)
 
@@ -144,8 +85,11 @@ class JobStore:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self._lock = threading.RLock()
-        # One service per file: a second one would hand out the same queued jobs.
-        self._flock = open(self.path.with_name(self.path.name + ".lock"), "a+")  # noqa: SIM115
+        # One service per file: a second one would hand out the same queued jobs. The lock is
+        # on the file (its inode), whatever name opened it. flock and SQLite's fcntl locks do
+        # not meet; this descriptor is closed only after SQLite's connection (closing another
+        # descriptor of the file would drop the process's fcntl locks on it).
+        self._flock = open(self.path, "ab")  # noqa: SIM115 - held for the store's life
         try:
             fcntl.flock(self._flock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -304,11 +248,19 @@ class JobStore:
             )
             return cur.rowcount == 1
 
-    def requeue_running(self) -> int:
-        """Put every ``running`` job back to ``queued`` (at open, after a crash); their count.
-        A job that was running :data:`MAX_ATTEMPTS` times already (one that may be what takes
-        the service down) fails instead (error kind ``harness``), so it cannot crash-loop it."""
+    def requeue_running(self, clean_stop: bool = False) -> int:
+        """Put every ``running`` job back to ``queued``; their count. At open (after a crash):
+        a job that was running :data:`MAX_ATTEMPTS` times already (one that may be what takes
+        the service down) fails instead (error kind ``harness``), so it cannot crash-loop it.
+        ``clean_stop`` (the service stopping on its own): the stop was not the job's doing, so
+        its attempt is given back and none fails."""
         with self._lock:
+            if clean_stop:
+                cur = self._db.execute(
+                    "UPDATE jobs SET state='queued', started_at=NULL, "
+                    "attempts=MAX(attempts - 1, 0) WHERE state='running'"
+                )
+                return cur.rowcount
             self._db.execute(
                 "UPDATE jobs SET state='failed', error_kind='harness', finished_at=?, "
                 "error='the service stopped while judging this job ' || attempts || ' times' "
