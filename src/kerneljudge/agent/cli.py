@@ -160,7 +160,7 @@ def episode_command(
     cache_dir: Annotated[Optional[Path], _opt("cache_dir", "Build cache folder.")] = None,
     temperature: Annotated[Optional[float], _opt("temperature", "Sampling temperature.")] = None,
     max_tokens: Annotated[Optional[int], _opt("max_tokens", "Tokens per reply.")] = None,
-    max_retries: Annotated[int, _opt("max_retries", "Retries of a failed request.", min=0)] = 5,
+    max_retries: Annotated[int, _opt("max_retries", "Retries of a failed request.")] = 5,
     backoff: Annotated[float, _opt("backoff", "First retry wait, s (doubles).")] = 2.0,
     request_timeout: Annotated[float, _opt("request_timeout", "One request's limit, s.")] = 600.0,
     reasoning_in_history: Annotated[
@@ -188,9 +188,19 @@ def episode_command(
     run stay planned: --resume the folder later). With --server every episode is judged by
     that service (problems named as it knows them); no judge runs here.
     """
+    from kerneljudge.agent.config import check_runner_numbers
     from kerneljudge.env import EnvConfig
 
     try:
+        check_runner_numbers(
+            {
+                "temperature": temperature,
+                "max_tokens": max_tokens,
+                "request_timeout_s": request_timeout,
+                "max_retries": max_retries,
+                "backoff_s": backoff,
+            }
+        )
         config = EnvConfig(
             max_tool_calls=max_tool_calls,
             max_turns=max_turns,
@@ -256,6 +266,9 @@ def episode_command(
                 (server, token),
             )
             title = f"{model} at {base_url}"
+    except ConfigError as exc:  # a resumed run's recorded settings, or a library check
+        _fail(exc.for_option())
+        return
     except (KernelJudgeError, ImportError, ValueError, FileNotFoundError, RuntimeError) as exc:
         _fail(_with_resume_hint(exc, resume or out))
         return

@@ -30,6 +30,8 @@ __all__ = [
     "TOLERANCES",
     "JudgeConfig",
     "check_fields",
+    "check_integer",
+    "check_seconds",
 ]
 
 #: ``auto`` (GPU for cuda/triton, CPU for cpp/torch), ``cpu``, ``cuda``, ``cuda:N``.
@@ -56,17 +58,38 @@ def _device(name: str, value: Any) -> None:
         raise ConfigError(name, f"{name} must be auto, cpu, cuda or cuda:N, not {value!r}")
 
 
+def check_integer(name: str, value: Any, low: int) -> None:
+    """Check that field ``name`` holds an integer (not a bool) of at least ``low``.
+
+    Raises:
+        ConfigError: it does not (the message names the field).
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(name, f"{name} must be an integer of at least {low}, not {value!r}")
+
+
+def check_seconds(name: str, value: Any, *, zero: bool = False) -> None:
+    """Check that field ``name`` holds a number of seconds above 0 (at least 0 with ``zero``);
+    NaN and bools are refused.
+
+    Raises:
+        ConfigError: it does not (the message names the field).
+    """
+    ok = not isinstance(value, bool) and isinstance(value, int | float)
+    if not (ok and (value >= 0 if zero else value > 0)):
+        what = "a number of seconds of at least 0" if zero else "a positive number of seconds"
+        raise ConfigError(name, f"{name} must be {what}, not {value!r}")
+
+
 def _at_least(low: int) -> Callable[[str, Any], None]:
     def check(name: str, value: Any) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ConfigError(name, f"{name} must be an integer of at least {low}, not {value!r}")
+        check_integer(name, value, low)
 
     return check
 
 
 def _positive(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ConfigError(name, f"{name} must be a positive number of seconds, not {value!r}")
+    check_seconds(name, value)
 
 
 def _positive_or_none(name: str, value: Any) -> None:

@@ -1,0 +1,68 @@
+"""Options of ``kerneljudge episode`` and the configurations behind them: a value out of its
+range is one line and exit status 2 before any episode starts, and the library refuses it with a
+ValueError naming the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from kerneljudge.agent import RunnerConfig
+from kerneljudge.cli.app import app
+
+DEAD = "http://127.0.0.1:9/v1"  # the discard port: nothing listens there
+
+
+def _episode(tmp_path: Path, *extra: str) -> Any:
+    args = ["episode", "-p", "causal_gqa", "--model", "m", "--base-url", DEAD]
+    return CliRunner().invoke(app, [*args, "--device", "cpu", "--out", str(tmp_path), *extra])
+
+
+def _one_error_line(result: Any, start: str) -> None:
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1, result.output
+    assert lines[0].startswith(f"error: {start}"), lines[0]
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("--backoff", "-1"),
+        ("--backoff", "nan"),
+        ("--max-retries", "-1"),
+        ("--request-timeout", "0"),
+        ("--request-timeout", "-5"),
+        ("--max-tokens", "0"),
+        ("--temperature", "-0.5"),
+    ],
+)
+def test_a_model_option_out_of_range_is_one_line_and_exit_2(
+    option: str, value: str, tmp_path: Path
+) -> None:
+    result = _episode(tmp_path, option, value)
+    _one_error_line(result, f"{option} must be")
+    assert not (tmp_path / "run.json").exists()  # no run was planned
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("backoff_s", -1.0),
+        ("max_backoff_s", -1.0),
+        ("max_retries", -1),
+        ("request_timeout_s", 0.0),
+        ("max_tokens", 0),
+        ("temperature", -1.0),
+        ("top_p", 0.0),
+        ("top_p", 1.5),
+    ],
+)
+def test_runner_config_refuses_numbers_out_of_range(field: str, value: Any) -> None:
+    with pytest.raises(ValueError, match=f"^{field} must be"):
+        RunnerConfig(model="m", base_url=DEAD, **{field: value})
+    ok = RunnerConfig(model="m", base_url=DEAD, backoff_s=0, max_retries=0, max_tokens=1)
+    assert ok.backoff_s == 0 and ok.max_retries == 0
