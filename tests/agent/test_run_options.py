@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from kerneljudge.agent import RunnerConfig
+from kerneljudge.agent import RunnerConfig, run_episodes
 from kerneljudge.cli.app import app
 
 DEAD = "http://127.0.0.1:9/v1"  # the discard port: nothing listens there
@@ -46,6 +46,38 @@ def test_a_model_option_out_of_range_is_one_line_and_exit_2(
     result = _episode(tmp_path, option, value)
     _one_error_line(result, f"{option} must be")
     assert not (tmp_path / "run.json").exists()  # no run was planned
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("--benchmark-time", "-1"),
+        ("--benchmark-time", "0"),
+        ("--submit-time", "0"),
+        ("--max-tool-calls", "0"),
+        ("--max-turns", "0"),
+        ("--trials", "0"),
+        ("--submit-trials", "0"),
+        ("--episodes", "0"),
+        ("--concurrency", "0"),
+        ("--judges", "-1"),
+    ],
+)
+def test_a_run_option_out_of_range_is_one_line_and_exit_2(
+    option: str, value: str, tmp_path: Path
+) -> None:
+    result = _episode(tmp_path, option, value)
+    _one_error_line(result, f"{option} must be")
+    assert not (tmp_path / "run.json").exists()
+
+
+def test_an_empty_problem_list_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    args = ["episode", "-p", ",", "--model", "m", "--base-url", DEAD, "--out", str(tmp_path)]
+    result = CliRunner().invoke(app, args)
+    _one_error_line(result, "--problem ',' names no problem")
+    assert not (tmp_path / "run.json").exists()
+    with pytest.raises(ValueError, match="no problem to run"):
+        run_episodes([], RunnerConfig(model="m", base_url=DEAD), out_dir=tmp_path)
 
 
 @pytest.mark.parametrize(

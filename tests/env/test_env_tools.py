@@ -6,7 +6,7 @@ import dataclasses
 import json
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import pytest
 
@@ -307,6 +307,20 @@ def test_env_config_validates_and_round_trips() -> None:
         EnvConfig(on_exhausted="retry")
     with pytest.raises(ValueError, match="baselines"):
         EnvConfig(baselines=("jax",))
+    bad: list[dict[str, Any]] = [
+        {"benchmark_time_s": -1},
+        {"benchmark_time_s": 0},
+        {"submit_time_s": 0},
+        {"submit_time_s": float("nan")},
+        {"profile_calls": 0},
+        {"submit_trials": 0},
+        {"max_turns": 0},
+        {"submit_shape_sets": ()},
+    ]
+    for fields in bad:
+        (name,) = fields
+        with pytest.raises(ValueError, match=f"^{name} must be"):
+            EnvConfig(**fields)
 
 
 # ---------------------------------------------------------------------------- observations

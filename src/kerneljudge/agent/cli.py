@@ -99,8 +99,8 @@ def episode_command(
             show_default=False,
         ),
     ] = "EMPTY",
-    episodes: Annotated[int, _opt("episodes", "Episodes per problem.", min=1)] = 1,
-    concurrency: Annotated[int, _opt("concurrency", "Episodes run at once.", min=1)] = 1,
+    episodes: Annotated[int, _opt("episodes", "Episodes per problem.")] = 1,
+    concurrency: Annotated[int, _opt("concurrency", "Episodes run at once.")] = 1,
     out: Annotated[Path, _opt("out", "Folder for transcripts and summary.jsonl.")] = Path(
         "episodes"
     ),
@@ -113,7 +113,7 @@ def episode_command(
         ),
     ] = None,
     judges: Annotated[
-        int, _opt("judges", "Judges (worker sets) alive at once; 0: min(--concurrency, 2).", min=0)
+        int, _opt("judges", "Judges (worker sets) alive at once; 0: min(--concurrency, 2).")
     ] = 0,
     replay_file: Annotated[
         Optional[Path],
@@ -123,16 +123,16 @@ def episode_command(
             help="Re-run this transcript's tool calls through the judge (no model).",
         ),
     ] = None,
-    max_tool_calls: Annotated[int, _opt("max_tool_calls", "Tool-call budget.", min=1)] = 30,
-    max_turns: Annotated[int, _opt("max_turns", "Model replies allowed.", min=1)] = 40,
+    max_tool_calls: Annotated[int, _opt("max_tool_calls", "Tool-call budget.")] = 30,
+    max_turns: Annotated[int, _opt("max_turns", "Model replies allowed.")] = 40,
     on_exhausted: Annotated[
         str, _opt("on_exhausted", "submit_last_passing, submit_last or fail.")
     ] = "submit_last_passing",
     device: Annotated[str, _opt("device", "auto, cpu, cuda or cuda:N.")] = DEFAULT_DEVICE,
     tolerance: Annotated[str, _opt("tolerance", "oracle or allclose.")] = DEFAULT_TOLERANCE,
-    trials: Annotated[int, _opt("trials", "run_correctness trials.", min=1)] = DEFAULT_TRIALS,
+    trials: Annotated[int, _opt("trials", "run_correctness trials.")] = DEFAULT_TRIALS,
     submit_trials: Annotated[
-        int, _opt("submit_trials", "submit_kernel trials per shape set.", min=1)
+        int, _opt("submit_trials", "submit_kernel trials per shape set.")
     ] = 10,
     baselines: Annotated[str, _opt("baselines", "Comma list of eager, compile.")] = ",".join(
         DEFAULT_BASELINES
@@ -190,8 +190,12 @@ def episode_command(
     """
     from kerneljudge.agent.config import check_runner_numbers
     from kerneljudge.env import EnvConfig
+    from kerneljudge.judge.config import check_integer
 
     try:
+        check_integer("episodes", episodes, 1)
+        check_integer("concurrency", concurrency, 1)
+        check_integer("judges", judges, 0)
         check_runner_numbers(
             {
                 "temperature": temperature,
@@ -337,6 +341,8 @@ def _run(
         reasoning_in_history=reasoning_in_history,
     )
     problems = [p.strip() for p in problem.split(",") if p.strip()]
+    if not problems:
+        raise ValueError(f"--problem {problem!r} names no problem")
     return run_episodes(
         problems,
         runner,

@@ -171,10 +171,12 @@ def run_episodes(
         MissingExtraError: ``client`` is None and the ``openai`` package is missing.
         RuntimeError: another live process runs in ``out_dir``, or it holds a run with
             episodes not ended (resume that one, see :func:`resume_episodes`).
-        ValueError: ``episodes``, ``concurrency`` or ``judges`` out of range.
+        ValueError: ``episodes``, ``concurrency`` or ``judges`` out of range, or no problem.
     """
     if episodes < 1 or concurrency < 1 or judges < 0:
         raise ValueError("episodes and concurrency must be at least 1, judges at least 0")
+    if not problems:
+        raise ValueError("no problem to run: name at least one")
     for problem in problems:
         resolve_problem(problem)  # a misspelt name fails here, not in every episode
     config = env_config or EnvConfig()

@@ -20,6 +20,8 @@ from kerneljudge.judge.config import (
     DEFAULT_TOLERANCE,
     DEFAULT_TRIALS,
     check_fields,
+    check_integer,
+    check_seconds,
 )
 
 __all__ = ["EnvConfig"]
@@ -73,7 +75,12 @@ class EnvConfig:
             (``system.md``, ``task.md``, ...; see :mod:`kerneljudge.env.prompts`).
 
     Raises:
-        ConfigError: a value out of range (a :class:`ValueError`; the message names the field).
+        ConfigError: a value out of range (a :class:`ValueError`; the message names the field):
+            ``max_tool_calls``, ``max_turns``, ``trials``, ``submit_trials`` and
+            ``profile_calls`` integers of at least 1, ``threads`` at least 0,
+            ``benchmark_time_s``, ``submit_time_s``, ``build_timeout_s`` and ``run_timeout_s``
+            (when set) above 0 seconds, ``submit_shape_sets`` (when set) a non-empty list of
+            names; ``device``, ``tolerance``, ``baselines``, ``on_exhausted`` one of theirs.
     """
 
     max_tool_calls: int = 30
@@ -97,22 +104,26 @@ class EnvConfig:
     prompt_dir: str | None = None
 
     def __post_init__(self) -> None:
-        if self.max_tool_calls < 1:
-            raise ConfigError(
-                "max_tool_calls", f"max_tool_calls must be at least 1, not {self.max_tool_calls}"
-            )
-        if self.max_turns < 1:
-            raise ConfigError("max_turns", f"max_turns must be at least 1, not {self.max_turns}")
+        for name in ("max_tool_calls", "max_turns"):
+            check_integer(name, getattr(self, name), 1)
         if self.on_exhausted not in ON_EXHAUSTED:
             raise ConfigError(
                 "on_exhausted",
                 f"on_exhausted must be one of {', '.join(ON_EXHAUSTED)}, not {self.on_exhausted!r}",
             )
         check_fields(self, _SHARED)
-        if self.submit_trials < 1:
+        check_integer("submit_trials", self.submit_trials, 1)
+        sets = self.submit_shape_sets
+        if sets is not None and (
+            isinstance(sets, str) or not sets or not all(isinstance(x, str) and x for x in sets)
+        ):
             raise ConfigError(
-                "submit_trials", f"submit_trials must be at least 1, not {self.submit_trials}"
+                "submit_shape_sets",
+                f"submit_shape_sets must be a non-empty list of names, not {sets!r}",
             )
+        check_seconds("benchmark_time_s", self.benchmark_time_s)
+        check_seconds("submit_time_s", self.submit_time_s)
+        check_integer("profile_calls", self.profile_calls, 1)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (tuples become lists)."""
