@@ -80,6 +80,15 @@ def test_an_empty_problem_list_is_one_line_and_exit_2(tmp_path: Path) -> None:
         run_episodes([], RunnerConfig(model="m", base_url=DEAD), out_dir=tmp_path)
 
 
+def test_a_prompt_dir_that_is_no_folder_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    result = _episode(tmp_path / "out", "--prompt-dir", str(tmp_path / "nodir"))
+    _one_error_line(result, f"the prompt folder {tmp_path / 'nodir'} does not exist")
+    (tmp_path / "file.md").write_text("x")
+    result = _episode(tmp_path / "out", "--prompt-dir", str(tmp_path / "file.md"))
+    _one_error_line(result, f"the prompt folder {tmp_path / 'file.md'} is not a folder")
+    assert not (tmp_path / "out" / "run.json").exists()
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [

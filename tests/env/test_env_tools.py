@@ -197,6 +197,16 @@ def test_prompt_templates_are_replaceable(fast_config: EnvConfig, tmp_path: Path
             env.reset()
 
 
+def test_a_prompt_dir_that_is_no_folder_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="prompt folder .*nodir does not exist"):
+        prompts.load_template("task.md", tmp_path / "nodir")
+    (tmp_path / "file.md").write_text("x")
+    with pytest.raises(NotADirectoryError, match="prompt folder .*file.md is not a folder"):
+        prompts.load_template("task.md", tmp_path / "file.md")
+    # a folder without the file: the bundled template
+    assert prompts.load_template("task.md", tmp_path) == prompts.load_template("task.md")
+
+
 def test_tool_errors_are_observations_and_count(fast_config: EnvConfig) -> None:
     with KernelEnv("causal_gqa", fast_config.replace(max_tool_calls=5)) as env:
         env.reset()

@@ -190,6 +190,7 @@ def episode_command(
     """
     from kerneljudge.agent.config import check_runner_numbers
     from kerneljudge.env import EnvConfig
+    from kerneljudge.env.prompts import check_prompt_dir
     from kerneljudge.judge.config import check_integer
 
     try:
@@ -221,10 +222,11 @@ def episode_command(
             cache_dir=str(cache_dir) if cache_dir else None,
             prompt_dir=str(prompt_dir) if prompt_dir else None,
         )
+        check_prompt_dir(prompt_dir)
     except ConfigError as exc:
         _fail(exc.for_option())
         return
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:
         _fail(str(exc))
         return
     progress = None if json_out else (lambda line: _err.print(line, highlight=False, markup=False))

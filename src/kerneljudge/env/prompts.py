@@ -4,7 +4,8 @@ The bundled templates live in ``kerneljudge/env/prompts/``: ``system.md`` (the s
 ``task.md`` (the task prompt), ``last_call.md`` and ``last_turn.md`` (the notices before the
 last tool call and the last reply), ``no_tool_call.md`` (the reminder after a reply without a
 tool call) and ``exhausted.md`` (the budget ran out). ``EnvConfig(prompt_dir=...)`` names a folder
-whose files replace the bundled ones of the same name; missing files fall back to the bundle.
+whose files replace the bundled ones of the same name; missing files fall back to the bundle. A
+``prompt_dir`` that does not exist or is not a folder is an error (:func:`check_prompt_dir`).
 
 Templates use :class:`string.Template` syntax: ``$name`` or ``${name}`` is replaced, ``$$`` is a
 literal dollar sign. A leading ``<!-- ... -->`` comment (where each template lists its
@@ -26,6 +27,7 @@ from kerneljudge.verdict import DeviceInfo
 __all__ = [
     "TEMPLATE_NAMES",
     "bundled_prompts_dir",
+    "check_prompt_dir",
     "describe_device_text",
     "dtype_short",
     "exhausted_policy_text",
@@ -58,16 +60,36 @@ def bundled_prompts_dir() -> Path:
     return Path(__file__).resolve().parent / "prompts"
 
 
+def check_prompt_dir(prompt_dir: str | Path | None) -> None:
+    """Check that ``prompt_dir`` (when given) is a folder.
+
+    Raises:
+        FileNotFoundError: it does not exist.
+        NotADirectoryError: it is not a folder.
+    """
+    if not prompt_dir:
+        return
+    path = Path(prompt_dir)
+    if not path.exists():
+        raise FileNotFoundError(f"the prompt folder {path} does not exist")
+    if not path.is_dir():
+        raise NotADirectoryError(f"the prompt folder {path} is not a folder")
+
+
 def load_template(name: str, prompt_dir: str | Path | None = None) -> str:
     """The text of template ``name`` (its leading comment removed).
 
     Args:
         name: a file name from :data:`TEMPLATE_NAMES`.
-        prompt_dir: a folder whose file of that name wins over the bundled one.
+        prompt_dir: a folder whose file of that name wins over the bundled one (a folder
+            without it: the bundled one).
 
     Raises:
-        FileNotFoundError: no such template, neither in ``prompt_dir`` nor bundled.
+        FileNotFoundError: ``prompt_dir`` does not exist, or no such template, neither in
+            ``prompt_dir`` nor bundled.
+        NotADirectoryError: ``prompt_dir`` is not a folder.
     """
+    check_prompt_dir(prompt_dir)
     for folder in ([Path(prompt_dir)] if prompt_dir else []) + [bundled_prompts_dir()]:
         path = folder / name
         if path.is_file():
