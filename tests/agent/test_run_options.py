@@ -14,6 +14,7 @@ from kerneljudge.agent import RunnerConfig, run_episodes
 from kerneljudge.cli.app import app
 
 DEAD = "http://127.0.0.1:9/v1"  # the discard port: nothing listens there
+SMOKE = Path(__file__).resolve().parents[1] / "fixtures" / "smoke" / "problem.py"
 
 
 def _episode(tmp_path: Path, *extra: str) -> Any:
@@ -107,3 +108,17 @@ def test_runner_config_refuses_numbers_out_of_range(field: str, value: Any) -> N
         RunnerConfig(model="m", base_url=DEAD, **{field: value})
     ok = RunnerConfig(model="m", base_url=DEAD, backoff_s=0, max_retries=0, max_tokens=1)
     assert ok.backoff_s == 0 and ok.max_retries == 0
+
+
+@pytest.mark.parametrize(("episodes", "hint"), [(1, False), (2, True)])
+def test_the_resume_hint_of_an_unreachable_server_only_when_episodes_are_left(
+    episodes: int, hint: bool, tmp_path: Path
+) -> None:
+    args = ["episode", "-p", str(SMOKE), "--model", "m", "--base-url", DEAD, "--device", "cpu"]
+    args += ["--max-retries", "0", "--episodes", str(episodes), "--out", str(tmp_path)]
+    args += ["--cache-dir", str(tmp_path / "cache")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    (line,) = [x for x in result.output.splitlines() if x.startswith("error:")]
+    assert line.startswith(f"error: cannot reach the model server at {DEAD}")
+    assert ("--resume" in line) is hint, line

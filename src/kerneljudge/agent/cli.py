@@ -360,12 +360,15 @@ def _run(
 
 
 def _with_resume_hint(exc: BaseException, out: Path) -> str:
-    """The error's line; for an unreachable server, how to continue the run later."""
-    from kerneljudge.agent.runlog import PLAN
+    """The error's line; for an unreachable server with episodes of the run left to run, how
+    to continue the run later."""
+    from kerneljudge.agent.runlog import PLAN, RunLog
 
     text = str(exc)
     if type(exc).__name__ == "ServerUnreachable" and (out / PLAN).exists():
-        text += f" (episodes not run stay planned: kerneljudge episode --resume {out})"
+        left = [st for st in RunLog(out, create=False).states() if st.summary is None]
+        if left:
+            text += f" (episodes not run stay planned: kerneljudge episode --resume {out})"
     return text
 
 
