@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kerneljudge.agent import RunnerConfig, run_episodes
+from kerneljudge.agent.runlog import RunLog
 from kerneljudge.cli.app import app
 
 DEAD = "http://127.0.0.1:9/v1"  # the discard port: nothing listens there
@@ -122,3 +123,19 @@ def test_the_resume_hint_of_an_unreachable_server_only_when_episodes_are_left(
     (line,) = [x for x in result.output.splitlines() if x.startswith("error:")]
     assert line.startswith(f"error: cannot reach the model server at {DEAD}")
     assert ("--resume" in line) is hint, line
+
+
+def test_resume_keeps_the_runs_concurrency_unless_given_again(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    base = ["episode", "--model", "m", "--base-url", DEAD, "--max-retries", "0", "--json"]
+    first = [*base, "-p", str(SMOKE), "--device", "cpu", "--episodes", "6", "--concurrency", "2"]
+    first += ["--cache-dir", str(tmp_path / "cache"), "--out", str(out)]
+    assert CliRunner().invoke(app, first).exit_code == 2  # the server is unreachable
+    log = RunLog(out, create=False)
+    assert log.plan()["concurrency"] == 2
+    assert any(st.summary is None for st in log.states())  # episodes left to resume
+    assert CliRunner().invoke(app, [*base, "--resume", str(out)]).exit_code == 2
+    assert (
+        CliRunner().invoke(app, [*base, "--resume", str(out), "--concurrency", "1"]).exit_code == 2
+    )
+    assert [r["concurrency"] for r in log.run_records()] == [2, 2, 1]

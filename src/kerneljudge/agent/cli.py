@@ -100,7 +100,14 @@ def episode_command(
         ),
     ] = "EMPTY",
     episodes: Annotated[int, _opt("episodes", "Episodes per problem.")] = 1,
-    concurrency: Annotated[int, _opt("concurrency", "Episodes run at once.")] = 1,
+    concurrency: Annotated[
+        Optional[int],
+        _opt(
+            "concurrency",
+            "Episodes run at once (default 1; --resume: the run's).",
+            show_default=False,
+        ),
+    ] = None,
     out: Annotated[Path, _opt("out", "Folder for transcripts and summary.jsonl.")] = Path(
         "episodes"
     ),
@@ -195,7 +202,8 @@ def episode_command(
 
     try:
         check_integer("episodes", episodes, 1)
-        check_integer("concurrency", concurrency, 1)
+        if concurrency is not None:
+            check_integer("concurrency", concurrency, 1)
         check_integer("judges", judges, 0)
         check_runner_numbers(
             {
@@ -260,7 +268,7 @@ def episode_command(
                 config,
                 out,
                 episodes,
-                concurrency,
+                concurrency or 1,
                 temperature,
                 max_tokens,
                 max_retries,
@@ -377,7 +385,7 @@ def _resume(
     model: str | None,
     base_url: str | None,
     api_key: str,
-    concurrency: int,
+    concurrency: int | None,
     judges: int,
     max_retries: int,
     backoff: float,
@@ -385,8 +393,8 @@ def _resume(
     progress: Any,
     remote: tuple[str | None, str | None],
 ) -> tuple[list[Any], str]:
-    """Resume with the run's recorded runner settings; --model and --base-url given win, and
-    so do the retry options set to a non-default value."""
+    """Resume with the run's recorded runner settings and concurrency; --model, --base-url
+    and --concurrency given win, and so do the retry options set to a non-default value."""
     import dataclasses
 
     from kerneljudge.agent.config import RunnerConfig

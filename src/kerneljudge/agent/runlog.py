@@ -5,14 +5,16 @@ A run's output folder holds:
 ``run.json``
     the plan, written (atomically) before the first episode starts: ``problems``,
     ``episodes`` (per problem), ``slots`` (``slot``, ``problem``, ``index``: one per episode
-    of the run), ``env_config``, ``runner`` (without the API key), ``created_at``.
+    of the run), ``env_config``, ``runner`` (without the API key), ``concurrency``,
+    ``created_at``.
 ``state.jsonl``
     one event a line, appended and flushed to disk (``fsync``) before the runner goes on:
     ``planned`` (every slot, at the start), ``started`` (``episode_id``, ``transcript``),
     ``step`` (``steps``: tool calls so far), ``finished``, ``failed`` (``reason``),
     ``interrupted`` (a resumed run found the slot started but unfinished: ``transcript``,
     its old transcript's new name), ``recovered`` (its summary was in its transcript only);
-    and each runner process's own ``run`` (``pid``, ``tmp``: its temporary folder, ``todo``)
+    and each runner process's own ``run`` (``pid``, ``tmp``: its temporary folder, ``todo``,
+    ``concurrency``)
     and ``run_end``. Every event has ``at`` (UTC, ISO 8601); transcript paths are relative to
     the run folder. Slot ids are ``<run id>/<number>``: a later run in the same folder (once
     every episode of the earlier one has ended) has slots of its own.

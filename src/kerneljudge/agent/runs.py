@@ -191,6 +191,7 @@ def run_episodes(
         ],
         "env_config": config.to_dict(),
         "runner": runner.public_dict(),
+        "concurrency": concurrency,
     }
     if server:
         plan["server"] = server
@@ -216,7 +217,7 @@ def resume_episodes(
     out_dir: Path | str,
     runner: RunnerConfig,
     *,
-    concurrency: int = 1,
+    concurrency: int | None = None,
     client: ChatClient | None = None,
     reward: RewardFn | None = None,
     progress: Progress | None = None,
@@ -225,7 +226,8 @@ def resume_episodes(
     token: str | None = None,
 ) -> list[EpisodeSummary]:
     """Continue the run recorded in ``out_dir`` with its own environment configuration (and
-    its judge service, unless ``server`` names another; ``token`` is the service's).
+    its judge service, unless ``server`` names another; ``token`` is the service's), and its
+    own concurrency unless ``concurrency`` is given (1 for a plan that records none).
 
     Removes what the runs it continues left behind (temporary folders, processes working in
     them); recovers an episode whose summary reached its transcript only; marks the transcript
@@ -240,10 +242,13 @@ def resume_episodes(
         RuntimeError: another live process runs in ``out_dir``.
         ServerUnreachable, MissingExtraError, ValueError: as :func:`run_episodes`.
     """
-    if concurrency < 1 or judges < 0:
-        raise ValueError("concurrency must be at least 1, judges at least 0")
     log = RunLog(out_dir, create=False)
     plan = log.plan()
+    if concurrency is None:
+        recorded = plan.get("concurrency")
+        concurrency = recorded if isinstance(recorded, int) and recorded >= 1 else 1
+    if concurrency < 1 or judges < 0:
+        raise ValueError("concurrency must be at least 1, judges at least 0")
     config = EnvConfig.from_dict(plan["env_config"])
     log.lock()
     try:
@@ -317,7 +322,8 @@ def _execute(
     pool = JudgePool(config, judges or min(concurrency, DEFAULT_JUDGES), device_lock)
     tmp = Path(tempfile.gettempdir()) / f"kj-run-{uuid.uuid4().hex[:12]}"
     tmp.mkdir(mode=0o700)
-    log.event_many([{"event": "run", "pid": os.getpid(), "tmp": str(tmp), "todo": len(todo)}])
+    run = {"pid": os.getpid(), "tmp": str(tmp), "todo": len(todo), "concurrency": concurrency}
+    log.event_many([{"event": "run", **run}])
 
     def job(slot: str) -> None:
         if stop.is_set():
