@@ -192,10 +192,13 @@ def episode_command(
 
     Exit status: 0 when every episode ran; 1 when a harness error ended one (said on stderr);
     2 on bad input (an unknown problem, bad options) or an unreachable server (the episodes not
-    run stay planned: --resume the folder later). With --server every episode is judged by
+    run stay planned: --resume the folder later); 130 on Ctrl-C (SIGINT) and 143 on SIGTERM,
+    which stop the run at once: the episodes in flight are marked interrupted, and --resume
+    runs them again. With --server every episode is judged by
     that service (problems named as it knows them); no judge runs here.
     """
     from kerneljudge.agent.config import check_runner_numbers
+    from kerneljudge.agent.interrupt import RunInterrupted
     from kerneljudge.env import EnvConfig
     from kerneljudge.env.prompts import check_prompt_dir
     from kerneljudge.judge.config import check_integer
@@ -280,6 +283,14 @@ def episode_command(
                 (server, token),
             )
             title = f"{model} at {base_url}"
+    except RunInterrupted as exc:  # SIGINT or SIGTERM: the run's clean-up is done
+        where = exc.out if exc.out is not None else (resume or out)
+        _err.print(
+            f"interrupted: continue with kerneljudge episode --resume {where}",
+            highlight=False,
+            markup=False,
+        )
+        raise typer.Exit(exc.exit_status) from None
     except ConfigError as exc:  # a resumed run's recorded settings, or a library check
         _fail(exc.for_option())
         return

@@ -11,8 +11,9 @@ A run's output folder holds:
     one event a line, appended and flushed to disk (``fsync``) before the runner goes on:
     ``planned`` (every slot, at the start), ``started`` (``episode_id``, ``transcript``),
     ``step`` (``steps``: tool calls so far), ``finished``, ``failed`` (``reason``),
-    ``interrupted`` (a resumed run found the slot started but unfinished: ``transcript``,
-    its old transcript's new name), ``recovered`` (its summary was in its transcript only);
+    ``interrupted`` (a resumed run found the slot started but unfinished, or a signal stopped
+    the run while the episode ran: ``transcript``, its old transcript's new name, ``steps``),
+    ``recovered`` (its summary was in its transcript only);
     and each runner process's own ``run`` (``pid``, ``tmp``: its temporary folder, ``todo``,
     ``concurrency``)
     and ``run_end``. Every event has ``at`` (UTC, ISO 8601); transcript paths are relative to

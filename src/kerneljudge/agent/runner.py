@@ -116,6 +116,7 @@ def run_episode(
     reward: RewardFn | None = None,
     progress: Progress | None = None,
     on_event: EventHook | None = None,
+    on_transcript: Callable[[TranscriptWriter], None] | None = None,
 ) -> EpisodeSummary:
     """Run one episode and write its transcript to ``out_dir/<problem>/<episode id>.jsonl``.
 
@@ -134,6 +135,9 @@ def run_episode(
         reward: the reward function (None: the default).
         progress: called with one line per event.
         on_event: called as the episode goes (see :data:`EventHook`).
+        on_transcript: called with the episode's :class:`TranscriptWriter` once its header is
+            written, before the ``started`` event (a run uses it to end the transcript of an
+            episode it stops).
 
     Returns:
         The episode's summary (also the transcript's last line).
@@ -176,6 +180,8 @@ def run_episode(
                 env_config=env.config.to_dict(),
                 tools=task.tools,
             )
+            if on_transcript is not None:
+                on_transcript(tw)
             hook("started", {"episode_id": env.state.episode_id, "transcript": str(path)})
             messages = list(task.messages)
             for m in messages:

@@ -22,6 +22,11 @@ that service (:class:`~kerneljudge.env.remote.RemoteJudge`, one per episode) and
 here; the service queues the episodes' jobs and times one candidate per device at a time. The
 plan records the address (not the token), and a resumed run uses it unless told another.
 
+Signals: SIGINT (Ctrl-C) and SIGTERM stop a run at once; the episodes in flight are marked
+``interrupted`` (as a resumed run marks those a dead run left) and not waited for, and the run
+raises :class:`~kerneljudge.agent.interrupt.RunInterrupted` once it has cleaned up (see
+:mod:`kerneljudge.agent.interrupt`).
+
 Temporary files: while a run lasts, the process's temporary folder (:data:`tempfile.tempdir`)
 is the run's own folder (``kj-run-*`` under the system's), recorded in ``state.jsonl``; the
 workers' scratch folders go there. The run removes it at its end; a resumed run removes those of
@@ -33,19 +38,20 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from kerneljudge.agent.config import RunnerConfig
+from kerneljudge.agent.interrupt import Cancelled, Flight, RunInterrupted, StopSignals
 from kerneljudge.agent.runlog import RunLog, cleanup_tmp, read_jsonl, repair_tail
 from kerneljudge.agent.runner import ChatClient, Progress, run_episode
-from kerneljudge.agent.transcript import EpisodeSummary
+from kerneljudge.agent.transcript import EpisodeSummary, TranscriptWriter
 from kerneljudge.env import EnvConfig
 from kerneljudge.env._context import JudgeSession
 from kerneljudge.env.remote import RemoteJudge
@@ -78,6 +84,7 @@ class JudgePool:
         self._idle: dict[str, list[JudgeSession]] = {}
         self._alive = 0
         self._cond = threading.Condition()
+        self._closed = False
         self.created = 0
 
     @contextlib.contextmanager
@@ -103,6 +110,8 @@ class JudgePool:
         evict: JudgeSession | None = None
         with self._cond:
             while True:
+                if self._closed:
+                    raise RuntimeError("the run's judges were closed")
                 idle = self._idle.get(problem)
                 if idle:
                     return idle.pop()
@@ -127,11 +136,14 @@ class JudgePool:
         return session
 
     def close(self) -> None:
-        """Close every idle judge (all of them, once the episodes have ended)."""
+        """Close every idle judge (all of them, once the episodes have ended); a step that
+        asks for a judge afterwards gets a RuntimeError."""
         with self._cond:
+            self._closed = True
             sessions = [s for v in self._idle.values() for s in v]
             self._idle.clear()
             self._alive -= len(sessions)
+            self._cond.notify_all()
         for session in sessions:
             session.close()
 
@@ -171,6 +183,8 @@ def run_episodes(
         MissingExtraError: ``client`` is None and the ``openai`` package is missing.
         RuntimeError: another live process runs in ``out_dir``, or it holds a run with
             episodes not ended (resume that one, see :func:`resume_episodes`).
+        RunInterrupted: SIGINT or SIGTERM came while the episodes ran (in the main thread):
+            those in flight were marked ``interrupted`` and not waited for.
         ValueError: ``episodes``, ``concurrency`` or ``judges`` out of range, or no problem.
     """
     if episodes < 1 or concurrency < 1 or judges < 0:
@@ -240,7 +254,8 @@ def resume_episodes(
     Raises:
         FileNotFoundError: ``out_dir`` holds no run.
         RuntimeError: another live process runs in ``out_dir``.
-        ServerUnreachable, MissingExtraError, ValueError: as :func:`run_episodes`.
+        ServerUnreachable, MissingExtraError, ValueError, RunInterrupted: as
+            :func:`run_episodes`.
     """
     log = RunLog(out_dir, create=False)
     plan = log.plan()
@@ -306,7 +321,13 @@ def _execute(
     judges: int,
     remote: tuple[str, str | None] | None = None,
 ) -> list[EpisodeSummary]:
-    """Run the plan's episodes not ended; ``remote``: ``(server, token)`` of a judge service."""
+    """Run the plan's episodes not ended; ``remote``: ``(server, token)`` of a judge service.
+
+    Raises:
+        RunInterrupted: SIGINT or SIGTERM came (in the main thread): the episodes in flight
+            were marked ``interrupted`` and not waited for (see
+            :mod:`kerneljudge.agent.interrupt`).
+    """
     from kerneljudge.agent.client import ServerUnreachable
 
     if client is None:
@@ -315,25 +336,21 @@ def _execute(
         client = ModelClient(runner)
     plan = log.plan()
     index = {s["slot"]: s for s in plan["slots"]}
-    todo = [st for st in log.states() if st.summary is None]
+    todo = [st.slot for st in log.states() if st.summary is None]
     stop = threading.Event()
     unreachable: list[ServerUnreachable] = []
     device_lock = threading.Lock()
     pool = JudgePool(config, judges or min(concurrency, DEFAULT_JUDGES), device_lock)
-    tmp = Path(tempfile.gettempdir()) / f"kj-run-{uuid.uuid4().hex[:12]}"
-    tmp.mkdir(mode=0o700)
-    run = {"pid": os.getpid(), "tmp": str(tmp), "todo": len(todo), "concurrency": concurrency}
-    log.event_many([{"event": "run", **run}])
+    flight = Flight(log)
 
     def job(slot: str) -> None:
-        if stop.is_set():
-            return
         problem, n = str(index[slot]["problem"]), int(index[slot]["index"])
+        writer: list[TranscriptWriter] = []
 
         def hook(event: str, fields: dict[str, Any]) -> None:
             if "transcript" in fields:  # relative to the run folder: valid from any cwd
                 fields = {**fields, "transcript": log.relative(fields["transcript"])}
-            log.event(slot, event, **fields)
+            flight.record(slot, event, fields, writer[0] if writer else None)
 
         remote_judge = None
         try:
@@ -349,10 +366,13 @@ def _execute(
                 lease=None if remote_judge is not None else lambda: pool.judge(problem),
                 device_lock=device_lock,
                 reward=reward,
-                progress=progress,
+                progress=lambda line: flight.say(line, progress),
                 on_event=hook,
+                on_transcript=writer.append,
             )
         except Exception as exc:  # noqa: BLE001 - every failure is this episode's summary
+            if flight.cancelled:
+                return
             if isinstance(exc, ServerUnreachable):
                 stop.set()
                 unreachable.append(exc)
@@ -360,27 +380,80 @@ def _execute(
         finally:
             if remote_judge is not None:
                 remote_judge.close()
-        log.add_summary(slot, summary.to_dict(), _state_of(summary))
+        with contextlib.suppress(Cancelled):
+            flight.end(slot, summary.to_dict(), _state_of(summary))
 
     saved = tempfile.tempdir
-    tempfile.tempdir = str(tmp)
-    try:
-        with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="kj-episode") as ex:
-            try:
-                for future in [ex.submit(job, st.slot) for st in todo]:
-                    future.result()
-            except BaseException:  # Ctrl-C: episodes not started stay planned
-                stop.set()
+    with StopSignals() as signals:
+        tmp = Path(tempfile.gettempdir()) / f"kj-run-{uuid.uuid4().hex[:12]}"
+        try:
+            tmp.mkdir(mode=0o700)
+            record = {"pid": os.getpid(), "tmp": str(tmp), "todo": len(todo)}
+            log.event_many([{"event": "run", **record, "concurrency": concurrency}])
+            tempfile.tempdir = str(tmp)
+            _run_jobs(todo, job, concurrency, lambda: stop.is_set())
+        except BaseException as exc:  # a signal: the episodes in flight are not waited for
+            signals.hold()
+            signum = exc.signum if isinstance(exc, RunInterrupted) else signal.SIGINT
+            flight.interrupt(
+                f"the run was stopped ({signal.Signals(signum).name}) before this episode "
+                "ended; a resumed run runs it again from the start"
+            )
+            if not isinstance(exc, KeyboardInterrupt):
                 raise
-    finally:
-        pool.close()
-        tempfile.tempdir = saved
-        shutil.rmtree(tmp, ignore_errors=True)
-        log.event_many([{"event": "run_end", "pid": os.getpid(), "judges_created": pool.created}])
+            interrupted = exc if isinstance(exc, RunInterrupted) else RunInterrupted(signum)
+            interrupted.out = log.out
+            if interrupted is not exc:
+                raise interrupted from exc
+            raise
+        finally:
+            signals.hold()  # the clean-up runs to its end
+            pool.close()
+            tempfile.tempdir = saved
+            cleanup_tmp(tmp)  # also ends the workers of judges still lent to episodes
+            shutil.rmtree(tmp, ignore_errors=True)
+            log.event_many(
+                [{"event": "run_end", "pid": os.getpid(), "judges_created": pool.created}]
+            )
     if unreachable:
         raise unreachable[0]
     done = log.summaries()
     return [EpisodeSummary.from_dict(done[s["slot"]]) for s in plan["slots"] if s["slot"] in done]
+
+
+def _run_jobs(
+    slots: list[str], job: Callable[[str], None], concurrency: int, stop: Callable[[], bool]
+) -> None:
+    """Run ``job(slot)`` for every slot in ``concurrency`` daemon threads (a thread takes no
+    new slot once ``stop()``); the main thread waits for them, and a signal's exception
+    raised there leaves them running. An exception that escapes a job is raised here."""
+    pending = list(reversed(slots))
+    lock = threading.Lock()
+    failures: list[BaseException] = []
+
+    def work() -> None:
+        while True:
+            with lock:
+                if not pending or stop() or failures:
+                    return
+                slot = pending.pop()
+            try:
+                job(slot)
+            except BaseException as exc:  # noqa: BLE001 - passed on to the main thread
+                failures.append(exc)
+                return
+
+    threads = [
+        threading.Thread(target=work, name=f"kj-episode-{k}", daemon=True)
+        for k in range(min(concurrency, len(slots)))
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        while thread.is_alive():
+            thread.join(0.5)
+    if failures:
+        raise failures[0]
 
 
 def _failure(problem: str, index: int, runner: RunnerConfig, exc: BaseException) -> EpisodeSummary:

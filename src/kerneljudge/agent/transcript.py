@@ -117,6 +117,9 @@ class TranscriptWriter:
     """Appends records to a JSONL file, each line flushed to disk (``fsync``) before the
     episode goes on: a crash or a kill loses nothing written but a torn last line.
 
+    Another thread may end the transcript of an episode that is still running
+    (:meth:`interrupt`, :meth:`discard`); the records written after that are dropped.
+
     Args:
         path: the transcript file (its folder is created).
     """
@@ -127,6 +130,7 @@ class TranscriptWriter:
         self._file = open(self.path, "w", encoding="utf-8")
         self._t0 = time.monotonic()
         self._lock = threading.Lock()
+        self._sealed = False
 
     def __enter__(self) -> TranscriptWriter:
         return self
@@ -135,15 +139,50 @@ class TranscriptWriter:
         self.close()
 
     def close(self) -> None:
-        self._file.close()
+        with self._lock:
+            self._file.close()
 
     def write(self, record: dict[str, Any]) -> None:
-        """Write one record (``t`` is added)."""
+        """Write one record (``t`` is added); nothing once the transcript was ended by
+        :meth:`interrupt` or :meth:`discard`."""
         record = {**record, "t": round(time.monotonic() - self._t0, 3)}
         with self._lock:
+            if self._sealed:
+                return
             self._file.write(json.dumps(record, default=str) + "\n")
             self._file.flush()
             os.fsync(self._file.fileno())
+
+    def interrupt(self, steps: int, reason: str) -> Path | None:
+        """End the transcript of an episode stopped before its end: an ``interrupted`` record
+        (``steps``, ``reason``) is its last line, and the file is renamed
+        ``<episode id>.interrupted.jsonl``; later records are dropped.
+
+        Returns:
+            The new path; None when the writer was closed already (the episode had written
+            its summary), which leaves the file as it is.
+        """
+        with self._lock:
+            if self._sealed or self._file.closed:
+                return None
+            self._sealed = True
+            record = {"type": "interrupted", "steps": steps, "reason": reason}
+            record["t"] = round(time.monotonic() - self._t0, 3)
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            moved = self.path.with_name(self.path.stem + ".interrupted.jsonl")
+            self.path.replace(moved)
+            return moved
+
+    def discard(self) -> None:
+        """Remove the transcript (an episode that must not have begun); later records are
+        dropped."""
+        with self._lock:
+            self._sealed = True
+            self._file.close()
+            self.path.unlink(missing_ok=True)
 
     def header(self, **fields: Any) -> None:
         from kerneljudge import __version__
