@@ -106,6 +106,33 @@ def test_build_timeout_kills_the_build(tmp_path: Path) -> None:
     assert "did not finish within 3 s" in result.log
 
 
+def test_the_build_clock_counts_the_host_share_a_build_had(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A build limit is kept in seconds of the host: on a loaded host each wall second counts
+    the share of the CPUs a runnable task gets there, never less than MIN_SHARE."""
+    import subprocess
+    import sys
+    import time
+
+    from kerneljudge.worker import exits
+
+    for runnable, share in [(None, 1.0), (2, 1.0), (3, 1.0), (6, 0.4), (1000, exits.MIN_SHARE)]:
+        monkeypatch.setattr(exits, "_runnable", lambda r=runnable: r)
+        clock = exits.HostShareClock(cpus=2)
+        clock._last -= 10.0  # ten wall seconds since the last tick
+        assert clock.tick() == pytest.approx(10.0 * share, rel=0.01), runnable
+    # A command that outlives its limit is still ended on a loaded host, later in wall time.
+    monkeypatch.setattr(exits, "_runnable", lambda: 5)  # 4 others on 2 CPUs: half a second a second
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        started = time.monotonic()
+        clock = exits.HostShareClock(cpus=2)
+        assert not exits.exited(proc, 0.5, clock=clock)
+        assert clock.elapsed >= 0.5 and time.monotonic() - started >= 1.0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_build_sees_no_gpu(tmp_path: Path) -> None:
     src = (
         "from torch.utils.cpp_extension import load_inline\n"

@@ -340,7 +340,10 @@ def build(
         candidate: what to build.
         cache: where builds are kept.
         arch: the target compute capability, e.g. ``"9.0"`` (see :func:`toolchain.target_arch`).
-        timeout_s: wall-clock limit of the build (seconds); the build's process group is killed.
+        timeout_s: limit of the build (seconds of the host's time,
+            :class:`~kerneljudge.worker.exits.HostShareClock`: wall seconds on a host with a CPU
+            free for each runnable task, up to 8x longer on a loaded one); the build's process
+            group is killed.
 
     The build worker runs confined (:mod:`kerneljudge.worker.confine`): no process it or a tool
     it starts (``ninja`` runs what a ``build.ninja`` says) outlives the build, and none of them
@@ -399,14 +402,17 @@ def build(
                 for precompiler in precompilers:
                     precompiler.poll()
 
+            clock = exits.HostShareClock()  # a loaded host does not end an honest build
             try:
-                finished = exits.exited(proc, timeout_s, poll)
+                finished = exits.exited(proc, timeout_s, poll, clock)
             finally:  # also when the wait failed: nothing of the build outlives it
                 _kill_group(proc)  # the rest of its process group ends with it
                 for precompiler in precompilers:
                     precompiler.finish(started + timeout_s if finished else None)
             if not finished:
                 msg = f"the build did not finish within {timeout_s:g} s"
+                if clock.wall() > 1.05 * timeout_s:
+                    msg += f" of the host's time ({clock.wall():.0f} s of wall time, loaded)"
                 return BuildResult(
                     ok=False,
                     backend=candidate.backend,
