@@ -17,7 +17,7 @@ from rich.errors import MarkupError
 from rich.table import Table
 from rich.text import Text
 
-__all__ = ["StageReporter", "make_console", "plain_table", "print_table"]
+__all__ = ["StageReporter", "clip", "make_console", "plain_table", "print_table"]
 
 #: The width of a console that is not a terminal: text is never wrapped there (``soft_wrap``);
 #: a rich renderable that still measures against the width gets this many columns.
@@ -36,6 +36,16 @@ def make_console(*, stderr: bool = False, file: IO[str] | None = None) -> Consol
     if console.is_terminal:
         return console
     return Console(stderr=stderr, file=file, width=PLAIN_WIDTH, soft_wrap=True, no_color=True)
+
+
+def clip(text: str, limit: int | None = None) -> str:
+    """``text`` on one line (each run of whitespace holding a line break becomes one space);
+    with ``limit``, cut to at most ``limit`` characters, the last an ellipsis ("…") where
+    anything was cut. Terminals get a limit; files and pipes get the whole text (None)."""
+    line = " ".join(part.strip() for part in text.splitlines() if part.strip())
+    if limit is None or len(line) <= limit:
+        return line
+    return line[: max(limit - 1, 0)].rstrip() + "…"
 
 
 def _plain(cell: RenderableType | None) -> str:

@@ -1,5 +1,9 @@
 """Progress of a suite run: a rich progress bar with an ETA on a terminal, plain lines otherwise.
 
+A pair's line carries the reason of a verdict that is not correct (and why a pair was not
+judged): whole into a file or a pipe, cut to :data:`REASON_WIDTH` characters with "…" on a
+terminal.
+
 The ETA is the mean wall time of the pairs judged so far in this process times the pairs left
 (the first pair of each problem pays for starting its workers, so early estimates run high).
 """
@@ -20,11 +24,15 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from kerneljudge.cli.output import clip
 from kerneljudge.suite.layout import Pair
 from kerneljudge.verdict import Verdict
 from kerneljudge.verdict.render import STATUS_STYLE
 
-__all__ = ["SuiteProgress", "format_eta"]
+__all__ = ["REASON_WIDTH", "SuiteProgress", "format_eta"]
+
+#: Characters of a reason that a pair's line shows on a terminal.
+REASON_WIDTH = 100
 
 
 def format_eta(seconds: float | None) -> str:
@@ -100,15 +108,16 @@ class SuiteProgress:
             self._progress.update(self._task, description=label)
         elif event in ("verdict", "skip") and pair is not None:
             self.count += 1
+            width = REASON_WIDTH if self.bar else None
             label = escape(f"{pair.problem.name}/{pair.sample}")
             if event == "verdict":
                 verdict, seconds = data
                 style = STATUS_STYLE.get(verdict.status, "")
                 what = f"[{style}]{verdict.status.value}[/]{_speedup(verdict)}"
                 if verdict.reason and not verdict.correct:
-                    what += f" [dim]{escape(verdict.reason[:100])}[/]"
+                    what += f" [dim]{escape(clip(verdict.reason, width))}[/]"
             else:
-                what, seconds = f"[yellow]not judged[/] {escape(str(data))}", None
+                what, seconds = f"[yellow]not judged[/] {escape(clip(str(data), width))}", None
             took = f" {seconds:.1f}s" if seconds is not None else ""
             if self._progress is not None:
                 self._progress.console.print(f"{label}: {what}{took}", highlight=False)
