@@ -277,3 +277,51 @@ def test_metrics_read_the_graph_replays_speedups_when_asked(tmp_path: Path) -> N
     assert "graph-replay speedups; 1 verdict(s) without replays counted by their launched" in shown
     res = runner.invoke(app, [*base, "--timing", "wall"])
     assert res.exit_code == 2 and "--timing must be launched or graph" in res.output
+
+
+def test_reading_a_store_that_does_not_exist_is_refused_and_creates_nothing(
+    tmp_path: Path,
+) -> None:
+    """A mistyped ``--store`` is one line naming it, exit 2, for every command that reads
+    (the results commands, the report and a resume); neither the file nor its folder is
+    made. A new suite run still makes its store."""
+    runner = CliRunner()
+    for db in (tmp_path / "typo.db", tmp_path / "nodir" / "x.db"):
+        for cmd in (
+            ["results", "runs"],
+            ["results", "show", "latest"],
+            ["results", "metrics", "latest"],
+            ["results", "export", "latest", "-o", str(tmp_path / "out.jsonl")],
+            ["report", "latest", "--out", str(tmp_path / "r.html")],
+            ["suite", "run", "--resume", "latest"],
+        ):
+            res = runner.invoke(app, [*cmd, "--store", str(db)])
+            assert res.exit_code == 2, (cmd, res.output)
+            assert res.output.strip() == f"error: no results store at {db}", (cmd, res.output)
+        assert not db.exists() and db.parent.exists() == (db.parent == tmp_path)
+    assert not list(tmp_path.iterdir())
+    with pytest.raises(StoreError, match="no results store at"):
+        ResultsStore(tmp_path / "typo.db", create=False)
+    with ResultsStore(tmp_path / "new" / "r.db") as store:  # a new run's store is made
+        assert store.runs() == []
+
+
+def test_export_makes_the_output_folder(tmp_path: Path) -> None:
+    db_path = tmp_path / "r.db"
+    with ResultsStore(db_path) as store:
+        _run(store)
+        store.add_verdict(
+            "r1", problem="p", sample="0", source="s", verdict=_verdict(Status.CORRECT)
+        )
+    out = tmp_path / "a" / "b" / "r1.jsonl"
+    res = CliRunner().invoke(
+        app, ["results", "export", "r1", "--store", str(db_path), "-o", str(out)]
+    )
+    assert res.exit_code == 0, res.output
+    assert [json.loads(line)["sample"] for line in out.read_text().splitlines()] == ["0"]
+    blocked = tmp_path / "r.db" / "x.jsonl"  # its folder is a file
+    res = CliRunner().invoke(
+        app, ["results", "export", "r1", "--store", str(db_path), "-o", str(blocked)]
+    )
+    assert res.exit_code == 2 and res.output.startswith(f"error: cannot write {blocked}")
+    assert len(res.output.strip().splitlines()) == 1

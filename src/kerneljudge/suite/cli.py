@@ -134,7 +134,7 @@ def suite_run(
                     f"[yellow]matches no problem:[/] {escape(str(path))}", highlight=False
                 )
             return
-        with _open(store) as db:
+        with _open(store, create=resume is None) as db:
             if resume is None:
                 assert suite is not None and candidates is not None
                 run = start_run(

@@ -41,9 +41,11 @@ def csv(text: str) -> tuple[str, ...]:
     return tuple(item.strip() for item in text.split(",") if item.strip())
 
 
-def open_store(store: Path | None) -> Any:
+def open_store(store: Path | None, *, create: bool = False) -> Any:
     """The :class:`~kerneljudge.suite.store.ResultsStore` at ``store`` (None: the default
-    path)."""
+    path). A store that does not exist is made only with ``create`` (a new suite run); the
+    commands that read refuse it (:class:`~kerneljudge.suite.store.StoreError`, one line
+    naming the path)."""
     from kerneljudge.suite.store import ResultsStore
 
-    return ResultsStore(store)
+    return ResultsStore(store, create=create)

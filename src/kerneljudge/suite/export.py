@@ -29,9 +29,32 @@ def records(store: ResultsStore, run_id: str) -> Iterator[dict[str, Any]]:
         yield row
 
 
+def _writable(output: Path) -> None:
+    """Make ``output``'s folder where it is missing.
+
+    Raises:
+        KernelJudgeError: the folder cannot be made.
+    """
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise KernelJudgeError(f"cannot write {output}: {exc.strerror or exc}") from None
+
+
 def export_jsonl(store: ResultsStore, run_id: str, output: Path | None) -> int:
-    """Write one JSON object per line to ``output`` (None: stdout); return the count."""
-    out = output.open("w", encoding="utf-8") if output else sys.stdout
+    """Write one JSON object per line to ``output`` (None: stdout; a file's missing folders
+    are made); return the count.
+
+    Raises:
+        KernelJudgeError: ``output`` cannot be written.
+    """
+    out = sys.stdout
+    if output is not None:
+        _writable(output)
+        try:
+            out = output.open("w", encoding="utf-8")
+        except OSError as exc:
+            raise KernelJudgeError(f"cannot write {output}: {exc.strerror or exc}") from None
     n = 0
     try:
         for row in records(store, run_id):
@@ -45,10 +68,12 @@ def export_jsonl(store: ResultsStore, run_id: str, output: Path | None) -> int:
 
 def export_parquet(store: ResultsStore, run_id: str, output: Path) -> int:
     """Write a Parquet file, one row per verdict; nested fields (``verdict``, ``sampling``,
-    ``metadata``, ``versions``, ``transcript``) as JSON text columns; return the count.
+    ``metadata``, ``versions``, ``transcript``) as JSON text columns (the file's missing
+    folders are made); return the count.
 
     Raises:
-        KernelJudgeError: pyarrow is not installed (the ``kerneljudge[parquet]`` extra).
+        KernelJudgeError: pyarrow is not installed (the ``kerneljudge[parquet]`` extra), or
+            ``output`` cannot be written.
     """
     try:
         import pyarrow as pa
@@ -92,5 +117,9 @@ def export_parquet(store: ResultsStore, run_id: str, output: Path) -> int:
         ]
     )
     table = pa.Table.from_pylist(rows, schema=schema)
-    pq.write_table(table, output)
+    _writable(output)
+    try:
+        pq.write_table(table, output)
+    except OSError as exc:
+        raise KernelJudgeError(f"cannot write {output}: {exc.strerror or exc}") from None
     return len(rows)

@@ -154,17 +154,23 @@ class ResultsStore:
     """A results store file; open it, add runs and verdicts, query them.
 
     Args:
-        path: the SQLite file (created with its folder when missing); None:
-            :func:`default_store_path`.
+        path: the SQLite file; None: :func:`default_store_path`.
+        create: make the file (and its folder) when it is missing; with False a missing
+            file is refused, so that reading a mistyped path neither succeeds empty nor
+            leaves a new file behind.
 
     Raises:
-        StoreError: the file cannot be opened, is not a store, or is newer than this code.
+        StoreError: the file is missing (and ``create`` is False), cannot be opened, is not
+            a store, or is newer than this code.
     """
 
-    def __init__(self, path: str | Path | None = None) -> None:
+    def __init__(self, path: str | Path | None = None, *, create: bool = True) -> None:
         self.path = Path(path) if path is not None else default_store_path()
+        if not create and not self.path.exists():
+            raise StoreError(f"no results store at {self.path}")
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if create:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(self.path, isolation_level=None, timeout=30.0)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA foreign_keys=ON")
