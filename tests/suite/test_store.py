@@ -158,6 +158,54 @@ def test_a_version_1_file_migrates_and_keeps_its_verdicts(tmp_path: Path) -> Non
     db.close()
 
 
+def test_a_version_2_file_gets_its_judged_pairs_as_planned(tmp_path: Path) -> None:
+    """Step 3 plans each stored verdict's pair and raises a problem's planned count to its
+    judged pairs where it was lower; a higher count (pairs planned, not judged) is kept."""
+    path = tmp_path / "v2.db"
+    db = sqlite3.connect(path, isolation_level=None)
+    assert migrate(db, target=2) == 2
+    db.execute(
+        "INSERT INTO runs (run_id, created_at, updated_at, state) VALUES ('r', 't', 't', 'x')"
+    )
+    for problem, planned in (("p", 1), ("q", 5)):
+        db.execute(
+            "INSERT INTO run_problems (run_id, problem, planned) VALUES ('r', ?, ?)",
+            (problem, planned),
+        )
+    verdict = json.dumps(_verdict(Status.CORRECT).to_dict())
+    for problem, sample in (("p", "0"), ("p", "1"), ("q", "0")):
+        db.execute(
+            "INSERT INTO verdicts (run_id, problem, sample, candidate_path, candidate_source, "
+            "candidate_sha256, status, verdict, stored_at) VALUES ('r', ?, ?, ?, 's', 'h', "
+            "'correct', ?, 't')",
+            (problem, sample, f"/c/{problem}/{sample}.py", verdict),
+        )
+    db.close()
+    with ResultsStore(path) as store:
+        assert store.version == LATEST
+        assert store.planned("r") == {
+            ("p", "0"): "/c/p/0.py",
+            ("p", "1"): "/c/p/1.py",
+            ("q", "0"): "/c/q/0.py",
+        }
+        info = store.run("r")
+        assert (info.planned, info.judged) == (7, 3)  # p: 2 (was 1), q: 5
+
+
+def test_a_pair_once_planned_stays_planned_and_a_verdict_plans_its_pair(tmp_path: Path) -> None:
+    with ResultsStore(tmp_path / "r.db") as store:
+        _run(store)  # p planned 2, q planned 0
+        store.add_planned("r1", [("p", "a", "/a.py"), ("p", "b", "/b.py")])
+        store.set_problems("r1", [{"problem": "p", "level": 1, "planned": 1}])  # never lower
+        assert store.run("r1").planned == 2
+        store.add_verdict(
+            "r1", problem="q", sample="x", source="s", verdict=_verdict(Status.CORRECT)
+        )
+        assert set(store.planned("r1")) == {("p", "a"), ("p", "b"), ("q", "x")}
+        info = store.run("r1")
+        assert (info.planned, info.judged) == (3, 1)
+
+
 def test_a_newer_file_is_refused_in_one_line(tmp_path: Path) -> None:
     path = tmp_path / "new.db"
     ResultsStore(path).close()

@@ -74,6 +74,21 @@ CREATE TABLE episodes (
 );
 """
 
+_V3 = """
+CREATE TABLE planned_pairs (
+    run_id      TEXT NOT NULL REFERENCES runs(run_id),
+    problem     TEXT NOT NULL,
+    sample      TEXT NOT NULL,
+    path        TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (run_id, problem, sample)
+);
+INSERT OR IGNORE INTO planned_pairs (run_id, problem, sample, path)
+    SELECT run_id, problem, sample, candidate_path FROM verdicts;
+UPDATE run_problems SET planned = MAX(planned, (
+    SELECT COUNT(*) FROM planned_pairs q
+    WHERE q.run_id = run_problems.run_id AND q.problem = run_problems.problem
+));
+"""
 
 #: The speedups a stored verdict can be read by: its launched calls' or its graph replays'.
 TIMINGS = ("launched", "graph")
@@ -129,8 +144,11 @@ def _v2(db: sqlite3.Connection) -> None:
 
 #: The steps, in order: step ``i`` (1-based) takes a file from version ``i - 1`` to ``i``.
 #: 1: runs, their problems, verdicts. 2: the eager speedup and its interval as columns
-#: (filled from the stored verdicts), an index by run, and episode transcripts.
-MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_script(_V1), _v2)
+#: (filled from the stored verdicts), an index by run, and episode transcripts. 3: each run's
+#: planned pairs (filled from its verdicts: a judged pair was planned; the pairs planned but
+#: not judged before this step are unknown, so each problem keeps its planned count, raised
+#: to its judged pairs where it was lower).
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_script(_V1), _v2, _script(_V3))
 LATEST = len(MIGRATIONS)
 
 

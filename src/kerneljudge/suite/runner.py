@@ -2,7 +2,10 @@
 
 A run is planned from its *spec* (the suite, the candidates folder, the layout and the judge
 options, stored with the run), so a resumed run plans the same pairs again and judges those
-without a stored verdict. Each problem gets one warm :class:`~kerneljudge.judge.Judge` for all
+without a stored verdict. The store keeps every pair a run planned: a pair added to the folder
+joins the plan at the next resume, a pair once planned or judged stays in it (one removed before
+it was judged is left undone, :attr:`RunPlan.missing`), so a run never has more verdicts than
+planned pairs. Each problem gets one warm :class:`~kerneljudge.judge.Judge` for all
 its candidates, made from processes started while the problem before it was judged
 (:mod:`kerneljudge.worker.spares`); each verdict is committed before the next pair starts, so
 a run stopped at any moment (Ctrl-C, ``kill -9``, a power cut) loses at most the pair in
@@ -32,7 +35,16 @@ from kerneljudge.suite.layout import Pair, SuiteProblem, find_candidates, load_s
 from kerneljudge.suite.store import ResultsStore, StoreError
 from kerneljudge.worker.spares import Spares
 
-__all__ = ["RunSummary", "SuiteOptions", "host_versions", "plan", "run_pairs", "start_run"]
+__all__ = [
+    "RunPlan",
+    "RunSummary",
+    "SuiteOptions",
+    "host_versions",
+    "plan",
+    "plan_run",
+    "run_pairs",
+    "start_run",
+]
 
 
 #: The judge's options for every pair of a run (stored with it; a resume reuses them).
@@ -44,10 +56,11 @@ class RunSummary:
     """What one call of :func:`run_pairs` did.
 
     Attributes:
-        planned: pairs in the plan; already: pairs done before this call; judged: verdicts
-            stored by this call; not_judged: pair label -> why it was left for a later resume
-            (a harness error: no GPU for a CUDA candidate, an unreadable file, a failing
-            reference); statuses: status -> count of this call's verdicts.
+        planned: pairs in the run's plan (:class:`RunPlan`); already: of those, pairs done
+            before this call; judged: verdicts stored by this call; not_judged: pair label ->
+            why it was left for a later resume (a harness error: no GPU for a CUDA candidate,
+            an unreadable file, a failing reference; or a planned pair whose file is gone);
+            statuses: status -> count of this call's verdicts.
     """
 
     run_id: str
@@ -108,6 +121,57 @@ def plan(spec: dict[str, Any]) -> tuple[list[SuiteProblem], list[Pair], list[Pat
     return problems, pairs, unmatched
 
 
+@dataclass
+class RunPlan:
+    """What a run judges: its suite's ``problems``, the candidate folder's ``pairs`` now and the
+    files that match no problem (``unmatched``), the run's whole plan (``planned``: every pair
+    planned or judged in it before, and the folder's pairs now; ``(problem, sample)`` -> the
+    candidate file) and the pairs with a stored verdict (``done``)."""
+
+    problems: list[SuiteProblem]
+    pairs: list[Pair]
+    unmatched: list[Path]
+    planned: dict[tuple[str, str], str]
+    done: set[tuple[str, str]]
+
+    @property
+    def todo(self) -> list[Pair]:
+        """The folder's pairs without a stored verdict, in plan order."""
+        return [p for p in self.pairs if p.key not in self.done]
+
+    @property
+    def missing(self) -> dict[str, str]:
+        """The planned pairs that have no verdict and are no longer in the folder (or whose
+        problem is no longer in the suite): ``problem/sample`` -> why they cannot be judged."""
+        now = {p.key for p in self.pairs}
+        names = {p.name for p in self.problems}
+        out = {}
+        for (problem, sample), path in self.planned.items():
+            if (problem, sample) in now or (problem, sample) in self.done:
+                continue
+            out[f"{problem}/{sample}"] = (
+                f"its candidate file {path} is no longer in the candidates folder"
+                if problem in names
+                else f"its problem {problem} is no longer in the suite"
+            )
+        return out
+
+
+def plan_run(store: ResultsStore, run_id: str, spec: dict[str, Any]) -> RunPlan:
+    """The plan of run ``run_id`` (of ``spec``) from its suite and candidates folder now and
+    what ``store`` holds of it, writing nothing: a pair once planned or judged stays in the
+    plan, a pair added to the folder joins it.
+
+    Raises:
+        KernelJudgeError: as :func:`plan`.
+    """
+    problems, pairs, unmatched = plan(spec)
+    planned = store.planned(run_id)
+    for p in pairs:
+        planned.setdefault(p.key, str(p.path))
+    return RunPlan(problems, pairs, unmatched, planned, store.done(run_id))
+
+
 def new_run_id() -> str:
     """``YYYYmmdd-HHMMSS-xxxx``: UTC time of creation and 4 random hex digits."""
     return datetime.now(UTC).strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(2)
@@ -138,7 +202,7 @@ def start_run(
         "layout": layout,
         "options": asdict(options),
     }
-    problems, pairs, _ = plan(spec)
+    problems, pairs, unmatched = plan(spec)
     run_id = run_id or new_run_id()
     store.create_run(
         run_id,
@@ -150,17 +214,17 @@ def start_run(
         versions=host_versions(),
         owner=_owner(),
     )
-    _record_problems(store, run_id, problems, pairs)
+    _record_plan(store, run_id, RunPlan(problems, pairs, unmatched, {}, set()))
     return run_id
 
 
-def _record_problems(
-    store: ResultsStore, run_id: str, problems: list[SuiteProblem], pairs: list[Pair]
-) -> None:
+def _record_plan(store: ResultsStore, run_id: str, run_plan: RunPlan) -> None:
+    """Store the plan's problems and add the folder's pairs to the run's planned pairs."""
     counts: dict[str, int] = {}
-    for p in pairs:
-        counts[p.problem.name] = counts.get(p.problem.name, 0) + 1
-    store.set_problems(run_id, [p.to_dict(counts.get(p.name, 0)) for p in problems])
+    for problem, _ in {**run_plan.planned, **{p.key: "" for p in run_plan.pairs}}:
+        counts[problem] = counts.get(problem, 0) + 1
+    store.set_problems(run_id, [p.to_dict(counts.get(p.name, 0)) for p in run_plan.problems])
+    store.add_planned(run_id, [(p.problem.name, p.sample, str(p.path)) for p in run_plan.pairs])
 
 
 class _CtrlC:
@@ -215,14 +279,16 @@ def run_pairs(store: ResultsStore, run: str, reporter: Reporter | None = None) -
     run_id = info.run_id
     if info.state == "running" and _alive(info.owner):
         raise StoreError(f"run {run_id} is being judged by process {info.owner}")
-    problems, pairs, unmatched = plan(info.spec)
-    _record_problems(store, run_id, problems, pairs)
+    run_plan = plan_run(store, run_id, info.spec)
+    _record_plan(store, run_id, run_plan)
     options = SuiteOptions.from_dict(info.spec.get("options", {}))
     config = options.judge_config()
-    done = store.done(run_id)
-    todo = [p for p in pairs if p.key not in done]
-    summary = RunSummary(run_id, planned=len(pairs), already=len(pairs) - len(todo))
-    summary.unmatched = [str(p) for p in unmatched]
+    todo = run_plan.todo
+    summary = RunSummary(
+        run_id, planned=len(run_plan.planned), already=len(run_plan.done & run_plan.planned.keys())
+    )
+    summary.unmatched = [str(p) for p in run_plan.unmatched]
+    summary.not_judged.update(run_plan.missing)
     report = reporter or (lambda *a: None)
     store.set_state(run_id, "running", owner=_owner())
     by_problem: dict[str, list[Pair]] = {}
@@ -238,7 +304,7 @@ def run_pairs(store: ResultsStore, run: str, reporter: Reporter | None = None) -
         summary.interrupted = isinstance(exc, KeyboardInterrupt)
         store.set_state(run_id, "interrupted")
         raise
-    finished = len(store.done(run_id) & {p.key for p in pairs}) == len(pairs)
+    finished = store.done(run_id) >= set(run_plan.planned)
     store.set_state(run_id, "finished" if finished else "interrupted")
     report("end", None, summary)
     return summary

@@ -143,14 +143,16 @@ class ResultsStore:
 
     def set_problems(self, run_id: str, problems: list[dict[str, Any]]) -> None:
         """Record (or update) the suite's problems: dicts with ``problem``, ``path``, ``level``,
-        ``tags``, ``planned`` (candidates found for it)."""
+        ``tags``, ``planned`` (pairs planned for it). A problem's planned count never goes
+        down: an update with a lower one keeps the stored one (a pair once planned stays in
+        the plan)."""
         with self._transaction():
             for p in problems:
                 self._db.execute(
                     "INSERT INTO run_problems (run_id, problem, path, level, tags, planned) "
                     "VALUES (?,?,?,?,?,?) ON CONFLICT (run_id, problem) DO UPDATE SET "
                     "path = excluded.path, level = excluded.level, tags = excluded.tags, "
-                    "planned = excluded.planned",
+                    "planned = MAX(planned, excluded.planned)",
                     (
                         run_id,
                         p["problem"],
@@ -160,6 +162,35 @@ class ResultsStore:
                         int(p.get("planned", 0)),
                     ),
                 )
+
+    def add_planned(self, run_id: str, pairs: list[tuple[str, str, str]]) -> None:
+        """Add ``(problem, sample, candidate path)`` pairs to the run's plan (those already in
+        it keep their first path) and raise each of their problems' planned count to the
+        pairs planned for it; pairs are never taken out of a plan."""
+        with self._transaction():
+            self._db.executemany(
+                "INSERT OR IGNORE INTO planned_pairs (run_id, problem, sample, path) "
+                "VALUES (?,?,?,?)",
+                [(run_id, problem, sample, path) for problem, sample, path in pairs],
+            )
+            for problem in {problem for problem, _, _ in pairs}:
+                self._count_planned(run_id, problem)
+
+    def planned(self, run_id: str) -> dict[tuple[str, str], str]:
+        """The run's planned pairs, ``(problem, sample)`` -> the candidate file's path when it
+        was planned, in the order they were planned (a judged pair is always planned)."""
+        rows = self._db.execute(
+            "SELECT problem, sample, path FROM planned_pairs WHERE run_id = ? ORDER BY rowid",
+            (run_id,),
+        )
+        return {(problem, sample): path for problem, sample, path in rows}
+
+    def _count_planned(self, run_id: str, problem: str) -> None:
+        self._db.execute(
+            "UPDATE run_problems SET planned = MAX(planned, (SELECT COUNT(*) FROM planned_pairs "
+            "WHERE run_id = ? AND problem = ?)) WHERE run_id = ? AND problem = ?",
+            (run_id, problem, run_id, problem),
+        )
 
     def problems(self, run_id: str) -> dict[str, tuple[int | None, tuple[str, ...]]]:
         """The run's problems -> ``(level, tags)``, in insertion order."""
@@ -253,7 +284,8 @@ class ResultsStore:
         summary: dict[str, Any] | None = None,
     ) -> int:
         """Store one verdict (and its episode transcript, when it came from an episode) in one
-        committed transaction; return its row id.
+        committed transaction, the pair joining the run's plan if it was not in it (so no run
+        has more verdicts than planned pairs); return its row id.
 
         Raises:
             StoreError: the pair (run, problem, sample) already has a verdict.
@@ -290,6 +322,12 @@ class ResultsStore:
                     ),
                 )
                 vid = int(cur.lastrowid or 0)
+                self._db.execute(
+                    "INSERT OR IGNORE INTO planned_pairs (run_id, problem, sample, path) "
+                    "VALUES (?,?,?,?)",
+                    (run_id, problem, sample, candidate_path),
+                )
+                self._count_planned(run_id, problem)
                 if transcript is not None:
                     self._db.execute(
                         "INSERT INTO episodes (verdict_id, transcript, summary, stored_at) "
