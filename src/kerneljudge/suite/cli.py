@@ -46,6 +46,59 @@ def _params(items: list[str]) -> dict[str, Any]:
     return out
 
 
+def _dry_run(
+    store: Path | None,
+    resume: str | None,
+    suite: list[str],
+    candidates: Path | None,
+    layout: str,
+    run_id: str | None,
+) -> None:
+    """Print the plan of a new run (refusing what starting it would refuse: a taken
+    ``run_id``) or of run ``resume`` (its earlier plan and the candidates folder now), each
+    problem with its candidates and what is left to judge; write nothing.
+
+    Raises:
+        KernelJudgeError: the suite, the candidates or the store cannot be read, the run is
+            unknown, or ``run_id`` is taken.
+    """
+    from kerneljudge.suite.runner import RunPlan, plan, plan_run
+    from kerneljudge.suite.store import default_store_path
+
+    if resume is not None:
+        with _open(store) as db:
+            info = db.run(resume)
+            run_plan = plan_run(db, info.run_id, info.spec)
+        console.print(
+            f"run {info.run_id} ({info.state}), store {db.path}", markup=False, highlight=False
+        )
+    else:
+        spec = {"suite": suite, "candidates": str(candidates), "layout": layout}
+        problems, pairs, unmatched = plan(spec)
+        run_plan = RunPlan(problems, pairs, unmatched, {p.key: str(p.path) for p in pairs}, set())
+        if run_id is not None and (store or default_store_path()).exists():
+            with _open(store) as db:
+                if db.has_run(run_id):
+                    raise KernelJudgeError(f"a run named {run_id!r} is already in {db.path}")
+    for p in run_plan.problems:
+        keys = [k for k in run_plan.planned if k[0] == p.name]
+        line = f"{p.name}: level {p.level}, {len(keys)} candidates"
+        if resume is not None:
+            line += f", {sum(1 for k in keys if k in run_plan.done)} judged"
+        console.print(line, markup=False, highlight=False)
+    line = f"{len(run_plan.problems)} problems, {len(run_plan.planned)} pairs"
+    if resume is not None:
+        judged = len(run_plan.done & set(run_plan.planned))
+        missing = len(run_plan.missing)
+        line += f": {judged} judged, {len(run_plan.todo)} to judge"
+        line += f", {missing} that cannot be judged (below)" if missing else ""
+    console.print(line, markup=False, highlight=False)
+    for label, why in run_plan.missing.items():
+        console.print(f"[yellow]not judged:[/] {escape(label)}: {escape(why)}", highlight=False)
+    for path in run_plan.unmatched:
+        console.print(f"[yellow]matches no problem:[/] {escape(str(path))}", highlight=False)
+
+
 @suite_app.command("run")
 def suite_run(
     suite: Annotated[
@@ -90,19 +143,33 @@ def suite_run(
 ) -> None:
     """Judge every (problem, candidate) pair of SUITE, storing each verdict as it comes."""
     from kerneljudge.suite.progress import REASON_WIDTH, SuiteProgress
-    from kerneljudge.suite.runner import SuiteOptions, plan, run_pairs, start_run
+    from kerneljudge.suite.runner import SuiteOptions, run_pairs, start_run
 
     try:
         if resume is None and (not suite or candidates is None):
             fail("give a SUITE and --candidates, or --resume RUN")
         if resume is not None and (suite or candidates is not None):
             fail("--resume takes the suite and candidates stored with the run; give neither")
+        given = [
+            name
+            for name, value, default in (
+                ("--run-id", run_id, None),
+                ("--model", model, ""),
+                ("--sampling", sampling or None, None),
+                ("--meta", meta, "{}"),
+                ("--layout", layout, "auto"),
+            )
+            if value != default
+        ]
+        if resume is not None and given:
+            fail(f"--resume keeps the run's own {', '.join(given)}; give none of them")
         try:
             metadata = json.loads(meta)
         except json.JSONDecodeError as exc:
             raise KernelJudgeError(f"--meta is not JSON: {exc}") from None
         if not isinstance(metadata, dict):
             raise KernelJudgeError("--meta must be a JSON object")
+        params = _params(sampling or [])
         options = SuiteOptions(
             device=device,
             trials=trials,
@@ -118,21 +185,7 @@ def suite_run(
         if resume is not None and options != SuiteOptions(baselines=("eager",)):
             fail("--resume judges with the options stored with the run; give none")
         if dry_run:
-            assert suite is not None and candidates is not None
-            spec = {"suite": suite, "candidates": str(candidates), "layout": layout}
-            problems, pairs, unmatched = plan(spec)
-            for p in problems:
-                n = sum(1 for x in pairs if x.problem.name == p.name)
-                console.print(
-                    f"{p.name}: level {p.level}, {n} candidates", highlight=False, markup=False
-                )
-            console.print(
-                f"{len(problems)} problems, {len(pairs)} pairs", highlight=False, markup=False
-            )
-            for path in unmatched:
-                console.print(
-                    f"[yellow]matches no problem:[/] {escape(str(path))}", highlight=False
-                )
+            _dry_run(store, resume, suite or [], candidates, layout, run_id)
             return
         with _open(store, create=resume is None) as db:
             if resume is None:
@@ -145,7 +198,7 @@ def suite_run(
                     options=options,
                     run_id=run_id,
                     model=model,
-                    sampling=_params(sampling or []),
+                    sampling=params,
                     metadata=metadata,
                 )
                 console.print(f"run {run} (store {db.path})", highlight=False, markup=False)

@@ -226,6 +226,11 @@ class ResultsStore:
             raise StoreError(f"no run {run!r} in {self.path} (see: kerneljudge results runs)")
         raise StoreError(f"{run!r} matches {len(rows)} runs: {', '.join(r[0] for r in rows)}")
 
+    def has_run(self, run_id: str) -> bool:
+        """Whether a run has exactly this id."""
+        row = self._db.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        return row is not None
+
     def run(self, run: str) -> RunInfo:
         """One run by id, prefix or ``latest``. Raises StoreError when there is none."""
         return self._runs("WHERE r.run_id = ?", (self.resolve(run),))[0]
