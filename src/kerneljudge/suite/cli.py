@@ -141,9 +141,17 @@ def suite_run(
     dry_run: Annotated[bool, typer.Option(help="Print the plan; judge nothing.")] = False,
     store: StoreOpt = None,
 ) -> None:
-    """Judge every (problem, candidate) pair of SUITE, storing each verdict as it comes."""
+    """Judge every (problem, candidate) pair of SUITE, storing each verdict as it comes.
+    Ctrl-C or SIGTERM stops it, leaving the run resumable (exit 130, or 143 on SIGTERM)."""
     from kerneljudge.suite.progress import REASON_WIDTH, SuiteProgress
-    from kerneljudge.suite.runner import SuiteOptions, run_pairs, start_run
+    from kerneljudge.suite.runner import (
+        StopSignals,
+        SuiteOptions,
+        Terminated,
+        release,
+        run_pairs,
+        start_run,
+    )
 
     try:
         if resume is None and (not suite or candidates is None):
@@ -187,37 +195,44 @@ def suite_run(
         if dry_run:
             _dry_run(store, resume, suite or [], candidates, layout, run_id)
             return
-        with _open(store, create=resume is None) as db:
-            if resume is None:
-                assert suite is not None and candidates is not None
-                run = start_run(
-                    db,
-                    suite=list(suite),
-                    candidates=candidates,
-                    layout=layout,
-                    options=options,
-                    run_id=run_id,
-                    model=model,
-                    sampling=params,
-                    metadata=metadata,
-                )
-                console.print(f"run {run} (store {db.path})", highlight=False, markup=False)
-            else:
-                run = db.resolve(resume)
-                console.print(
-                    f"resuming run {run} (store {db.path})", highlight=False, markup=False
-                )
-            try:
-                with SuiteProgress(console) as progress:
-                    summary = run_pairs(db, run, progress)
-            except KeyboardInterrupt:
-                err_console.print(
-                    f"interrupted: continue with  kerneljudge suite run --resume {run}"
-                    + (f" --store {db.path}" if store else ""),
-                    highlight=False,
-                    markup=False,
-                )
-                raise typer.Exit(130) from None
+        run: str | None = None
+        try:
+            with StopSignals(), _open(store, create=resume is None) as db:
+                try:
+                    if resume is None:
+                        assert suite is not None and candidates is not None
+                        run = start_run(
+                            db,
+                            suite=list(suite),
+                            candidates=candidates,
+                            layout=layout,
+                            options=options,
+                            run_id=run_id,
+                            model=model,
+                            sampling=params,
+                            metadata=metadata,
+                        )
+                        console.print(f"run {run} (store {db.path})", highlight=False, markup=False)
+                    else:
+                        run = db.resolve(resume)
+                        console.print(
+                            f"resuming run {run} (store {db.path})", highlight=False, markup=False
+                        )
+                    with SuiteProgress(console) as progress:
+                        summary = run_pairs(db, run, progress)
+                except KeyboardInterrupt:
+                    if run is not None:
+                        release(db, run)
+                    raise
+        except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: the run is left resumable
+            err_console.print(
+                "interrupted"
+                + (f": continue with  kerneljudge suite run --resume {run}" if run else "")
+                + (f" --store {db.path}" if run and store else ""),
+                highlight=False,
+                markup=False,
+            )
+            raise typer.Exit(143 if isinstance(exc, Terminated) else 130) from None
     except ConfigError as exc:
         fail(exc.for_option())
         return

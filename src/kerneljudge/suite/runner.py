@@ -38,10 +38,13 @@ from kerneljudge.worker.spares import Spares
 __all__ = [
     "RunPlan",
     "RunSummary",
+    "StopSignals",
     "SuiteOptions",
+    "Terminated",
     "host_versions",
     "plan",
     "plan_run",
+    "release",
     "run_pairs",
     "start_run",
 ]
@@ -227,36 +230,61 @@ def _record_plan(store: ResultsStore, run_id: str, run_plan: RunPlan) -> None:
     store.add_planned(run_id, [(p.problem.name, p.sample, str(p.path)) for p in run_plan.pairs])
 
 
-class _CtrlC:
-    """Ctrl-C (SIGINT) that is never lost: while the block runs, SIGINT records that it came,
-    then raises :class:`KeyboardInterrupt` as Python's own handler does. Python drops an
-    exception raised while a finalizer (``__del__``, a weakref callback) runs, so a
-    KeyboardInterrupt can vanish; :meth:`check`, called between pairs, raises it again.
-    Outside the main thread (where no signal handler can be set) it only checks."""
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill PID``) during a run: a :class:`KeyboardInterrupt`, so that it stops the
+    run exactly as Ctrl-C does (the pair in flight dropped, the run marked ``interrupted``,
+    resumable); the command line exits 143 on it (130 on Ctrl-C)."""
+
+
+class StopSignals:
+    """Ctrl-C (SIGINT) and SIGTERM that are never lost: while the block runs, each records that
+    it came, then raises :class:`KeyboardInterrupt` (:class:`Terminated` for SIGTERM) as
+    Python's own SIGINT handler does. Python drops an exception raised while a finalizer
+    (``__del__``, a weakref callback) runs, so the exception can vanish; :meth:`check`,
+    called between pairs, raises it again, and so does leaving the block. The handlers
+    before the block are put back when it ends. Outside the main thread (where no signal
+    handler can be set) it only checks."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self) -> None:
-        self.requested = False
-        self._previous: Any = None
+        self.requested: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _interrupt(self) -> KeyboardInterrupt:
+        return Terminated() if self.requested == signal.SIGTERM else KeyboardInterrupt()
 
     def _handle(self, signum: int, frame: Any) -> None:
-        self.requested = True
-        raise KeyboardInterrupt
+        self.requested = signum
+        raise self._interrupt()
 
     def check(self) -> None:
-        """Raise :class:`KeyboardInterrupt` if SIGINT came since the block began."""
-        if self.requested:
-            raise KeyboardInterrupt
+        """Raise :class:`KeyboardInterrupt` (:class:`Terminated`) if SIGINT (SIGTERM) came
+        since the block began."""
+        if self.requested is not None:
+            raise self._interrupt()
 
-    def __enter__(self) -> _CtrlC:
+    def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+            for signum in self.SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous.clear()
         if exc[0] is None:
             self.check()
+
+
+def release(store: ResultsStore, run: str) -> None:
+    """Mark run ``run`` ``interrupted`` where it is ``running`` under this process: a run
+    stopped before :func:`run_pairs` took it (while it was planned), which would otherwise
+    stay ``running``."""
+    info = store.run(run)
+    if info.state == "running" and info.owner == _owner():
+        store.set_state(info.run_id, "interrupted")
 
 
 Reporter = Callable[[str, Pair | None, Any], None]
@@ -296,10 +324,10 @@ def run_pairs(store: ResultsStore, run: str, reporter: Reporter | None = None) -
         by_problem.setdefault(p.problem.name, []).append(p)
     spares = Spares()  # the next problem's processes start while this one's pairs are judged
     try:
-        with _CtrlC() as ctrl_c, contextlib.closing(spares):
+        with StopSignals() as stop, contextlib.closing(spares):
             report("start", None, (len(todo), summary.already))
             for group in by_problem.values():
-                _judge_problem(store, run_id, group, config, summary, report, ctrl_c, spares)
+                _judge_problem(store, run_id, group, config, summary, report, stop, spares)
     except BaseException as exc:  # Ctrl-C, or a harness failure: the run stays resumable
         summary.interrupted = isinstance(exc, KeyboardInterrupt)
         store.set_state(run_id, "interrupted")
@@ -317,7 +345,7 @@ def _judge_problem(
     config: JudgeConfig,
     summary: RunSummary,
     report: Reporter,
-    ctrl_c: _CtrlC,
+    stop: StopSignals,
     spares: Spares,
 ) -> None:
     """Judge one problem's pending pairs with one warm judge, its processes taken from
@@ -338,7 +366,7 @@ def _judge_problem(
     spares.refill()
     with judge:
         for i, pair in enumerate(group):
-            ctrl_c.check()
+            stop.check()
             report("pair", pair, None)
             try:
                 cand = Candidate.from_file(pair.path)
