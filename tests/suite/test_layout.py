@@ -115,3 +115,6 @@ def test_bundled_names_files_and_bad_specs(tmp_path: Path) -> None:
         find_candidates(tmp_path / "missing", problems)
     with pytest.raises(KernelJudgeError, match="unknown layout"):
         find_candidates(tmp_path, problems, layout="mine")
+    (tmp_path / "one.py").write_text("")
+    with pytest.raises(KernelJudgeError, match="must be a folder .*, not the file .*one.py"):
+        find_candidates(tmp_path / "one.py", problems)

@@ -119,3 +119,11 @@ def test_a_resume_refuses_options_that_would_change_the_run(tmp_path: Path) -> N
             _one_error(code, out, f"--resume keeps the run's own {named}; give none of them")
     code, out = _suite_run("--resume", "t", "--trials", "3", "--store", str(db))
     _one_error(code, out, "--resume judges with the options stored with the run")
+
+
+def test_a_candidates_file_is_refused_as_not_a_folder(tmp_path: Path) -> None:
+    suite = write_suite(tmp_path)
+    path = write_candidate(tmp_path / "cands", "a")
+    for dry in ([], ["--dry-run"]):
+        code, out = _suite_run(str(suite), "-c", str(path), "--store", str(tmp_path / "r.db"), *dry)
+        _one_error(code, out, f"must be a folder (of candidate files), not the file {path}")

@@ -169,11 +169,15 @@ def find_candidates(
     order; and the ``.py`` files found that match no problem.
 
     Raises:
-        KernelJudgeError: ``root`` is not a folder, ``layout`` is unknown, or two files claim
-            the same (problem, sample).
+        KernelJudgeError: ``root`` is missing or a file, ``layout`` is unknown, or two files
+            claim the same (problem, sample).
     """
     if layout not in LAYOUTS:
         raise KernelJudgeError(f"unknown layout {layout!r} (use one of {', '.join(LAYOUTS)})")
+    if root.exists() and not root.is_dir():
+        raise KernelJudgeError(
+            f"the candidates path must be a folder (of candidate files), not the file {root}"
+        )
     if not root.is_dir():
         raise KernelJudgeError(f"candidates folder not found: {root}")
     by_name = {p.name: p for p in problems}
