@@ -118,3 +118,41 @@ def test_bundled_names_files_and_bad_specs(tmp_path: Path) -> None:
     (tmp_path / "one.py").write_text("")
     with pytest.raises(KernelJudgeError, match="must be a folder .*, not the file .*one.py"):
         find_candidates(tmp_path / "one.py", problems)
+
+
+@pytest.mark.parametrize(
+    ("line", "field", "shown"),
+    [
+        ("NAME = 123", "NAME", "a non-empty string, not 123"),
+        ('NAME = ""', "NAME", "a non-empty string, not ''"),
+        ('LEVEL = "x"', "LEVEL", "an integer, not 'x'"),
+        ("LEVEL = True", "LEVEL", "an integer, not True"),
+        ('TAGS = "notalist"', "TAGS", "a list of strings, not 'notalist'"),
+        ("TAGS = [1, 2]", "TAGS", "a list of strings, not [1, 2]"),
+        ("NAME = make_name()", "NAME", "a literal (a suite reads it without running the file)"),
+    ],
+)
+def test_a_problem_field_of_the_wrong_kind_is_an_error_naming_file_and_field(
+    tmp_path: Path, line: str, field: str, shown: str
+) -> None:
+    path = tmp_path / "level3" / "p.py"
+    path.parent.mkdir()
+    path.write_text(f"{line}\n{_PROBLEM}")
+    with pytest.raises(KernelJudgeError) as info:
+        load_suite([str(path)])
+    message = str(info.value)
+    assert message.startswith(f"problem file {path}: {field} must be ") and shown in message
+    assert "\n" not in message
+
+
+def test_good_problem_fields_are_read_and_none_level_falls_back_to_the_folder(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "level3" / "p.py"
+    path.parent.mkdir()
+    path.write_text(f'NAME = "named"\nLEVEL = None\nTAGS = ("a", "b")\n{_PROBLEM}')
+    (p,) = load_suite([str(path)])
+    assert (p.name, p.level, p.tags) == ("named", 3, ("a", "b"))
+    path.write_text(f"LEVEL: int = 7\n{_PROBLEM}")
+    (p,) = load_suite([str(path)])
+    assert (p.name, p.level, p.tags) == ("p", 7, ())

@@ -72,7 +72,17 @@ class Pair:
         return (self.problem.name, self.sample)
 
 
-def _literal(tree: ast.Module, name: str) -> object:
+_ABSENT = object()
+
+
+def _literal(tree: ast.Module, name: str, path: Path) -> object:
+    """The literal value of the module-level assignment to ``name`` (the last one), or
+    :data:`_ABSENT` where there is none.
+
+    Raises:
+        KernelJudgeError: the value is not a literal (it cannot be read without running).
+    """
+    found: object = _ABSENT
     for node in tree.body:
         targets: list[ast.expr] = []
         value: ast.expr | None = None
@@ -80,38 +90,56 @@ def _literal(tree: ast.Module, name: str) -> object:
             targets, value = node.targets, node.value
         elif isinstance(node, ast.AnnAssign):
             targets, value = [node.target], node.value
-        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
-            if value is None:  # an annotation without a value
-                return None
-            try:
-                return ast.literal_eval(value)
-            except (ValueError, TypeError, SyntaxError):
-                return None
-    return None
+        if value is None or not any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            continue  # another name, or an annotation without a value
+        try:
+            found = ast.literal_eval(value)
+        except (ValueError, TypeError, SyntaxError):
+            raise KernelJudgeError(
+                f"problem file {path}: {name} must be a literal (a suite reads it without "
+                f"running the file), not {ast.unparse(value)}"
+            ) from None
+    return found
+
+
+def _field(path: Path, name: str, value: object, ok: bool, want: str) -> None:
+    if not ok:
+        raise KernelJudgeError(f"problem file {path}: {name} must be {want}, not {value!r}")
 
 
 def read_problem(path: Path) -> SuiteProblem:
-    """A problem file's name, level, tags and number, read without running it.
+    """A problem file's name, level, tags and number, read without running it. A ``NAME``,
+    ``LEVEL`` or ``TAGS`` it assigns must be a literal non-empty string, an integer (or None),
+    a list of strings.
 
     Raises:
-        KernelJudgeError: the file cannot be read or parsed.
+        KernelJudgeError: the file cannot be read or parsed, or one of those fields holds
+            something else (the message names the file and the field).
     """
     try:
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     except (OSError, UnicodeDecodeError, SyntaxError) as exc:
         raise KernelJudgeError(f"cannot read problem file {path}: {exc}") from None
-    name = _literal(tree, "NAME")
-    level = _literal(tree, "LEVEL")
-    tags = _literal(tree, "TAGS")
+    name = _literal(tree, "NAME", path)
+    level = _literal(tree, "LEVEL", path)
+    tags = _literal(tree, "TAGS", path)
+    if name is not _ABSENT:
+        _field(path, "NAME", name, isinstance(name, str) and bool(name), "a non-empty string")
+    if level is not _ABSENT:
+        is_int = isinstance(level, int) and not isinstance(level, bool)
+        _field(path, "LEVEL", level, level is None or is_int, "an integer")
+    if tags is not _ABSENT:
+        ok = isinstance(tags, (list, tuple)) and all(isinstance(t, str) for t in tags)
+        _field(path, "TAGS", tags, ok, "a list of strings")
     if not isinstance(level, int):
         found = _LEVEL_DIR.match(path.parent.name)
         level = int(found.group(1)) if found else None
     number = re.match(r"^(\d+)_", path.stem)
     return SuiteProblem(
-        name=name if isinstance(name, str) and name else path.stem,
+        name=name if isinstance(name, str) else path.stem,
         path=path.resolve(),
         level=level,
-        tags=tuple(str(t) for t in tags) if isinstance(tags, (list, tuple)) else (),
+        tags=tuple(tags) if isinstance(tags, (list, tuple)) else (),
         number=int(number.group(1)) if number else None,
     )
 
