@@ -186,7 +186,8 @@ def test_a_killed_and_interrupted_run_resumes_and_judges_each_pair_once(
 
 
 def test_a_pair_that_cannot_run_here_is_left_for_a_resume(tmp_path: Path) -> None:
-    """A CUDA candidate with --device cpu: no verdict is stored, the run stays unfinished."""
+    """A CUDA candidate with --device cpu: no verdict is stored, the run ends ``incomplete``
+    (it went through its plan; it was not interrupted)."""
     cands = tmp_path / "cands" / "causal_gqa"
     cands.mkdir(parents=True)
     (cands / "cuda_fused.py").write_text((EXAMPLES / "causal_gqa" / "cuda_fused.py").read_text())
@@ -202,7 +203,7 @@ def test_a_pair_that_cannot_run_here_is_left_for_a_resume(tmp_path: Path) -> Non
         assert summary.judged == 0 and list(summary.not_judged) == ["causal_gqa/cuda_fused"]
         assert "CUDA GPU" in summary.not_judged["causal_gqa/cuda_fused"]
         assert events == ["start", "pair", "skip", "end"]
-        assert store.run(run).state == "interrupted" and not store.done(run)
+        assert store.run(run).state == "incomplete" and not store.done(run)
 
 
 _KB_PROBLEM = """import torch

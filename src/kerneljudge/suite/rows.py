@@ -21,7 +21,9 @@ class RunInfo:
     """One run's row, with its counts.
 
     Attributes:
-        state: ``running``, ``interrupted`` or ``finished``.
+        state: ``running``, ``finished`` (every planned pair judged), ``incomplete`` (run to
+            the end, some pairs left undone: they cannot be judged where it ran) or
+            ``interrupted`` (stopped before the end).
         owner: ``host:pid`` of the process that last ran it.
         spec: what was run (suite, candidates folder, layout, judge options); JSON-ready.
         planned: pairs planned over the suite; judged: verdicts stored; correct: of those.

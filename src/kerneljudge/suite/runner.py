@@ -295,8 +295,11 @@ Reporter = Callable[[str, Pair | None, Any], None]
 def run_pairs(store: ResultsStore, run: str, reporter: Reporter | None = None) -> RunSummary:
     """Judge the pairs of run ``run`` that have no stored verdict yet, storing each verdict.
 
-    The run's state is ``running`` while this works, ``finished`` when every planned pair has a
-    verdict, ``interrupted`` otherwise (Ctrl-C, or pairs left for a later resume).
+    The run's state is ``running`` while this works; then ``finished`` when every planned pair
+    has a verdict, ``incomplete`` when it went through its plan but left pairs undone (they
+    cannot be judged here: :attr:`RunSummary.not_judged`; a resume where they can finishes
+    it), ``interrupted`` when it was stopped before the end (Ctrl-C, SIGTERM, a harness
+    failure).
 
     Raises:
         StoreError: no such run, or another live process on this host is running it.
@@ -333,7 +336,7 @@ def run_pairs(store: ResultsStore, run: str, reporter: Reporter | None = None) -
         store.set_state(run_id, "interrupted")
         raise
     finished = store.done(run_id) >= set(run_plan.planned)
-    store.set_state(run_id, "finished" if finished else "interrupted")
+    store.set_state(run_id, "finished" if finished else "incomplete")
     report("end", None, summary)
     return summary
 
