@@ -115,11 +115,15 @@ def test_the_build_clock_counts_the_host_share_a_build_had(monkeypatch: pytest.M
 
     from kerneljudge.worker import exits
 
-    for runnable, share in [(None, 1.0), (2, 1.0), (3, 1.0), (6, 0.4), (1000, exits.MIN_SHARE)]:
-        monkeypatch.setattr(exits, "_runnable", lambda r=runnable: r)
-        clock = exits.HostShareClock(cpus=2)
-        clock._last -= 10.0  # ten wall seconds since the last tick
-        assert clock.tick() == pytest.approx(10.0 * share, rel=0.01), runnable
+    now = [1000.0]  # the clock's wall time, moved by hand
+    with monkeypatch.context() as m:
+        m.setattr(exits.time, "monotonic", lambda: now[0])
+        for runnable, share in [(None, 1), (2, 1), (3, 1), (6, 0.4), (1000, exits.MIN_SHARE)]:
+            m.setattr(exits, "_runnable", lambda r=runnable: r)
+            clock = exits.HostShareClock(cpus=2)
+            now[0] += 10.0  # ten wall seconds to the next tick
+            assert clock.tick() == pytest.approx(10.0 * share), runnable
+            assert clock.wall() == 10.0
     # A command that outlives its limit is still ended on a loaded host, later in wall time.
     monkeypatch.setattr(exits, "_runnable", lambda: 5)  # 4 others on 2 CPUs: half a second a second
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])

@@ -230,6 +230,19 @@ def test_sigkill_twice_loses_nothing_and_duplicates_nothing(tmp_path: Path) -> N
         assert Verdict.from_json(verdict_json).status == expected[job_id]
 
 
+def _wait_for_connection(port: int, timeout_s: float = 60.0) -> None:
+    """Wait until a TCP connection to ``port`` on loopback is established (``/proc/net/tcp``,
+    state 01), so a request sent from another thread has reached the server."""
+    local = f"0100007F:{port:04X}"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        rows = [ln.split() for ln in Path("/proc/net/tcp").read_text().splitlines()[1:]]
+        if any(r[1] == local and r[3] == "01" for r in rows):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no connection to port {port} in {timeout_s} s")
+
+
 def test_sigterm_starts_no_job_answers_waiting_clients_and_counts_no_attempt(
     tmp_path: Path,
 ) -> None:
@@ -258,7 +271,8 @@ def test_sigterm_starts_no_job_answers_waiting_clients_and_counts_no_attempt(
     auth = {"Authorization": f"Bearer {TOKEN}"}
     poll = threading.Thread(target=lambda: answer.append(httpx.get(url, headers=auth, timeout=200)))
     poll.start()
-    time.sleep(1.0)  # the request is waiting
+    _wait_for_connection(server.port)
+    time.sleep(1.0)  # the server has read the request and waits for the result
     assert server.proc is not None
     server.proc.terminate()
     poll.join(45)  # before the 60 s it asked to wait

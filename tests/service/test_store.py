@@ -3,6 +3,7 @@ durability and its refusal of arbitrary paths rest on."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from pathlib import Path
 
@@ -64,6 +65,16 @@ def test_idempotent_ids_conflicts_and_limits(tmp_path: Path) -> None:
 def test_one_store_per_file_and_the_schema_version(tmp_path: Path) -> None:
     db = tmp_path / "jobs.sqlite"
     store = JobStore(db)
+    store.counts()  # SQLite holds its shared-memory and file locks now
+
+    def posix_locks() -> list[str]:  # this process's fcntl locks on the file (SQLite's)
+        st = db.stat()
+        file = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+        rows = [ln.split() for ln in Path("/proc/locks").read_text().splitlines()]
+        mine = ["POSIX", "ADVISORY"], [str(os.getpid()), file]
+        return [" ".join(r) for r in rows if (r[1:3], r[4:6]) == mine]
+
+    held = posix_locks()
     with pytest.raises(RuntimeError, match="in use by another kerneljudge service"):
         JobStore(db)
     (tmp_path / "alias").mkdir()
@@ -72,6 +83,7 @@ def test_one_store_per_file_and_the_schema_version(tmp_path: Path) -> None:
     for other in (tmp_path / "alias" / "jobs.sqlite", tmp_path / "hard.sqlite"):
         with pytest.raises(RuntimeError, match="in use by another kerneljudge service"):
             JobStore(other)  # the same file by another name
+    assert posix_locks() == held  # the refusals closed no descriptor of SQLite's file
     store.close()
     JobStore(tmp_path / "alias" / "jobs.sqlite").close()  # free again once the first closed
     with sqlite3.connect(db) as con:

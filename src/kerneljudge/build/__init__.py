@@ -342,7 +342,7 @@ def build(
         arch: the target compute capability, e.g. ``"9.0"`` (see :func:`toolchain.target_arch`).
         timeout_s: limit of the build (seconds of the host's time,
             :class:`~kerneljudge.worker.exits.HostShareClock`: wall seconds on a host with a CPU
-            free for each runnable task, up to 8x longer on a loaded one); the build's process
+            free for each runnable task, up to 3x longer on a loaded one); the build's process
             group is killed.
 
     The build worker runs confined (:mod:`kerneljudge.worker.confine`): no process it or a tool
@@ -408,7 +408,7 @@ def build(
             finally:  # also when the wait failed: nothing of the build outlives it
                 _kill_group(proc)  # the rest of its process group ends with it
                 for precompiler in precompilers:
-                    precompiler.finish(started + timeout_s if finished else None)
+                    precompiler.finish(started + max(timeout_s, clock.wall()) if finished else None)
             if not finished:
                 msg = f"the build did not finish within {timeout_s:g} s"
                 if clock.wall() > 1.05 * timeout_s:

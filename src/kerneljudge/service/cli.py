@@ -192,10 +192,17 @@ def serve_command(
     try:
         server.run(sockets=[sock])
     finally:
-        remove_record(record)
-        signal.signal(signal.SIGTERM, previous)
-        service.close()
-        store.close()
+        # The clean-up runs to its end: another SIGTERM or Ctrl-C now would leave jobs
+        # "running", counted as a crash's at the next start.
+        previous_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            remove_record(record)
+            service.close()
+            store.close()
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            signal.signal(signal.SIGINT, previous_int)
 
 
 def remote_eval(

@@ -326,6 +326,8 @@ class JudgeService:
 
     def _hand_out(self, record: JobRecord) -> None:
         assert self.executor is not None
+        if self._stop:  # a stop came while it was claimed: left "running", given back at close
+            return
         try:
             job = dataclasses.replace(record.job(), job_id=record.run_id)
             future = self.executor.submit(job)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -48,6 +49,10 @@ PRUNE_CHUNK = 500
 #: The least time a tombstone is kept, seconds (longer than the retention period when that is
 #: short: a tombstone is a few dozen bytes).
 TOMBSTONE_MIN_S = 7 * 86400.0
+
+#: The (device, inode) of every database file a store of this process holds open.
+_OPEN: set[tuple[int, int]] = set()
+_OPEN_LOCK = threading.Lock()
 
 #: Times a job may be handed out; after that many stops of the service while it ran, it fails.
 MAX_ATTEMPTS = 3
@@ -78,7 +83,8 @@ class JobStore:
 
     Raises:
         RuntimeError: (on open) the file holds a newer schema version, or another store
-            holds it open (an exclusive lock on ``<path>.lock``).
+            holds it open (an exclusive ``flock`` on the database file itself, so a second
+            name for it, a symbolic or a hard link, is refused too).
         sqlite3.Error: the file cannot be opened or written.
     """
 
@@ -86,33 +92,56 @@ class JobStore:
         self.path = Path(path)
         self._lock = threading.RLock()
         # One service per file: a second one would hand out the same queued jobs. The lock is
-        # on the file (its inode), whatever name opened it. flock and SQLite's fcntl locks do
-        # not meet; this descriptor is closed only after SQLite's connection (closing another
-        # descriptor of the file would drop the process's fcntl locks on it).
-        self._flock = open(self.path, "ab")  # noqa: SIM115 - held for the store's life
+        # an flock on the file (its inode), whatever name opened it; flock and SQLite's fcntl
+        # locks do not meet. No descriptor of a file this process's SQLite holds open may be
+        # closed (that drops the process's fcntl locks on it), so a second store of this
+        # process is refused by the file's (device, inode) before any descriptor is opened,
+        # and this one is closed only after SQLite's connection.
+        with _OPEN_LOCK:
+            try:
+                st = os.stat(self.path)
+                if (st.st_dev, st.st_ino) in _OPEN:
+                    raise RuntimeError(f"{self.path} is in use by another kerneljudge service")
+            except FileNotFoundError:
+                pass
+            self._flock = open(self.path, "ab")  # noqa: SIM115 - held for the store's life
+            try:
+                fcntl.flock(self._flock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self._flock.close()  # another process's: no SQLite of this one has the file
+                raise RuntimeError(
+                    f"{self.path} is in use by another kerneljudge service"
+                ) from None
+            st = os.fstat(self._flock.fileno())
+            self._inode = (st.st_dev, st.st_ino)
+            _OPEN.add(self._inode)
         try:
-            fcntl.flock(self._flock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._flock.close()
-            raise RuntimeError(f"{self.path} is in use by another kerneljudge service") from None
-        self._db = sqlite3.connect(
-            str(self.path), check_same_thread=False, isolation_level=None, timeout=30.0
-        )
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
+            self._db = sqlite3.connect(
+                str(self.path), check_same_thread=False, isolation_level=None, timeout=30.0
+            )
+        except BaseException:
+            self._release()
+            raise
         with self._lock:
             try:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("PRAGMA synchronous=FULL")
                 #: The schema version the file had when opened (it is now SCHEMA_VERSION).
                 self.opened_version = _schema.open_schema(self._db, self.path)
             except BaseException:
                 self._db.close()
-                self._flock.close()
+                self._release()
                 raise
+
+    def _release(self) -> None:
+        with _OPEN_LOCK:
+            _OPEN.discard(self._inode)
+            self._flock.close()
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
-            self._flock.close()
+            self._release()
 
     def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> list[JobRecord]:
         with self._lock:

@@ -148,6 +148,7 @@ def suite_run(
         StopSignals,
         SuiteOptions,
         Terminated,
+        new_run_id,
         release,
         run_pairs,
         start_run,
@@ -201,13 +202,15 @@ def suite_run(
                 try:
                     if resume is None:
                         assert suite is not None and candidates is not None
-                        run = start_run(
+                        # Named before it is stored: a signal while it is planned marks it.
+                        run = run_id or new_run_id()
+                        start_run(
                             db,
                             suite=list(suite),
                             candidates=candidates,
                             layout=layout,
                             options=options,
-                            run_id=run_id,
+                            run_id=run,
                             model=model,
                             sampling=params,
                             metadata=metadata,

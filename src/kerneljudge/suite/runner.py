@@ -170,9 +170,12 @@ def plan_run(store: ResultsStore, run_id: str, spec: dict[str, Any]) -> RunPlan:
     """
     problems, pairs, unmatched = plan(spec)
     planned = store.planned(run_id)
+    done = store.done(run_id)
     for p in pairs:
         planned.setdefault(p.key, str(p.path))
-    return RunPlan(problems, pairs, unmatched, planned, store.done(run_id))
+    for key in done:  # a verdict stored without its planned row (by an older kerneljudge)
+        planned.setdefault(key, "")
+    return RunPlan(problems, pairs, unmatched, planned, done)
 
 
 def new_run_id() -> str:
@@ -281,8 +284,11 @@ class StopSignals:
 def release(store: ResultsStore, run: str) -> None:
     """Mark run ``run`` ``interrupted`` where it is ``running`` under this process: a run
     stopped before :func:`run_pairs` took it (while it was planned), which would otherwise
-    stay ``running``."""
-    info = store.run(run)
+    stay ``running``; nothing for a run not stored yet."""
+    try:
+        info = store.run(run)
+    except StoreError:
+        return
     if info.state == "running" and info.owner == _owner():
         store.set_state(info.run_id, "interrupted")
 

@@ -12,9 +12,10 @@ from kerneljudge.worker.confine import features
 
 __all__ = ["MIN_SHARE", "HostShareClock", "exit_status", "exited"]
 
-#: The least share of the host a :class:`HostShareClock` counts for an interval: on a host
-#: loaded past 8 runnable tasks per CPU a limit it keeps lasts at most 8 times its wall length.
-MIN_SHARE = 0.125
+#: The least share of the host a :class:`HostShareClock` counts for an interval: a limit it
+#: keeps lasts at most 3 times its length in wall time, however loaded the host (or however
+#: many tasks the timed command runs itself: they count among the runnable tasks).
+MIN_SHARE = 1 / 3
 
 
 def _runnable() -> int | None:
@@ -33,7 +34,9 @@ class HostShareClock:
     ``/proc/loadavg``'s count of runnable tasks at the tick less the reader (the command's own
     running processes among them) and ``cpus`` the host's CPU count; never less than
     :data:`MIN_SHARE`. On a host with a CPU free for each runnable task it is the wall clock;
-    with 5 other runnable tasks on 2 CPUs each second counts 0.4. A limit kept on this clock
+    with 5 other runnable tasks on 2 CPUs each second counts 0.4 (the command's own
+    running tasks count among them, so a command cannot slow its clock below
+    :data:`MIN_SHARE`). A limit kept on this clock
     holds a command to what it would do on a quiet host, and still ends one that hangs.
 
     Args:
