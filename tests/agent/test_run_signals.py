@@ -15,27 +15,13 @@ from typing import Any
 
 import pytest
 from fake_server import FakeServer, Hang, Reply, by_turn
+from test_durable_runs import _processes_in
 
 from kerneljudge.agent.runlog import RunLog, read_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE = REPO / "tests" / "fixtures" / "smoke" / "problem.py"
 GOOD = {"kernel_code": (REPO / "tests" / "fixtures" / "smoke" / "candidate.py").read_text()}
-
-
-def _processes_in(root: str) -> list[int]:
-    """Processes whose working folder is inside ``root`` (a run's workers)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            cwd = os.readlink(f"/proc/{entry}/cwd").removesuffix(" (deleted)")
-        except OSError:
-            continue
-        if cwd == root or cwd.startswith(root + os.sep):
-            found.append(int(entry))
-    return found
 
 
 def _episode(*args: str) -> subprocess.Popen[str]:
@@ -94,7 +80,7 @@ def test_a_signal_stops_the_run_at_once_and_it_can_be_resumed(
         )
         _wait_for_partial(first, log, 2)
         (tmp,) = [r["tmp"] for r in log.run_records()]
-        assert _processes_in(tmp)  # the run's workers
+        assert _processes_in([tmp])  # the run's workers
         if group:  # Ctrl-C in a terminal: the whole foreground process group
             os.killpg(first.pid, signum)
         else:  # what timeout, systemd and docker send: the runner alone
@@ -108,9 +94,9 @@ def test_a_signal_stops_the_run_at_once_and_it_can_be_resumed(
         assert "Traceback" not in stderr and stdout == ""
         assert not Path(tmp).exists()
         deadline = time.monotonic() + 60  # a killed process leaves /proc when it is reaped
-        while _processes_in(tmp) and time.monotonic() < deadline:
+        while _processes_in([tmp]) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert _processes_in(tmp) == []
+        assert _processes_in([tmp]) == []
 
         states = log.states()
         assert [s.state for s in states] == ["planned"] * 3  # all left to run

@@ -6,28 +6,16 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 from kerneljudge.suite.store import ResultsStore
 
 from .small_suite import write_candidate, write_suite
+from .test_suite_run import _start
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLES = ("a", "b", "c", "d", "e", "f")
-
-
-def _start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, PYTHONPATH=str(REPO / "src"), PYTHONUNBUFFERED="1")
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "kerneljudge", "suite", "run", *args],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
 
 
 def _finish(proc: subprocess.Popen[bytes]) -> int:
