@@ -40,19 +40,6 @@ def _one_error_line(result: Any, start: str) -> None:
         ("--request-timeout", "-5"),
         ("--max-tokens", "0"),
         ("--temperature", "-0.5"),
-    ],
-)
-def test_a_model_option_out_of_range_is_one_line_and_exit_2(
-    option: str, value: str, tmp_path: Path
-) -> None:
-    result = _episode(tmp_path, option, value)
-    _one_error_line(result, f"{option} must be")
-    assert not (tmp_path / "run.json").exists()  # no run was planned
-
-
-@pytest.mark.parametrize(
-    ("option", "value"),
-    [
         ("--benchmark-time", "-1"),
         ("--benchmark-time", "0"),
         ("--submit-time", "0"),
@@ -65,12 +52,13 @@ def test_a_model_option_out_of_range_is_one_line_and_exit_2(
         ("--judges", "-1"),
     ],
 )
-def test_a_run_option_out_of_range_is_one_line_and_exit_2(
+def test_an_option_out_of_range_is_one_line_and_exit_2(
     option: str, value: str, tmp_path: Path
 ) -> None:
+    """The model client's options and the run's."""
     result = _episode(tmp_path, option, value)
     _one_error_line(result, f"{option} must be")
-    assert not (tmp_path / "run.json").exists()
+    assert not (tmp_path / "run.json").exists()  # no run was planned
 
 
 def test_an_empty_problem_list_is_one_line_and_exit_2(tmp_path: Path) -> None:
