@@ -249,8 +249,11 @@ def test_a_workers_device_memory_does_not_grow_with_each_trial(
 ) -> None:
     # 256 MiB outputs: a worker that kept each trial's outputs alive until Python's cyclic
     # collector ran grew by 0.25 GiB per trial (4 GiB per trial at 4 GiB inputs on an H100).
+    # What it keeps by design, its last MAX_TIMING_SETS input sets (0.25 GiB each here, well
+    # under SETS_DEVICE_SHARE of any GPU), is taken off before the comparison.
     from kerneljudge import Judge, JudgeConfig, Status
     from kerneljudge.worker.profiling import MEMORY_ENV
+    from kerneljudge.worker.runtime import MAX_TIMING_SETS
 
     lines = tmp_path / "mem"
     lines.mkdir()
@@ -265,5 +268,7 @@ def test_a_workers_device_memory_does_not_grow_with_each_trial(
     assert verdict.status is Status.CORRECT, verdict.reason
     (candidate,) = lines.glob("candidate-*.mem")
     runs = _allocated(candidate, "run")
-    assert len(runs) >= 3, candidate.read_text()
-    assert max(runs) - min(runs) < 0.125, candidate.read_text()  # half of one output
+    assert len(runs) > MAX_TIMING_SETS, candidate.read_text()  # the kept sets reach their cap
+    one_set = (64 << 20) * 4 / (1 << 30)  # GiB
+    beyond = [a - one_set * min(i + 1, MAX_TIMING_SETS) for i, a in enumerate(runs)]
+    assert max(beyond) - min(beyond) < 0.125, candidate.read_text()  # half of one output
