@@ -34,6 +34,7 @@ from kerneljudge.timing.sampling import KeptCall, Sampling
 from kerneljudge.timing.timer_rule import Batch, TimerCheck, timer_check
 from kerneljudge.verdict import DeviceInfo, Roofline, Status, TimingResult
 from kerneljudge.worker import WorkerProcess
+from kerneljudge.worker.scheduling import pin_tree
 from kerneljudge.worker.stamps import KIND_SHA256, KIND_TREE
 
 __all__ = [
@@ -149,6 +150,8 @@ def time_candidate(
     cores, threads = timing_cores(info.kind, cfg.threads)
     for request, limit_s in ((ref.request, ref_s), (worker.request, run_s)):
         request("pin", limit_s, cpus=list(cores), threads=threads)
+    # A confined worker cannot set its own affinity (kerneljudge.worker.scheduling): set here.
+    pin_tree(worker.proc.pid, cores)
     names = [n for n in ("eager",) if n in cfg.baselines] + ["candidate"]
     names += ["compile"] if compiled else []
     audited = audited_calls(trials[0].output_bytes, info)

@@ -448,7 +448,7 @@ class Verdict:
     #: The confinement layers the candidate's processes ran under, outermost first (see
     #: :func:`kerneljudge.worker.confine.layers`): ``pdeathsig``, ``pid_namespace``,
     #: ``net_namespace``, ``mount_namespace``, ``user_namespace``, ``private_dev_shm``,
-    #: ``landlock_abi_N``, ``audit_hook``. Added in schema 1.3.
+    #: ``landlock_abi_N``, ``scheduling_locked``, ``audit_hook``. Added in schema 1.3.
     confinement: tuple[str, ...] = ()
     #: The time limits of its worker requests (None: the verdict ended before the reference's
     #: trials were run, e.g. at its build). Added in schema 1.4.

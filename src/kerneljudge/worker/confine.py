@@ -3,24 +3,22 @@
 Supervisor side (:func:`command`, :func:`spawn`, :func:`features`, :func:`layers`): a worker is
 started as ``setpriv --pdeathsig KILL -- unshare --pid --fork --kill-child --mount-proc --net
 --mount [--user --map-root-user] -- python -P confine.py POLICY -- MODULE ARGS``:
-
-* ``setpriv --pdeathsig KILL``: ``unshare`` gets SIGKILL when the supervisor thread that started
-  it dies (every worker is started from one long-lived thread, :func:`spawn`, so that thread
-  dies only with the supervisor, SIGKILL included);
-* ``unshare --kill-child``: the worker gets SIGKILL when ``unshare`` dies; the worker is PID 1 of
-  its own PID namespace, and when it dies the kernel kills every process in that namespace
-  (double-forked, ``setsid``'d, stopped: all of them);
-* ``--mount-proc``: its ``/proc`` lists only its own namespace (it cannot name, signal, trace
-  or read any process outside); ``--net``: only a loopback interface, which is down;
-  ``--mount``: a private tmpfs replaces ``/dev/shm``.
+``setpriv --pdeathsig KILL`` kills ``unshare`` when the supervisor thread that started it dies
+(every worker is started from one long-lived thread, :func:`spawn`, which dies only with the
+supervisor, SIGKILL included); with ``--kill-child`` the worker gets SIGKILL when ``unshare``
+dies; the worker is PID 1 of its own PID namespace, and when it dies the kernel kills every
+process in that namespace (double-forked, ``setsid``'d, stopped: all of them); ``--mount-proc``:
+its ``/proc`` lists only its own namespace (it cannot name, signal, trace or read any process
+outside); ``--net``: only a loopback interface, which is down; ``--mount``: a private tmpfs
+replaces ``/dev/shm``.
 
 Child side (this file run as a script, before any thread exists and before the package, torch
 or candidate code is imported): mount the private ``/dev/shm``, set ``no_new_privs`` and
 ``PR_SET_PDEATHSIG``, apply Landlock (read and execute everywhere; write, create and remove only
 in the policy's folders and device files; TCP bind/connect denied from ABI 4; signals and
-abstract unix sockets scoped to the worker from ABI 6), then run the worker module.
-
-Features are probed once (:func:`features`); a worker starts without a missing one (:func:`layers`).
+abstract unix sockets scoped to the worker from ABI 6), lock its CPU scheduling
+(:mod:`kerneljudge.worker.scheduling`), then run the worker module. Features are probed once
+(:func:`features`); a worker starts without a missing one (:func:`layers`).
 """
 
 from __future__ import annotations
@@ -30,6 +28,7 @@ import glob
 import json
 import os
 import queue
+import runpy
 import shutil
 import subprocess
 import sys
@@ -76,6 +75,10 @@ _NAMESPACE_FLAGS = ("--pid", "--fork", "--kill-child", "--mount-proc", "--net", 
 
 def _libc() -> Any:
     return ctypes.CDLL(None, use_errno=True)
+
+
+def _scheduling() -> dict[str, Any]:  # by path: standard library only, as this file
+    return runpy.run_path(str(Path(__file__).with_name("scheduling.py")))
 
 
 def landlock_abi() -> int:
@@ -187,6 +190,7 @@ class Features:
         user_namespace: the prefix maps the caller to root of a new user namespace.
         private_shm: the worker could mount its own ``/dev/shm``.
         landlock_abi: the kernel's Landlock ABI (0: none).
+        scheduling: confined processes lock their CPU scheduling (:mod:`.scheduling`).
         enabled: False when ``KERNELJUDGE_CONFINE=off`` turned every OS layer off.
     """
 
@@ -196,6 +200,7 @@ class Features:
     private_shm: bool
     landlock_abi: int
     enabled: bool = True
+    scheduling: bool = False
 
 
 _features: Features | None = None
@@ -243,14 +248,15 @@ def features() -> Features:
                 if result is not None:
                     prefix, user_ns, shm = tuple(candidate), bool(extra), result
                     break
-        _features = Features(setpriv, prefix, user_ns, shm, landlock_abi())
+        seccomp = _scheduling()["seccomp_available"]()
+        _features = Features(setpriv, prefix, user_ns, shm, landlock_abi(), scheduling=seccomp)
         return _features
 
 
 def layers(role: str = "candidate") -> tuple[str, ...]:
-    """Names of the confinement layers a worker of ``role`` (``candidate`` or ``build``) runs
-    under on this host: ``pid_namespace``, ``net_namespace``, ``mount_namespace``,
-    ``user_namespace``, ``private_dev_shm``, ``landlock_abi_N``, ``pdeathsig``, ``audit_hook``."""
+    """Confinement layers of a ``role`` (``candidate``, ``build``) worker here: ``pid_namespace``,
+    ``net_namespace``, ``mount_namespace``, ``user_namespace``, ``private_dev_shm``,
+    ``landlock_abi_N``, ``scheduling_locked``, ``pdeathsig``, ``audit_hook``."""
     f = features()
     out = ["pdeathsig"] if f.enabled else []
     if f.unshare:
@@ -262,6 +268,7 @@ def layers(role: str = "candidate") -> tuple[str, ...]:
     if f.landlock_abi and role != "reference":
         out.append(f"landlock_abi_{f.landlock_abi}")
     if role != "reference":
+        out += ["scheduling_locked"] if f.scheduling else []
         out.append("audit_hook")
     return tuple(out)
 
@@ -328,6 +335,7 @@ def command(
             policy["shm"] = True
             write.append(os.path.realpath("/dev/shm"))
         policy.update(landlock=f.landlock_abi, write=write, devices=devs)
+        policy["sched"] = f.scheduling
     cmd: list[str] = []
     if f.setpriv:
         cmd += [f.setpriv, "--pdeathsig", "KILL", "--"]
@@ -352,8 +360,7 @@ def _die_with(parent: int) -> Callable[[], None]:
     return arm
 
 
-_spawn_queue: queue.SimpleQueue[tuple[Callable[[], Any], list[Any], threading.Event]] | None
-_spawn_queue = None
+_spawn_queue: queue.SimpleQueue[tuple[Callable[[], Any], list[Any], threading.Event]] | None = None
 _spawn_thread: threading.Thread | None = None
 _spawn_pid = 0
 
@@ -382,10 +389,8 @@ def spawn(
     fire only when the supervisor process dies. With ``die_with_parent`` (None: unless
     ``KERNELJUDGE_CONFINE=off``) the child arms it before ``exec`` and exits if this process
     died before it could (:func:`_die_with`): a ``setpriv --pdeathsig`` in ``cmd`` arms it only
-    after its own start, too late for a supervisor killed in between. ``cpus``: the CPU cores
-    the child starts on (inherited from the forking thread, which takes them for the duration
-    of the fork).
-    """
+    after its own start, too late for a supervisor killed in between. ``cpus``: the cores the
+    child starts on (inherited from the forking thread, which takes them during the fork)."""
     global _spawn_queue, _spawn_thread, _spawn_pid
     if features().enabled if die_with_parent is None else die_with_parent:
         popen_kwargs["preexec_fn"] = _die_with(os.getpid())
@@ -428,15 +433,8 @@ def spawn_in(
     """Start ``python -m MODULE ARGS`` (``module_argv``) confined to write only beneath
     ``folder`` (its working directory), in a session of its own, with no standard input and
     its output and errors going to ``log``."""
-    return spawn(
-        command(module_argv, [str(folder)]),
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        env=env,
-        cwd=folder,
-    )
+    return spawn(command(module_argv, [str(folder)]), stdin=subprocess.DEVNULL, stdout=log,
+                 stderr=subprocess.STDOUT, start_new_session=True, env=env, cwd=folder)  # fmt: skip
 
 
 # ---------------------------------------------------------------------- child side
@@ -448,6 +446,8 @@ def _enter(policy: dict[str, Any]) -> None:
         _mount_private_shm()
     if policy.get("landlock"):
         restrict(int(policy["landlock"]), policy.get("write", []), policy.get("devices", []))
+    if policy.get("sched"):
+        _scheduling()["lock_scheduling"]()
 
 
 def _init(worker: int) -> None:
@@ -489,8 +489,6 @@ def _main(argv: list[str]) -> None:
     except OSError as exc:
         print(f"kerneljudge: confinement failed: {exc}", file=sys.stderr)
         raise SystemExit(70) from None
-    import runpy
-
     sys.argv = [module, *args]
     sys.path.insert(0, os.getcwd())  # as ``python -m`` does
     runpy.run_module(module, run_name="__main__", alter_sys=True)
