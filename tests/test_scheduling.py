@@ -141,3 +141,59 @@ def test_pin_tree_of_a_process_that_ended_says_so() -> None:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
     assert not scheduling.pin_tree(proc.pid, {0}, passes=2)
+
+
+_PARALLEL = """
+import torch
+import torch.nn as nn
+
+torch.set_num_threads(2)  # an OpenMP region of two threads: libgomp starts a second one
+
+
+class ModelNew(nn.Module):
+    def __init__(self, features):
+        super().__init__()
+        self.lin = nn.Linear(features, features)
+
+    def forward(self, x):
+        torch.ones(1 << 20).add_(1.0)  # parallel over both threads
+        return torch.relu(self.lin(x)).sum(-1, keepdim=True) * x
+"""
+
+
+@pytest.mark.skipif(not confine.features().scheduling, reason="no seccomp filter here")
+def test_openmp_thread_binding_reaches_no_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With OMP_PROC_BIND, OMP_PLACES or GOMP_CPU_AFFINITY set, libgomp binds every thread it
+    # starts; under the scheduling lock it cannot and aborts the worker ("Thread creation
+    # failed: Operation not permitted"): every candidate that ran a parallel region failed.
+    from kerneljudge import Judge, JudgeConfig, Status, TimingConfig
+
+    monkeypatch.setenv("OMP_PROC_BIND", "true")
+    monkeypatch.setenv("OMP_PLACES", "cores")
+    monkeypatch.setenv("GOMP_CPU_AFFINITY", "0")
+    candidate = tmp_path / "parallel.py"
+    candidate.write_text(_PARALLEL)
+    config = JudgeConfig(
+        device="cpu",
+        cache_dir=tmp_path / "cache",
+        run_timeout_s=30.0,
+        baselines=("eager",),
+        timing_config=TimingConfig(max_time_s=0.3, min_samples=5),
+        threads=1,
+    )
+    with Judge(Path(__file__).parent / "fixtures" / "tiny_problem.py", config) as judge:
+        verdict = judge.evaluate(candidate)
+    assert verdict.status is Status.CORRECT, verdict.reason
+    assert "scheduling_locked" in verdict.confinement
+
+
+def test_a_gpu_worker_is_started_without_the_lock_and_its_verdict_says_so() -> None:
+    argv = ["kerneljudge.worker"]
+    for lock, device in ((True, "cpu"), (False, "cuda:0")):
+        cmd = confine.command(argv, ["/tmp"], lock_scheduling=lock)
+        policy = json.loads(next(cmd[i + 1] for i, a in enumerate(cmd) if a.endswith("confine.py")))
+        assert policy.get("sched", False) is (lock and confine.features().scheduling)
+        locked = "scheduling_locked" in confine.layers("candidate", device)
+        assert locked is (lock and confine.features().scheduling)

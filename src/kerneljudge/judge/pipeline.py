@@ -294,7 +294,7 @@ class Judge:
             device=self.device_info(device),
             versions=versions(),
             started_at=clock.started_at,
-            confinement=confinement_layers("candidate"),
+            confinement=confinement_layers("candidate", device),
         )
 
     def _check_source(self, cand: Candidate) -> None:

@@ -16,7 +16,7 @@ Child side (this file run as a script, before any thread exists and before the p
 or candidate code is imported): mount the private ``/dev/shm``, set ``no_new_privs`` and
 ``PR_SET_PDEATHSIG``, apply Landlock (read and execute everywhere; write, create and remove only
 in the policy's folders and device files; TCP bind/connect denied from ABI 4; signals and
-abstract unix sockets scoped to the worker from ABI 6), lock its CPU scheduling
+abstract unix sockets scoped to the worker from ABI 6), lock a CPU worker's scheduling
 (:mod:`kerneljudge.worker.scheduling`), then run the worker module. Features are probed once
 (:func:`features`); a worker starts without a missing one (:func:`layers`).
 """
@@ -64,8 +64,7 @@ _FS_MAKE_REG, _FS_MAKE_SOCK, _FS_MAKE_FIFO = 256, 512, 1024
 _FS_MAKE_BLOCK, _FS_MAKE_SYM = 2048, 4096
 _FS_REFER, _FS_TRUNCATE = 1 << 13, 1 << 14  # ABI 2, ABI 3
 _NET_BIND_TCP, _NET_CONNECT_TCP = 1, 2  # ABI 4
-_SCOPE_ABSTRACT_UNIX, _SCOPE_SIGNAL = 1, 2  # ABI 6
-_READ = _FS_EXECUTE | _FS_READ_FILE | _FS_READ_DIR
+_SCOPE_ABSTRACT_UNIX, _SCOPE_SIGNAL, _READ = 1, 2, _FS_EXECUTE | _FS_READ_FILE | _FS_READ_DIR
 #: Device files a worker may open for writing (besides ``/dev/nvidia*``).
 DEVICE_FILES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 #: Size of the private ``/dev/shm`` of a worker.
@@ -253,10 +252,11 @@ def features() -> Features:
         return _features
 
 
-def layers(role: str = "candidate") -> tuple[str, ...]:
-    """Confinement layers of a ``role`` (``candidate``, ``build``) worker here: ``pid_namespace``,
-    ``net_namespace``, ``mount_namespace``, ``user_namespace``, ``private_dev_shm``,
-    ``landlock_abi_N``, ``scheduling_locked``, ``pdeathsig``, ``audit_hook``."""
+def layers(role: str = "candidate", device: str = "cpu") -> tuple[str, ...]:
+    """Confinement layers of a ``role`` (``candidate``, ``build``) worker on ``device`` here:
+    ``pid_namespace``, ``net_namespace``, ``mount_namespace``, ``user_namespace``,
+    ``private_dev_shm``, ``landlock_abi_N``, ``scheduling_locked`` (not on a GPU: see
+    :func:`command`), ``pdeathsig``, ``audit_hook``."""
     f = features()
     out = ["pdeathsig"] if f.enabled else []
     if f.unshare:
@@ -268,7 +268,7 @@ def layers(role: str = "candidate") -> tuple[str, ...]:
     if f.landlock_abi and role != "reference":
         out.append(f"landlock_abi_{f.landlock_abi}")
     if role != "reference":
-        out += ["scheduling_locked"] if f.scheduling else []
+        out += ["scheduling_locked"] if f.scheduling and not device.startswith("cuda") else []
         out.append("audit_hook")
     return tuple(out)
 
@@ -309,6 +309,7 @@ def command(
     module_argv: Sequence[str],
     writable: Sequence[str] | None,
     devices: Sequence[str] = (),
+    lock_scheduling: bool = True,
 ) -> list[str]:
     """The command line that runs ``python -m MODULE ARGS`` (``module_argv``) confined.
 
@@ -317,6 +318,7 @@ def command(
         writable: folders the worker may write beneath (None: no Landlock, for the trusted
             reference worker).
         devices: device files it may write besides :data:`DEVICE_FILES` (globs allowed).
+        lock_scheduling: with ``writable``, lock its scheduling (:mod:`.scheduling`) if here.
     """
     f = features()
     policy: dict[str, Any] = {
@@ -335,7 +337,7 @@ def command(
             policy["shm"] = True
             write.append(os.path.realpath("/dev/shm"))
         policy.update(landlock=f.landlock_abi, write=write, devices=devs)
-        policy["sched"] = f.scheduling
+        policy["sched"] = f.scheduling and lock_scheduling
     cmd: list[str] = []
     if f.setpriv:
         cmd += [f.setpriv, "--pdeathsig", "KILL", "--"]

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 
 __all__ = [
     "INDUCTOR_IN_PROCESS",
+    "THREAD_BINDING",
     "candidate_environment",
     "candidates_cache_folders",
     "jit_cache_folders",
@@ -66,6 +67,12 @@ _ENV_PREFIXES = (
     "XDG_CACHE_HOME",
 )
 
+#: OpenMP's thread-binding settings, passed on to no worker and no build: the judge pins its
+#: workers itself (:meth:`kerneljudge.worker.runtime.Worker.op_pin`,
+#: :func:`kerneljudge.worker.scheduling.pin_tree`), and a worker whose scheduling is locked
+#: cannot bind a thread, so libgomp would abort at its first parallel region ("Thread creation
+#: failed: Operation not permitted").
+THREAD_BINDING = frozenset({"OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "KMP_AFFINITY"})
 
 #: Settings that keep ``torch.compile`` (TorchInductor) inside the process that calls it, so that
 #: a candidate using it starts no process but the compiler tools of :data:`COMPILER_TOOLS`:
@@ -87,11 +94,13 @@ INDUCTOR_IN_PROCESS = {
 def candidate_environment(base: dict[str, str]) -> dict[str, str]:
     """The part of ``base`` a process running candidate code may see: the names toolchains and
     libraries read (``PATH``, ``CUDA_*``, ``TORCH*``, ``TRITON_*``, ``OMP_*``, ...), minus any
-    that look like credentials, plus :data:`INDUCTOR_IN_PROCESS`."""
+    that look like credentials and :data:`THREAD_BINDING`, plus :data:`INDUCTOR_IN_PROCESS`."""
     env = {
         k: v
         for k, v in base.items()
-        if (k in _ENV_NAMES or k.startswith(_ENV_PREFIXES)) and not _SECRET_NAME.search(k.upper())
+        if (k in _ENV_NAMES or k.startswith(_ENV_PREFIXES))
+        and not _SECRET_NAME.search(k.upper())
+        and k not in THREAD_BINDING
     }
     env.update(INDUCTOR_IN_PROCESS)
     return env

@@ -23,7 +23,7 @@ from typing import Any
 
 from kerneljudge.errors import WorkerError
 from kerneljudge.worker import confine, exits, kernel_cache
-from kerneljudge.worker.environment import jit_cache_folders
+from kerneljudge.worker.environment import THREAD_BINDING, jit_cache_folders
 from kerneljudge.worker.faults import (
     CandidateFault,
     WorkerDied,
@@ -95,7 +95,9 @@ class WorkerProcess:
         # Descriptors handed to the worker (kerneljudge.worker.side): its end is passed.
         self._handoff, handoff_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
         full_env = (
-            candidate_environment(dict(os.environ)) if role == "candidate" else dict(os.environ)
+            candidate_environment(dict(os.environ))
+            if role == "candidate"
+            else {k: v for k, v in os.environ.items() if k not in THREAD_BINDING}
         )
         full_env.update(env or {})
         for name in (PROFILE_ENV, MEMORY_ENV):
@@ -141,7 +143,14 @@ class WorkerProcess:
         try:
             with open(self.log_path, "wb") as log:
                 self.proc = confine.spawn(
-                    confine.command(args, self._writable(full_env, writable), _GPU_DEVICES),
+                    confine.command(
+                        args,
+                        self._writable(full_env, writable),
+                        _GPU_DEVICES,
+                        # Not on a GPU yet: how the lock meets the CUDA driver's own threads
+                        # has not been run there.
+                        lock_scheduling=not device.startswith("cuda"),
+                    ),
                     cpus=cpus,
                     pass_fds=(to_worker_r, from_worker_w, stamp_end.fileno(), handoff_end.fileno()),
                     stdin=subprocess.DEVNULL,
