@@ -15,6 +15,7 @@ from kerneljudge.env import EnvConfig
 from kerneljudge.errors import ConfigError, KernelJudgeError
 from kerneljudge.judge import Judge, JudgeConfig
 from kerneljudge.judge import config as judge_config
+from kerneljudge.timing import TimingConfig
 
 FIX = Path(__file__).parent / "fixtures"
 runner = CliRunner()
@@ -50,6 +51,16 @@ def test_a_bad_field_is_one_error_naming_it(name: str, value: Any) -> None:
     err = info.value
     assert err.field == name and name in str(err) and "\n" not in str(err)
     assert isinstance(err, ValueError) and isinstance(err, KernelJudgeError)
+
+
+@pytest.mark.parametrize("max_time_s", [0.0, -1.0, float("nan"), float("inf")])
+def test_a_timing_budget_out_of_range_is_one_error_naming_it(max_time_s: float) -> None:
+    # NaN and infinity never stopped the timing loop on time; 0 or less timed one round.
+    with pytest.raises(ConfigError) as info:
+        JudgeConfig(timing_config=TimingConfig(max_time_s=max_time_s))
+    assert info.value.field == "max_time_s" and "\n" not in str(info.value)
+    assert info.value.for_option().startswith("--max-time must be")
+    assert JudgeConfig(timing_config=TimingConfig(max_time_s=0.25)).timing_config.max_time_s
 
 
 @pytest.mark.parametrize(
@@ -109,6 +120,9 @@ def test_the_option_name_replaces_the_field_name() -> None:
         (["--build-timeout", "-5"], "--build-timeout must be a positive number"),
         (["--shape-sets", ","], "--shape-sets must be a non-empty list"),
         (["--atol", "-1"], "--atol must be a number of at least 0"),
+        (["--max-time", "nan"], "--max-time must be a positive number of seconds"),
+        (["--max-time", "-1"], "--max-time must be a positive number of seconds"),
+        (["--max-time", "inf"], "--max-time must be finite"),
     ],
 )
 def test_eval_says_a_bad_option_in_one_line(tmp_path: Path, args: list[str], message: str) -> None:

@@ -8,6 +8,7 @@ the fields both have; a bad value raises :class:`~kerneljudge.errors.ConfigError
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -122,6 +123,16 @@ def _boolean(name: str, value: Any) -> None:
         raise ConfigError(name, f"{name} must be true or false, not {value!r}")
 
 
+def _timing_config(name: str, value: Any) -> None:
+    # Its budget is checked under the name of its own field (``--max-time`` on the command
+    # line): NaN, 0 or less timed one round, NaN or infinity never stopped on time.
+    if not isinstance(value, TimingConfig):
+        raise ConfigError(name, f"{name} must be a TimingConfig, not {value!r}")
+    check_seconds("max_time_s", value.max_time_s)
+    if not math.isfinite(value.max_time_s):
+        raise ConfigError("max_time_s", f"max_time_s must be finite, not {value.max_time_s!r}")
+
+
 def _shape_sets(name: str, value: Any) -> None:
     if isinstance(value, str) or not value or not all(isinstance(s, str) and s for s in value):
         raise ConfigError(name, f"{name} must be a non-empty list of names, not {value!r}")
@@ -137,6 +148,7 @@ _CHECKS: dict[str, Callable[[str, Any], None]] = {
     "shape_sets": _shape_sets,
     "baselines": _baselines,
     "graph_timing": _boolean,
+    "timing_config": _timing_config,
     "build_timeout_s": _positive,
     "run_timeout_s": _positive_or_none,
     "memory_budget_mib": _at_least(0),
@@ -149,7 +161,9 @@ def check_fields(config: object, names: Iterable[str] | None = None) -> None:
 
     Ranges: ``device`` auto|cpu|cuda|cuda:N; ``trials`` >= 1; ``tolerance`` oracle|allclose;
     ``atol``/``rtol`` None or >= 0; ``shape_sets`` non-empty; ``baselines`` a subset of
-    eager, compile; ``graph_timing`` a bool; ``build_timeout_s`` > 0 seconds;
+    eager, compile; ``graph_timing`` a bool; ``timing_config`` a :class:`TimingConfig` whose
+    ``max_time_s`` is finite and > 0 seconds (the error names ``max_time_s``);
+    ``build_timeout_s`` > 0 seconds;
     ``run_timeout_s`` None or > 0 seconds; ``memory_budget_mib``, ``threads`` integers >= 0.
 
     Raises:
