@@ -18,6 +18,7 @@ from kerneljudge.judge import Judge, JudgeConfig
 from kerneljudge.judge.options import JudgeOptions
 from kerneljudge.problem.probe import ProbeChild
 from kerneljudge.worker import WorkerProcess
+from kerneljudge.worker.faults import WorkerDied
 from kerneljudge.worker.sandbox import child_pids
 from kerneljudge.worker.spares import Spares
 
@@ -257,3 +258,45 @@ def test_a_spare_probe_that_died_before_it_was_given_the_problem_is_not_blamed_o
     with Judge(second, CONFIG, spares=spares) as judge:  # probed again by a fresh child
         assert judge.evaluate(second_candidate).status == "correct"
     assert killed
+
+
+class _Stuck(_Fake):
+    """A worker whose start-up wait is stopped: by ``error`` (a dead worker, a Ctrl-C)."""
+
+    def __init__(self, error: BaseException, **started: object) -> None:
+        super().__init__(**started)
+        self.error = error
+
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    "errors",  # the wait of each worker started, in order (None: it comes up)
+    [
+        [KeyboardInterrupt()],  # Ctrl-C or SIGTERM while the worker still imports torch
+        # the one taken dies, its replacement ahead of need is fine, the one in its place dies
+        [WorkerDied(None, "gone"), None, WorkerDied(None, "gone again")],
+    ],
+)
+def test_a_worker_taken_from_the_pool_is_closed_when_its_wait_is_stopped(
+    monkeypatch: pytest.MonkeyPatch, errors: list[BaseException | None]
+) -> None:
+    from kerneljudge.worker import pool as pool_module
+
+    started: list[_Fake] = []
+
+    def start(*args: object, **kwargs: object) -> _Fake:
+        error = errors[len(started)] if len(started) < len(errors) else None
+        fake = _Stuck(error, args=args) if error else _Fake(args=args)
+        started.append(fake)
+        return fake
+
+    monkeypatch.setattr(pool_module, "WorkerProcess", start)
+    pool = pool_module.WorkerPool("cpu")
+    with pytest.raises(type(errors[-1])):
+        pool.take()
+    stuck = [w for w in started if isinstance(w, _Stuck)]
+    assert len(stuck) == sum(e is not None for e in errors) and all(w.closed for w in stuck)
+    pool.close()
+    assert all(w.closed for w in started)

@@ -80,15 +80,27 @@ class WorkerPool:
             self._idle.append(self._spawn())
 
     def take(self) -> WorkerProcess:
-        """A ready candidate worker (the caller closes it when done)."""
+        """A ready candidate worker (the caller closes it when done). A worker that did not
+        come up is closed and one more is started; whatever stops the wait (a second failure,
+        Ctrl-C, SIGTERM) closes the worker taken, so that no scratch folder is left behind.
+
+        Raises:
+            WorkerDied, WorkerTimeout: the worker started in place of one that did not come up
+                did not come up either.
+        """
         self.prestart()
         worker = self._idle.pop(0)
-        self.prestart()
         try:
-            worker.wait_ready()
-        except (WorkerDied, WorkerTimeout):
-            worker = self._spawn()
-            worker.wait_ready()
+            self.prestart()
+            try:
+                worker.wait_ready()
+            except (WorkerDied, WorkerTimeout):
+                worker.close()
+                worker = self._spawn()
+                worker.wait_ready()
+        except BaseException:
+            worker.close()
+            raise
         return worker
 
     @contextlib.contextmanager
