@@ -217,3 +217,50 @@ def test_version_names_the_package_and_torch() -> None:
     (line,) = proc.stdout.splitlines()
     version = importlib.metadata.version("kerneljudge")
     assert line.startswith(f"kerneljudge {version} (torch {torch.__version__}, CUDA ")
+
+
+def test_sigterm_stops_eval_as_ctrl_c_does_and_leaves_no_folder(tmp_path: Path) -> None:
+    """``kill PID`` (``timeout``, a batch system) mid-verdict: the workers end, their scratch
+    folders and the probe's are removed, and the exit status is 143."""
+    import os
+    import signal
+    import time
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kerneljudge",
+            "eval",
+            str(FIX / "candidates" / "hang.py"),
+            "-p",
+            str(FIX / "tiny_problem.py"),
+            "--device",
+            "cpu",
+            "--local",
+            "--baselines",
+            "eager",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp)},
+    )
+    try:
+        assert proc.stderr is not None
+        deadline = time.monotonic() + 120
+        for line in proc.stderr:  # a line per stage: stop it while it runs the candidate
+            if "trial 1/" in line or time.monotonic() > deadline:
+                break
+        assert any(tmp.glob("kj-candidate-*")), "the candidate runs in a scratch folder"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 143
+    finally:
+        proc.kill()
+        proc.wait()
+    assert [p.name for p in tmp.glob("kj-*")] == []

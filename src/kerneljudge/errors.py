@@ -14,6 +14,7 @@ __all__ = [
     "CandidateError",
     "DeviceError",
     "WorkerError",
+    "Terminated",
     "first_line",
 ]
 
@@ -71,3 +72,18 @@ class BuildCacheError(KernelJudgeError, OSError):
     """The build cache could not be written where a build or its result goes: the folder cannot
     be made or written (not a folder, read-only, full), or an entry's folder still led elsewhere
     after the judge had made it a real one (something put a link back meanwhile)."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill PID``) or SIGHUP (the terminal closed) in the main thread: a
+    :class:`KeyboardInterrupt`, so that a command stops exactly as on Ctrl-C (its workers ended,
+    its temporary folders removed; a suite run marked ``interrupted``, resumable). The command
+    line exits ``128 + signum`` on it (143 on SIGTERM, 129 on SIGHUP; 130 on Ctrl-C).
+
+    Attributes:
+        signum: the signal's number.
+    """
+
+    def __init__(self, signum: int = 15) -> None:
+        super().__init__()
+        self.signum = int(signum)

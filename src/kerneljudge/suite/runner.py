@@ -28,7 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from kerneljudge.candidate import Candidate
-from kerneljudge.errors import CandidateError, DeviceError, KernelJudgeError, ProblemError
+from kerneljudge.errors import (
+    CandidateError,
+    DeviceError,
+    KernelJudgeError,
+    ProblemError,
+    Terminated,
+)
 from kerneljudge.judge import Judge, JudgeConfig
 from kerneljudge.judge.options import JudgeOptions
 from kerneljudge.suite.layout import Pair, SuiteProblem, find_candidates, load_suite
@@ -231,12 +237,6 @@ def _record_plan(store: ResultsStore, run_id: str, run_plan: RunPlan) -> None:
         counts[problem] = counts.get(problem, 0) + 1
     store.set_problems(run_id, [p.to_dict(counts.get(p.name, 0)) for p in run_plan.problems])
     store.add_planned(run_id, [(p.problem.name, p.sample, str(p.path)) for p in run_plan.pairs])
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (``kill PID``) during a run: a :class:`KeyboardInterrupt`, so that it stops the
-    run exactly as Ctrl-C does (the pair in flight dropped, the run marked ``interrupted``,
-    resumable); the command line exits 143 on it (130 on Ctrl-C)."""
 
 
 class StopSignals:
