@@ -177,6 +177,30 @@ def test_limits_are_enforced(tmp_path: Path) -> None:
     assert not report.check("fits").passed
 
 
+def test_checks_that_need_more_memory_than_the_host_has_fail_fits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A problem whose checks would take more than the host has fails ``fits`` and the lint
+    goes on, instead of the host's out-of-memory killer ending the lint (a KernelBench conv
+    of 1 GiB in, 2 GiB out took 21 GiB): here the host has 256 MiB, the second call 512."""
+    import resource
+
+    monkeypatch.setattr("kerneljudge.lint.running.available_bytes", lambda: 256 << 20)
+    body = (
+        "self.calls += 1\n"
+        "        if self.calls == 2:\n"
+        "            torch.empty(512 << 20, dtype=torch.uint8)\n"
+        f"        {_GOOD_BODY}"
+    )
+    before = resource.getrlimit(resource.RLIMIT_DATA)
+    report = lint_problem(_write(tmp_path, "hungry", body=body, init="self.calls = 0"))
+    fits = report.check("fits")
+    assert fits is not None and not fits.passed, _explain(report)
+    assert "need more memory than the 192.0 MiB it may take" in fits.detail
+    assert resource.getrlimit(resource.RLIMIT_DATA) == before
+    assert lint_problem(_write(tmp_path, "good")).passed  # the cap is per problem
+
+
 def test_folder_gives_one_report_per_problem(tmp_path: Path) -> None:
     _write(tmp_path, "alpha")
     _write(tmp_path, "beta", "return torch.zeros_like(x) * y")

@@ -32,7 +32,9 @@ checks, in order:
 ``counts``           ``flop_count``/``byte_count`` are positive and plausible; on a GPU with a
                      datasheet entry the reference is not faster than the floor they imply.
 ``fits``             the reference's wall time, its input + output + parameter bytes and (on
-                     CUDA) its peak allocated memory stay within :class:`LintLimits`.
+                     CUDA) its peak allocated memory stay within :class:`LintLimits`; on the
+                     CPU the checks fit in three quarters of the host's available memory
+                     (:func:`~kerneljudge.lint.running.memory_cap`).
 ``not_launch_bound`` (a warning) at every shape set but ``tiny``, the H100 time floor is at
                      least ``LAUNCH_FLOOR_S``, unless the problem is tagged ``decode`` or
                      ``small-shape``; and one reference call at the linted set runs at most
@@ -89,6 +91,8 @@ from kerneljudge.lint.running import (
     _run,
     _sync,
     _tensors,
+    memory_cap,
+    out_of_memory,
 )
 from kerneljudge.problem import Problem, bundled_problem_names, bundled_problems_dir
 from kerneljudge.worker.forward import float64_oracle
@@ -146,11 +150,25 @@ def lint_problem(
 
     Returns:
         A :class:`LintReport`; a problem that does not load or whose reference raises gives a
-        report whose ``load`` check failed.
+        report whose ``load`` check failed. On the CPU the checks may take at most three
+        quarters of the host's available memory (:func:`~kerneljudge.lint.running.memory_cap`;
+        the process's ``RLIMIT_DATA`` is lowered meanwhile): a problem whose checks need more
+        fails ``fits``, the checks after it skipped.
     """
-    started = time.perf_counter()
-    limits = limits or LintLimits()
     dev = torch.device(device)
+    with memory_cap(dev) as room:
+        return _lint(path_or_name, shape_set, dev, limits or LintLimits(), room)
+
+
+def _lint(
+    path_or_name: str | Path,
+    shape_set: str | None,
+    dev: torch.device,
+    limits: LintLimits,
+    room: int | None,
+) -> LintReport:
+    """:func:`lint_problem` under its memory cap (``room``: the bytes it may add, None: no cap)."""
+    started = time.perf_counter()
     checks: list[LintCheck] = []
     name, path, linted = str(path_or_name), "", shape_set
 
@@ -259,6 +277,11 @@ def lint_problem(
         checks.append(_check_launch_bound(problem, linted, _operator_count(model, inputs)))
     except Exception as exc:  # user code again: report which check it broke
         done = {c.name for c in checks}
+        if out_of_memory(exc) and "fits" not in done:
+            cap = f"the {_fmt_bytes(room)} it may take" if room else "what this host has"
+            message = f"the checks need more memory than {cap}; other checks skipped"
+            checks.append(LintCheck("fits", False, message))
+            return report()
         broken = next(n for n in CHECK_NAMES if n not in done)
         checks.append(LintCheck(broken, False, f"raised {type(exc).__name__}: {exc}"))
     return report()

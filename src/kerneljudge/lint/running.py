@@ -1,19 +1,23 @@
 """How the lint runs the reference and reads its results: one call (timed), the operators it
 dispatches (counted by the judge's own recorder, :mod:`kerneljudge.worker.forward`), the
 forward's argument names, tensors compared bit for bit or within a tolerance, sizes and times
-as text.
+as text; the cap on the memory the checks may take on the CPU (:func:`memory_cap`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import resource
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from kerneljudge.check import flatten_outputs
+from kerneljudge.check.memory import available_bytes
 from kerneljudge.worker.forward import OpRecorder
 
 
@@ -86,6 +90,55 @@ def _fmt_bytes(n: float) -> str:
 
 def _fmt_s(t: float) -> str:
     return f"{t * 1e6:.1f} us" if t < 1e-3 else f"{t * 1e3:.1f} ms" if t < 1 else f"{t:.2f} s"
+
+
+# ----------------------------------------------------------------------------- memory
+#: Share of the host's available memory the checks of one problem may take on the CPU.
+MEMORY_SHARE = 0.75
+
+
+def _data_bytes() -> int | None:
+    """This process's ``VmData`` (bytes: what ``RLIMIT_DATA`` counts); None if unreadable."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmData:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+@contextlib.contextmanager
+def memory_cap(device: torch.device) -> Iterator[int | None]:
+    """On the CPU, cap this process's private writable memory (the soft ``RLIMIT_DATA``) at
+    what it holds now plus :data:`MEMORY_SHARE` of the host's available memory
+    (:func:`kerneljudge.check.memory.available_bytes`) while the block runs, so that a problem
+    whose checks would not fit gets an allocation error (:func:`out_of_memory`) instead of the
+    host's out-of-memory killer ending this process. The old limit comes back at the end; a
+    lower one already set is kept. Yields the bytes the block may add (None: no cap, on a GPU
+    or where the memory cannot be read)."""
+    held, free = _data_bytes(), available_bytes()
+    if device.type != "cpu" or held is None or free is None:
+        yield None
+        return
+    room = int(free * MEMORY_SHARE)
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    cap = held + room
+    if hard != resource.RLIM_INFINITY:
+        cap = min(cap, hard)
+    if soft != resource.RLIM_INFINITY and soft <= cap:
+        yield None
+        return
+    resource.setrlimit(resource.RLIMIT_DATA, (cap, hard))
+    try:
+        yield room
+    finally:
+        resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is an allocation that failed (``MemoryError``, torch's allocator)."""
+    return isinstance(exc, MemoryError) or "can't allocate memory" in str(exc)
 
 
 # ----------------------------------------------------------------------------- running
