@@ -75,11 +75,15 @@ def test_eval_table_and_exit_code_for_incorrect(tmp_path: Path) -> None:
         (["/no/such/file.py", "-p", "causal_gqa"], "candidate file not found"),
         (["{good}", "-p", "no_such_problem"], "no problem named 'no_such_problem'"),
         (["{good}", "-p", "{good}", "--tolerance", "loose"], "--tolerance must be"),
+        (["{tmp}", "-p", "causal_gqa"], "candidate file {tmp} is a folder, not a file"),
+        (["/dev/null", "-p", "causal_gqa"], "candidate file /dev/null is not a regular file"),
+        (["{good}", "-p", "{tmp}"], "problem file {tmp} is a folder, not a file"),
     ],
 )
 def test_bad_input_is_one_line(tmp_path: Path, args: list[str], message: str) -> None:
     good = str(FIX / "candidates" / "good.py")
-    res = _eval(*[a.format(good=good) for a in args], cache=tmp_path)
+    res = _eval(*[a.format(good=good, tmp=tmp_path) for a in args], cache=tmp_path)
+    message = message.format(tmp=tmp_path)
     assert res.exit_code == 2
     assert message in res.output
     assert "Traceback" not in res.output

@@ -16,12 +16,27 @@ __all__ = [
     "WorkerError",
     "Terminated",
     "first_line",
+    "not_a_file",
 ]
 
 
 def first_line(text: str) -> str:
     """The first non-blank line of ``text``, stripped."""
     return next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+
+
+def not_a_file(kind: str, path: object) -> str:
+    """The one-line message for a ``kind`` file (``candidate``, ``problem``) at ``path`` that is
+    not a regular file: missing (``... file not found: PATH``), a folder, or something else
+    (a device such as ``/dev/null``, a pipe)."""
+    from pathlib import Path
+
+    p = Path(str(path))
+    if p.is_dir():
+        return f"{kind} file {path} is a folder, not a file"
+    if p.exists():
+        return f"{kind} file {path} is not a regular file"
+    return f"{kind} file not found: {path}"
 
 
 class KernelJudgeError(Exception):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from kerneljudge.candidate.backends import BACKENDS, GPU_BACKENDS, detect_backend
 from kerneljudge.candidate.backends import backend as backend_record
-from kerneljudge.errors import CandidateError
+from kerneljudge.errors import CandidateError, not_a_file
 
 __all__ = ["BACKENDS", "GPU_BACKENDS", "Candidate", "StaticIssue", "detect_backend"]
 
@@ -65,7 +65,7 @@ class Candidate:
         """
         p = Path(path)
         if not p.is_file():
-            raise CandidateError(f"candidate file not found: {path}")
+            raise CandidateError(not_a_file("candidate", path))
         try:
             text = p.read_text(encoding="utf-8")
         except (UnicodeDecodeError, OSError) as exc:

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kerneljudge.errors import ProblemError
+from kerneljudge.errors import ProblemError, not_a_file
 
 if TYPE_CHECKING:
     from kerneljudge.worker.spares import Spares
@@ -89,12 +89,13 @@ def resolve_problem(spec: str | Path) -> Path:
     """Turn a problem name or a path into the path of a problem file.
 
     Raises:
-        ProblemError: the path does not exist and no bundled problem has that name.
+        ProblemError: the path does not exist (or is a folder, or not a regular file) and no
+            bundled problem has that name.
     """
     path = Path(spec)
     if path.suffix == ".py" or path.exists() or "/" in str(spec):
         if not path.is_file():
-            raise ProblemError(f"problem file not found: {spec}")
+            raise ProblemError(not_a_file("problem", spec))
         return path.resolve()
     candidate = bundled_problems_dir() / f"{spec}.py"
     if candidate.is_file():
