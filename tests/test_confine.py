@@ -15,6 +15,7 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -84,6 +85,21 @@ def _gone(pids: list[int], timeout_s: float = 20.0) -> list[int]:
         time.sleep(0.1)
         alive = [p for p in alive if _live(p)]
     return alive
+
+
+def run_probe(folder: Path, scratch: Path) -> tuple[dict[str, Any], str]:
+    """Run ``folder``'s ``kjprobe.py`` confined (``scratch`` its writable folder and working
+    directory): the JSON object of its last line of output, and its whole output."""
+    env = {**os.environ, "PYTHONPATH": f"{folder}{os.pathsep}{SRC}"}
+    proc = confine.spawn(
+        confine.command(["kjprobe"], [str(scratch)]),
+        env=env,
+        cwd=scratch,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    text = proc.communicate(timeout=60)[0].decode()
+    return json.loads(text.strip().splitlines()[-1]), text
 
 
 def _ninja_escape(marker: str, pidfile: str) -> str:
@@ -167,16 +183,7 @@ def test_a_confined_process_reaches_nothing_outside(tmp_path: Path) -> None:
                 """
             )
         )
-        env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{SRC}"}
-        proc = confine.spawn(
-            confine.command(["kjprobe"], [str(scratch)]),
-            env=env,
-            cwd=scratch,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        text = proc.communicate(timeout=60)[0].decode()
-        out = json.loads(text.strip().splitlines()[-1])
+        out, text = run_probe(tmp_path, scratch)
     finally:
         reference.close()
     assert out.pop("write_scratch") == "done", text
@@ -244,6 +251,7 @@ def test_processes_a_candidate_starts_end_with_its_verdict(tmp_path: Path) -> No
 _KILLED_JUDGE = """
 import json, sys, threading, time
 from pathlib import Path
+from typing import Any
 from kerneljudge import Judge, JudgeConfig
 from kerneljudge.worker.process import WorkerProcess
 from kerneljudge.worker.sandbox import LAUNCH_WAIT_S, child_pids, launching_children

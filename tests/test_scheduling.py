@@ -13,6 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from test_confine import run_probe
 
 from kerneljudge.worker import confine, scheduling
 
@@ -55,16 +56,7 @@ def test_a_confined_process_cannot_change_its_scheduling(tmp_path: Path) -> None
     (tmp_path / "kjprobe.py").write_text(_PROBE)
     scratch = tmp_path / "scratch"
     scratch.mkdir()
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{SRC}"}
-    proc = confine.spawn(
-        confine.command(["kjprobe"], [str(scratch)]),
-        env=env,
-        cwd=scratch,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    text = proc.communicate(timeout=60)[0].decode()
-    out = json.loads(text.strip().splitlines()[-1])
+    out, text = run_probe(tmp_path, scratch)
     assert out.pop("read") == "done", text
     assert out == {name: 1 for name in out}, out  # EPERM, every one
     assert "scheduling_locked" in confine.layers("candidate")
@@ -193,7 +185,7 @@ def test_a_gpu_worker_is_started_without_the_lock_and_its_verdict_says_so() -> N
     argv = ["kerneljudge.worker"]
     for lock, device in ((True, "cpu"), (False, "cuda:0")):
         cmd = confine.command(argv, ["/tmp"], lock_scheduling=lock)
-        policy = json.loads(next(cmd[i + 1] for i, a in enumerate(cmd) if a.endswith("confine.py")))
+        policy = json.loads(cmd[-3])  # ... python -P confine.py POLICY -- kerneljudge.worker
         assert policy.get("sched", False) is (lock and confine.features().scheduling)
         locked = "scheduling_locked" in confine.layers("candidate", device)
         assert locked is (lock and confine.features().scheduling)
