@@ -223,12 +223,23 @@ def test_version_names_the_package_and_torch() -> None:
     assert line.startswith(f"kerneljudge {version} (torch {torch.__version__}, CUDA ")
 
 
-def test_sigterm_stops_eval_as_ctrl_c_does_and_leaves_no_folder(tmp_path: Path) -> None:
-    """``kill PID`` (``timeout``, a batch system) mid-verdict: the workers end, their scratch
-    folders and the probe's are removed, and the exit status is 143."""
+@pytest.mark.parametrize(
+    ("signame", "status", "nohup"),
+    [("SIGTERM", 143, False), ("SIGHUP", 129, False), ("SIGTERM", 143, True)],
+    ids=["sigterm", "sighup", "nohup"],
+)
+def test_sigterm_stops_eval_as_ctrl_c_does_and_leaves_no_folder(
+    signame: str, status: int, nohup: bool, tmp_path: Path
+) -> None:
+    """``kill PID`` (``timeout``, a batch system) or a closed terminal mid-verdict: the workers
+    end, their scratch folders and the probe's are removed, and the exit status is 128 + the
+    signal. Started under ``nohup`` (SIGHUP ignored), a SIGHUP is ignored throughout."""
     import os
     import signal
     import time
+
+    def ignore_sighup() -> None:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
     tmp = tmp_path / "tmp"
     tmp.mkdir()
@@ -254,6 +265,7 @@ def test_sigterm_stops_eval_as_ctrl_c_does_and_leaves_no_folder(tmp_path: Path) 
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "TMPDIR": str(tmp)},
+        preexec_fn=ignore_sighup if nohup else None,
     )
     try:
         assert proc.stderr is not None
@@ -262,8 +274,12 @@ def test_sigterm_stops_eval_as_ctrl_c_does_and_leaves_no_folder(tmp_path: Path) 
             if "trial 1/" in line or time.monotonic() > deadline:
                 break
         assert any(tmp.glob("kj-candidate-*")), "the candidate runs in a scratch folder"
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 143
+        if nohup:
+            proc.send_signal(signal.SIGHUP)
+            with pytest.raises(subprocess.TimeoutExpired):
+                proc.wait(timeout=2)  # still judging
+        proc.send_signal(signal.Signals[signame])
+        assert proc.wait(timeout=60) == status
     finally:
         proc.kill()
         proc.wait()

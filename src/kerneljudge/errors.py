@@ -90,10 +90,11 @@ class BuildCacheError(KernelJudgeError, OSError):
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM (``kill PID``) or SIGHUP (the terminal closed) in the main thread: a
-    :class:`KeyboardInterrupt`, so that a command stops exactly as on Ctrl-C (its workers ended,
-    its temporary folders removed; a suite run marked ``interrupted``, resumable). The command
-    line exits ``128 + signum`` on it (143 on SIGTERM, 129 on SIGHUP; 130 on Ctrl-C).
+    """SIGTERM (``kill PID``) or SIGHUP (the terminal closed) in the main thread, raised by
+    :class:`~kerneljudge.stopping.StopSignals`: a :class:`KeyboardInterrupt`, so that a
+    command stops exactly as on Ctrl-C (its workers ended, its temporary folders removed; a
+    suite run marked ``interrupted``, resumable). The command line exits ``128 + signum`` on
+    it (143 on SIGTERM, 129 on SIGHUP; 130 on Ctrl-C).
 
     Attributes:
         signum: the signal's number.

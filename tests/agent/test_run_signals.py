@@ -1,7 +1,8 @@
-"""SIGINT (Ctrl-C) and SIGTERM on ``kerneljudge episode``: the run stops without waiting for
-its episodes in flight, marks them interrupted as ``--resume`` expects, ends its workers,
-removes its temporary folder and says how to continue. A real runner process against the
-loopback server (fake_server.py), real judges on the smoke problem."""
+"""SIGINT (Ctrl-C), SIGTERM and SIGHUP on ``kerneljudge episode``: the run stops without
+waiting for its episodes in flight, marks them interrupted as ``--resume`` expects (naming the
+signal), ends its workers, removes its temporary folder, says how to continue and exits
+128 + the signal. A real runner process against the loopback server (fake_server.py), real
+judges on the smoke problem."""
 
 from __future__ import annotations
 
@@ -52,8 +53,12 @@ def _wait_for_partial(proc: subprocess.Popen[str], log: RunLog, count: int) -> N
 
 @pytest.mark.parametrize(
     ("signum", "status", "group", "resume"),
-    [(signal.SIGINT, 130, True, True), (signal.SIGTERM, 143, False, False)],
-    ids=["sigint", "sigterm"],
+    [
+        (signal.SIGINT, 130, True, True),
+        (signal.SIGTERM, 143, False, False),
+        (signal.SIGHUP, 129, False, False),
+    ],
+    ids=["sigint", "sigterm", "sighup"],
 )
 def test_a_signal_stops_the_run_at_once_and_it_can_be_resumed(
     signum: int, status: int, group: bool, resume: bool, tmp_path: Path
@@ -107,6 +112,7 @@ def test_a_signal_stops_the_run_at_once_and_it_can_be_resumed(
             records = read_jsonl(out / e["transcript"])
             assert e["transcript"].endswith(".interrupted.jsonl")
             assert records[0]["type"] == "episode" and records[-1]["type"] == "interrupted"
+            assert f"({signal.Signals(signum).name})" in records[-1]["reason"]
             assert [r["type"] for r in records].count("tool") == 1
         kept = sorted(p.name for p in (out / "smoke_affine").iterdir())
         assert kept == sorted(Path(e["transcript"]).name for e in marked)  # none stray

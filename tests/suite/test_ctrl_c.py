@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from kerneljudge.suite.runner import StopSignals
+from kerneljudge.stopping import StopSignals
 
 # The dropped KeyboardInterrupt is reported by Python as unraisable, which is the point here.
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
@@ -45,7 +45,7 @@ def test_a_lost_ctrl_c_after_the_last_check_is_raised_when_the_block_ends() -> N
 
 
 def test_sigterm_raises_terminated_and_the_handlers_are_put_back() -> None:
-    from kerneljudge.suite.runner import Terminated
+    from kerneljudge.errors import Terminated
 
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     with pytest.raises(Terminated), StopSignals() as stop:

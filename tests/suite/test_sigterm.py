@@ -1,5 +1,6 @@
-"""SIGTERM (``kill PID``) stops a suite run as Ctrl-C does: the run is marked ``interrupted``,
-the command says how to continue and exits 143, and a resume judges the rest, each pair once."""
+"""SIGTERM (``kill PID``) and SIGHUP (the terminal closed) stop a suite run as Ctrl-C does: the
+run is marked ``interrupted``, the command says how to continue and exits 128 + the signal (143,
+129), and a resume judges the rest, each pair once."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+
+import pytest
 
 from kerneljudge.suite.store import ResultsStore
 
@@ -28,7 +31,12 @@ def _finish(proc: subprocess.Popen[bytes]) -> int:
             pass
 
 
-def test_sigterm_interrupts_the_run_cleanly_and_a_resume_finishes_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("signum", "status"), [(signal.SIGTERM, 143), (signal.SIGHUP, 129)], ids=["sigterm", "sighup"]
+)
+def test_sigterm_interrupts_the_run_cleanly_and_a_resume_finishes_it(
+    signum: int, status: int, tmp_path: Path
+) -> None:
     suite = write_suite(tmp_path)
     cands = tmp_path / "cands"
     for sample in SAMPLES:
@@ -46,8 +54,8 @@ def test_sigterm_interrupts_the_run_cleanly_and_a_resume_finishes_it(tmp_path: P
         assert proc.poll() is None, f"exited {proc.returncode} early:\n{log.read_text()}"
         assert time.monotonic() < deadline, log.read_text()
         time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)  # the process alone, as ``kill PID`` does
-    assert _finish(proc) == 143, log.read_text()
+    proc.send_signal(signum)  # the process alone, as ``kill PID`` does
+    assert _finish(proc) == status, log.read_text()
     assert f"interrupted: continue with  kerneljudge suite run --resume t --store {db}" in (
         log.read_text()
     )

@@ -192,9 +192,9 @@ def episode_command(
 
     Exit status: 0 when every episode ran; 1 when a harness error ended one (said on stderr);
     2 on bad input (an unknown problem, bad options) or an unreachable server (the episodes not
-    run stay planned: --resume the folder later); 130 on Ctrl-C (SIGINT) and 143 on SIGTERM,
-    which stop the run at once: the episodes in flight are marked interrupted, and --resume
-    runs them again. With --server every episode is judged by
+    run stay planned: --resume the folder later); 130 on Ctrl-C (SIGINT), 143 on SIGTERM and
+    129 on SIGHUP, which stop the run at once: the episodes in flight are marked interrupted,
+    and --resume runs them again. With --server every episode is judged by
     that service (problems named as it knows them); no judge runs here.
     """
     from kerneljudge.agent.config import check_runner_numbers
@@ -283,7 +283,7 @@ def episode_command(
                 (server, token),
             )
             title = f"{model} at {base_url}"
-    except RunInterrupted as exc:  # SIGINT or SIGTERM: the run's clean-up is done
+    except RunInterrupted as exc:  # a stop signal: the run's clean-up is done
         where = exc.out if exc.out is not None else (resume or out)
         _err.print(
             f"interrupted: continue with kerneljudge episode --resume {where}",

@@ -1,14 +1,15 @@
-"""Stopping a run of episodes at once on SIGINT (Ctrl-C) or SIGTERM.
+"""Stopping a run of episodes at once on a stop signal (SIGINT, SIGTERM, SIGHUP).
 
 While a run (:func:`kerneljudge.agent.runs.run_episodes`) waits for its episodes in the main
-thread, :class:`StopSignals` turns both signals into :class:`RunInterrupted`. The run then
-does not wait for the episodes in flight: :class:`Flight`, which knows them (their transcript
-writers and steps), ends their transcripts with an ``interrupted`` record (renamed
-``<episode id>.interrupted.jsonl``) and records them ``interrupted`` in ``state.jsonl``, as a
-resumed run would; from then on whatever those episodes' threads still do is not recorded
-(:class:`Cancelled` stops them at their next event). The run closes its judges, ends the
-workers still working in its temporary folder, removes it, and raises
-:class:`RunInterrupted`; ``--resume`` runs the interrupted and the planned episodes later.
+thread, :class:`~kerneljudge.stopping.StopSignals` turns each stop signal into a
+:class:`KeyboardInterrupt` there. The run then does not wait for the episodes in flight:
+:class:`Flight`, which knows them (their transcript writers and steps), ends their transcripts
+with an ``interrupted`` record (renamed ``<episode id>.interrupted.jsonl``) and records them
+``interrupted`` in ``state.jsonl``, as a resumed run would; from then on whatever those
+episodes' threads still do is not recorded (:class:`Cancelled` stops them at their next event).
+The run closes its judges, ends the workers still working in its temporary folder, removes it,
+and raises :class:`RunInterrupted`; ``--resume`` runs the interrupted and the planned episodes
+later.
 """
 
 from __future__ import annotations
@@ -21,10 +22,7 @@ from typing import Any
 from kerneljudge.agent.runlog import RunLog
 from kerneljudge.agent.transcript import TranscriptWriter
 
-__all__ = ["Cancelled", "Flight", "RunInterrupted", "StopSignals"]
-
-#: The signals that stop a run.
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+__all__ = ["Cancelled", "Flight", "RunInterrupted"]
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -32,9 +30,9 @@ class RunInterrupted(KeyboardInterrupt):
     its temporary folder removed.
 
     Attributes:
-        signum: the signal (``SIGINT`` or ``SIGTERM``).
+        signum: the signal (``SIGINT``, ``SIGTERM`` or ``SIGHUP``).
         out: the run's folder (None until the run sets it).
-        exit_status: ``128 + signum`` (130 for SIGINT, 143 for SIGTERM).
+        exit_status: ``128 + signum`` (130 for SIGINT, 143 for SIGTERM, 129 for SIGHUP).
     """
 
     def __init__(self, signum: int, out: Path | None = None) -> None:
@@ -49,34 +47,6 @@ class RunInterrupted(KeyboardInterrupt):
 
 class Cancelled(Exception):
     """Raised in an episode's thread at its next event once its run was interrupted."""
-
-
-class StopSignals:
-    """While the block runs in the main thread, SIGINT and SIGTERM raise
-    :class:`RunInterrupted` there; :meth:`hold` ignores them (during the clean-up); the
-    previous handlers come back at the end. Outside the main thread it does nothing."""
-
-    def __init__(self) -> None:
-        self._previous: dict[int, Any] = {}
-
-    def _raise(self, signum: int, frame: Any) -> None:
-        raise RunInterrupted(signum)
-
-    def hold(self) -> None:
-        """Ignore both signals until the block ends."""
-        for sig in self._previous:
-            signal.signal(sig, signal.SIG_IGN)
-
-    def __enter__(self) -> StopSignals:
-        if threading.current_thread() is threading.main_thread():
-            for sig in STOP_SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._raise)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous)
-        self._previous.clear()
 
 
 class Flight:

@@ -22,7 +22,8 @@ that service (:class:`~kerneljudge.env.remote.RemoteJudge`, one per episode) and
 here; the service queues the episodes' jobs and times one candidate per device at a time. The
 plan records the address (not the token), and a resumed run uses it unless told another.
 
-Signals: SIGINT (Ctrl-C) and SIGTERM stop a run at once; the episodes in flight are marked
+Signals: SIGINT (Ctrl-C), SIGTERM and SIGHUP stop a run at once
+(:class:`~kerneljudge.stopping.StopSignals`); the episodes in flight are marked
 ``interrupted`` (as a resumed run marks those a dead run left) and not waited for, and the run
 raises :class:`~kerneljudge.agent.interrupt.RunInterrupted` once it has cleaned up (see
 :mod:`kerneljudge.agent.interrupt`).
@@ -48,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from kerneljudge.agent.config import RunnerConfig
-from kerneljudge.agent.interrupt import Cancelled, Flight, RunInterrupted, StopSignals
+from kerneljudge.agent.interrupt import Cancelled, Flight, RunInterrupted
 from kerneljudge.agent.runlog import RunLog, cleanup_tmp, read_jsonl, repair_tail
 from kerneljudge.agent.runner import ChatClient, Progress, run_episode
 from kerneljudge.agent.transcript import EpisodeSummary, TranscriptWriter
@@ -58,6 +59,7 @@ from kerneljudge.env.remote import RemoteJudge
 from kerneljudge.env.rewards import RewardFn
 from kerneljudge.judge import Judge
 from kerneljudge.problem import Problem, resolve_problem
+from kerneljudge.stopping import StopSignals, signal_of
 
 __all__ = ["JudgePool", "resume_episodes", "run_episodes"]
 
@@ -183,8 +185,10 @@ def run_episodes(
         MissingExtraError: ``client`` is None and the ``openai`` package is missing.
         RuntimeError: another live process runs in ``out_dir``, or it holds a run with
             episodes not ended (resume that one, see :func:`resume_episodes`).
-        RunInterrupted: SIGINT or SIGTERM came while the episodes ran (in the main thread):
-            those in flight were marked ``interrupted`` and not waited for.
+        RunInterrupted: SIGINT, SIGTERM or SIGHUP came while the episodes ran (in the main
+            thread): those in flight were marked ``interrupted`` and not waited for.
+        KeyboardInterrupt: one came once every episode had ended, during the run's clean-up
+            (:class:`~kerneljudge.errors.Terminated` for SIGTERM and SIGHUP); raised after it.
         ValueError: ``episodes``, ``concurrency`` or ``judges`` out of range, or no problem.
     """
     if episodes < 1 or concurrency < 1 or judges < 0:
@@ -254,7 +258,7 @@ def resume_episodes(
     Raises:
         FileNotFoundError: ``out_dir`` holds no run.
         RuntimeError: another live process runs in ``out_dir``.
-        ServerUnreachable, MissingExtraError, ValueError, RunInterrupted: as
+        ServerUnreachable, MissingExtraError, ValueError, RunInterrupted, KeyboardInterrupt: as
             :func:`run_episodes`.
     """
     log = RunLog(out_dir, create=False)
@@ -324,9 +328,11 @@ def _execute(
     """Run the plan's episodes not ended; ``remote``: ``(server, token)`` of a judge service.
 
     Raises:
-        RunInterrupted: SIGINT or SIGTERM came (in the main thread): the episodes in flight
-            were marked ``interrupted`` and not waited for (see
+        RunInterrupted: SIGINT, SIGTERM or SIGHUP came (in the main thread): the episodes in
+            flight were marked ``interrupted`` and not waited for (see
             :mod:`kerneljudge.agent.interrupt`).
+        KeyboardInterrupt: one came during the clean-up after every episode had ended
+            (:class:`~kerneljudge.errors.Terminated` for SIGTERM and SIGHUP); raised after it.
     """
     from kerneljudge.agent.client import ServerUnreachable
 
@@ -384,37 +390,37 @@ def _execute(
             flight.end(slot, summary.to_dict(), _state_of(summary))
 
     saved = tempfile.tempdir
+    tmp = Path(tempfile.gettempdir()) / f"kj-run-{uuid.uuid4().hex[:12]}"
+
+    def clean_up() -> None:
+        pool.close()
+        tempfile.tempdir = saved
+        cleanup_tmp(tmp)  # also ends the workers of judges still lent to episodes
+        shutil.rmtree(tmp, ignore_errors=True)
+        log.event_many([{"event": "run_end", "pid": os.getpid(), "judges_created": pool.created}])
+
     with StopSignals() as signals:
-        tmp = Path(tempfile.gettempdir()) / f"kj-run-{uuid.uuid4().hex[:12]}"
         try:
             tmp.mkdir(mode=0o700)
             record = {"pid": os.getpid(), "tmp": str(tmp), "todo": len(todo)}
             log.event_many([{"event": "run", **record, "concurrency": concurrency}])
             tempfile.tempdir = str(tmp)
-            _run_jobs(todo, job, concurrency, lambda: stop.is_set())
+            _run_jobs(todo, job, concurrency, stop.is_set, signals.check)
         except BaseException as exc:  # a signal: the episodes in flight are not waited for
-            signals.hold()
-            signum = exc.signum if isinstance(exc, RunInterrupted) else signal.SIGINT
-            flight.interrupt(
-                f"the run was stopped ({signal.Signals(signum).name}) before this episode "
-                "ended; a resumed run runs it again from the start"
-            )
+            signum = signal_of(exc)
+            with signals.hold():  # the clean-up runs to its end
+                try:
+                    flight.interrupt(
+                        f"the run was stopped ({signal.Signals(signum).name}) before this "
+                        "episode ended; a resumed run runs it again from the start"
+                    )
+                finally:
+                    clean_up()
             if not isinstance(exc, KeyboardInterrupt):
                 raise
-            interrupted = exc if isinstance(exc, RunInterrupted) else RunInterrupted(signum)
-            interrupted.out = log.out
-            if interrupted is not exc:
-                raise interrupted from exc
-            raise
-        finally:
-            signals.hold()  # the clean-up runs to its end
-            pool.close()
-            tempfile.tempdir = saved
-            cleanup_tmp(tmp)  # also ends the workers of judges still lent to episodes
-            shutil.rmtree(tmp, ignore_errors=True)
-            log.event_many(
-                [{"event": "run_end", "pid": os.getpid(), "judges_created": pool.created}]
-            )
+            raise RunInterrupted(signum, log.out) from exc
+        with signals.hold():  # the clean-up runs to its end
+            clean_up()
     if unreachable:
         raise unreachable[0]
     done = log.summaries()
@@ -422,11 +428,16 @@ def _execute(
 
 
 def _run_jobs(
-    slots: list[str], job: Callable[[str], None], concurrency: int, stop: Callable[[], bool]
+    slots: list[str],
+    job: Callable[[str], None],
+    concurrency: int,
+    stop: Callable[[], bool],
+    check: Callable[[], None],
 ) -> None:
     """Run ``job(slot)`` for every slot in ``concurrency`` daemon threads (a thread takes no
-    new slot once ``stop()``); the main thread waits for them, and a signal's exception
-    raised there leaves them running. An exception that escapes a job is raised here."""
+    new slot once ``stop()``); the main thread waits for them, calling ``check()`` twice a
+    second, and a signal's exception raised there (or by ``check``) leaves them running. An
+    exception that escapes a job is raised here."""
     pending = list(reversed(slots))
     lock = threading.Lock()
     failures: list[BaseException] = []
@@ -451,6 +462,7 @@ def _run_jobs(
         thread.start()
     for thread in threads:
         while thread.is_alive():
+            check()  # a stop whose exception a finalizer swallowed
             thread.join(0.5)
     if failures:
         raise failures[0]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
@@ -15,7 +14,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 
 from kerneljudge.cli.output import StageReporter, make_console, print_table
-from kerneljudge.errors import ConfigError, KernelJudgeError, Terminated
+from kerneljudge.errors import ConfigError, KernelJudgeError
 from kerneljudge.judge.config import (
     DEFAULT_BASELINES,
     DEFAULT_BUILD_TIMEOUT_S,
@@ -24,6 +23,7 @@ from kerneljudge.judge.config import (
     DEFAULT_TOLERANCE,
     DEFAULT_TRIALS,
 )
+from kerneljudge.stopping import STOP_SIGNALS, StopSignals, exit_status
 
 if TYPE_CHECKING:
     from kerneljudge.judge import JudgeConfig
@@ -416,40 +416,28 @@ from kerneljudge.service.cli import serve_command  # noqa: E402 - imports no Fas
 app.command("serve")(serve_command)
 
 
-#: Signals that stop a command as Ctrl-C does (:class:`kerneljudge.errors.Terminated`).
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-
-
-#: The stop signals that came (typer turns every KeyboardInterrupt into exit status 130).
-_stopped_by: list[int] = []
-
-
-def _terminated(signum: int, frame: object) -> None:
-    _stopped_by.append(signum)
-    raise Terminated(signum)
-
-
 def main() -> None:
-    """Entry point of the console script. SIGTERM and SIGHUP stop a command as Ctrl-C does
-    (:class:`~kerneljudge.errors.Terminated`: its workers ended and its temporary folders
-    removed), with exit status ``128 + signum``; Ctrl-C exits 130."""
+    """Entry point of the console script. Ctrl-C, SIGTERM and SIGHUP stop a command
+    (:class:`~kerneljudge.stopping.StopSignals`: a :class:`KeyboardInterrupt`, its workers
+    ended and its temporary folders removed), with exit status ``128 + signum`` (130, 143,
+    129); a signal ignored when the command starts (``nohup``'s SIGHUP) stays ignored."""
     from kerneljudge.worker.sandbox import set_undumpable
 
     set_undumpable()  # this process holds the run seed and the reference outputs
     if not (console.is_terminal and err_console.is_terminal):
         # Help (stdout) and usage errors (stderr) as click's plain text, not rich's panels.
         app.rich_markup_mode = None
-    for signum in STOP_SIGNALS:
-        if signal.getsignal(signum) is not signal.SIG_IGN:  # nohup's SIGHUP stays ignored
-            signal.signal(signum, _terminated)
+    stop = StopSignals(keep_ignored=STOP_SIGNALS)
     try:
-        app()
+        with stop:
+            app()
     except KeyboardInterrupt as exc:
         err_console.print("interrupted")
-        sys.exit(128 + exc.signum if isinstance(exc, Terminated) else 130)
+        sys.exit(exit_status(exc))
     except SystemExit as exc:
-        if exc.code == 130 and _stopped_by:  # typer's status for an interrupted command
-            sys.exit(128 + _stopped_by[0])
+        # typer turns every KeyboardInterrupt into exit status 130
+        if exc.code == 130 and stop.requested is not None:
+            sys.exit(128 + stop.requested)
         raise
 
 

@@ -142,12 +142,11 @@ def suite_run(
     store: StoreOpt = None,
 ) -> None:
     """Judge every (problem, candidate) pair of SUITE, storing each verdict as it comes.
-    Ctrl-C or SIGTERM stops it, leaving the run resumable (exit 130, or 143 on SIGTERM)."""
+    Ctrl-C, SIGTERM or SIGHUP stops it, leaving the run resumable (exit 130, 143 or 129)."""
+    from kerneljudge.stopping import StopSignals, exit_status
     from kerneljudge.suite.progress import REASON_WIDTH, SuiteProgress
     from kerneljudge.suite.runner import (
-        StopSignals,
         SuiteOptions,
-        Terminated,
         new_run_id,
         release,
         run_pairs,
@@ -227,7 +226,7 @@ def suite_run(
                     if run is not None:
                         release(db, run)
                     raise
-        except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: the run is left resumable
+        except KeyboardInterrupt as exc:  # a stop signal: the run is left resumable
             err_console.print(
                 "interrupted"
                 + (f": continue with  kerneljudge suite run --resume {run}" if run else "")
@@ -235,7 +234,7 @@ def suite_run(
                 highlight=False,
                 markup=False,
             )
-            raise typer.Exit(143 if isinstance(exc, Terminated) else 130) from None
+            raise typer.Exit(exit_status(exc)) from None
     except ConfigError as exc:
         fail(exc.for_option())
         return

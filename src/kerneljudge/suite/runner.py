@@ -17,9 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import signal
 import socket
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -28,15 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from kerneljudge.candidate import Candidate
-from kerneljudge.errors import (
-    CandidateError,
-    DeviceError,
-    KernelJudgeError,
-    ProblemError,
-    Terminated,
-)
+from kerneljudge.errors import CandidateError, DeviceError, KernelJudgeError, ProblemError
 from kerneljudge.judge import Judge, JudgeConfig
 from kerneljudge.judge.options import JudgeOptions
+from kerneljudge.stopping import StopSignals
 from kerneljudge.suite.layout import Pair, SuiteProblem, find_candidates, load_suite
 from kerneljudge.suite.store import ResultsStore, StoreError
 from kerneljudge.worker.spares import Spares
@@ -44,9 +37,7 @@ from kerneljudge.worker.spares import Spares
 __all__ = [
     "RunPlan",
     "RunSummary",
-    "StopSignals",
     "SuiteOptions",
-    "Terminated",
     "host_versions",
     "plan",
     "plan_run",
@@ -239,48 +230,6 @@ def _record_plan(store: ResultsStore, run_id: str, run_plan: RunPlan) -> None:
     store.add_planned(run_id, [(p.problem.name, p.sample, str(p.path)) for p in run_plan.pairs])
 
 
-class StopSignals:
-    """Ctrl-C (SIGINT) and SIGTERM that are never lost: while the block runs, each records that
-    it came, then raises :class:`KeyboardInterrupt` (:class:`Terminated` for SIGTERM) as
-    Python's own SIGINT handler does. Python drops an exception raised while a finalizer
-    (``__del__``, a weakref callback) runs, so the exception can vanish; :meth:`check`,
-    called between pairs, raises it again, and so does leaving the block. The handlers
-    before the block are put back when it ends. Outside the main thread (where no signal
-    handler can be set) it only checks."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self) -> None:
-        self.requested: int | None = None
-        self._previous: dict[int, Any] = {}
-
-    def _interrupt(self) -> KeyboardInterrupt:
-        return Terminated() if self.requested == signal.SIGTERM else KeyboardInterrupt()
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        self.requested = signum
-        raise self._interrupt()
-
-    def check(self) -> None:
-        """Raise :class:`KeyboardInterrupt` (:class:`Terminated`) if SIGINT (SIGTERM) came
-        since the block began."""
-        if self.requested is not None:
-            raise self._interrupt()
-
-    def __enter__(self) -> StopSignals:
-        if threading.current_thread() is threading.main_thread():
-            for signum in self.SIGNALS:
-                self._previous[signum] = signal.signal(signum, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for signum, previous in self._previous.items():
-            signal.signal(signum, previous)
-        self._previous.clear()
-        if exc[0] is None:
-            self.check()
-
-
 def release(store: ResultsStore, run: str) -> None:
     """Mark run ``run`` ``interrupted`` where it is ``running`` under this process: a run
     stopped before :func:`run_pairs` took it (while it was planned), which would otherwise
@@ -304,8 +253,8 @@ def run_pairs(store: ResultsStore, run: str, reporter: Reporter | None = None) -
     The run's state is ``running`` while this works; then ``finished`` when every planned pair
     has a verdict, ``incomplete`` when it went through its plan but left pairs undone (they
     cannot be judged here: :attr:`RunSummary.not_judged`; a resume where they can finishes
-    it), ``interrupted`` when it was stopped before the end (Ctrl-C, SIGTERM, a harness
-    failure).
+    it), ``interrupted`` when it was stopped before the end (Ctrl-C, SIGTERM, SIGHUP, a
+    harness failure).
 
     Raises:
         StoreError: no such run, or another live process on this host is running it.
