@@ -733,6 +733,12 @@ def test_the_references_compile_cache_lies_where_no_candidate_writes(
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     assert reference_environment(tmp_path / "kj-candidate-x" / "c") == {}
     assert reference_environment(cache)["TORCHINDUCTOR_CACHE_DIR"] == str(folder)
+    # In a judging host the temporary folder is its own, in the base one beside the other
+    # hosts' (kerneljudge.worker.host_tmp): their workers' scratch folders are refused too.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "kerneljudge-slot-mine"))
+    assert reference_environment(tmp_path / "kerneljudge-slot-other" / "kj-candidate-y") == {}
+    assert reference_environment(tmp_path / "kj-candidate-x" / "c") == {}
+    assert reference_environment(cache)["TORCHINDUCTOR_CACHE_DIR"] == str(folder)
     monkeypatch.undo()
     cache.mkdir()
     folder.symlink_to(tmp_path, target_is_directory=True)

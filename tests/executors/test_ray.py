@@ -9,7 +9,9 @@ lost, and no Ray or judge process outlives the executor and the cluster.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -31,7 +33,7 @@ from kerneljudge.build import BuildCache, build
 from kerneljudge.candidate import Candidate
 from kerneljudge.executors._ray_host import install_entry, pack_entry
 from kerneljudge.executors.base import Job, JobError
-from kerneljudge.executors.ray_executor import RayExecutor
+from kerneljudge.executors.ray_executor import RayExecutor, _RayJudgeHost
 from kerneljudge.judge import Judge
 from kerneljudge.judge.options import JudgeOptions
 from kerneljudge.verdict import Status, Verdict
@@ -274,6 +276,49 @@ def test_chaos_node_removed_every_job_answered_once(cluster: Cluster, tmp_path: 
     assert set(answers) == {job.job_id for job in jobs}
     assert all(len(a) == 1 for a in answers.values())
     assert replaced >= 1 and retried >= 1
+
+
+@needs_ray
+def test_a_killed_actors_temporary_folder_goes_when_the_next_starts(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A judging actor's judges make their temporary folders in its own; SIGKILL of the actor
+    while it judges leaves that folder, and the next actor's start removes it. An actor's
+    ``shutdown`` removes its own."""
+    host = ray.remote(_RayJudgeHost).options(num_cpus=1, max_restarts=0)
+    first = host.remote("cpu", str(tmp_path), 1, 1)
+    info = ray.get(first.ready.remote(), timeout=300)
+    folder = Path(info["tmp"])
+    assert folder.is_dir() and folder.name.startswith("kerneljudge-actor-")
+    job = first.judge.remote(_job(SLOW).to_dict(), None, None)
+    deadline = time.monotonic() + 300
+    while not any(p.name.startswith("kj-candidate-") for p in folder.iterdir()):
+        assert time.monotonic() < deadline, sorted(os.listdir(folder))
+        time.sleep(0.1)
+    os.kill(info["pid"], signal.SIGKILL)
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(job, timeout=300)
+    while not _lock_free(folder):  # held until the killed actor's last thread has ended
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert folder.is_dir()
+    second = host.remote("cpu", str(tmp_path), 1, 1)
+    after = Path(ray.get(second.ready.remote(), timeout=300)["tmp"])
+    assert not folder.exists() and after.is_dir()
+    ray.get(second.shutdown.remote(), timeout=300)
+    assert not after.exists()
+    ray.kill(second)
+
+
+def _lock_free(folder: Path) -> bool:
+    fd = os.open(folder / "owner.lock", os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _busy_node(ex: RayExecutor, cluster: Cluster, jobs: set[str]) -> tuple[object, set[int]]:

@@ -15,10 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from kerneljudge.worker import confine
+from kerneljudge.worker.host_tmp import SLOT, HostTmp
 
 __all__ = ["SlotDied", "SlotProcess"]
 
 _SRC_DIR = str(Path(__file__).resolve().parents[2])
+#: Seconds :meth:`SlotProcess.close` waits for the slot's process group to end.
+GROUP_WAIT_S = 10.0
 
 
 class SlotDied(Exception):
@@ -38,13 +41,28 @@ class SlotProcess:
     thread of :func:`kerneljudge.worker.confine.spawn` with ``PR_SET_PDEATHSIG`` (SIGKILL) set
     before ``exec``, so it dies with the executor process however that dies. A CPU slot sees
     no GPU (``CUDA_VISIBLE_DEVICES`` empty).
+
+    Its temporary folder (``TMPDIR``, where its judges make theirs) is a
+    :class:`~kerneljudge.worker.host_tmp.HostTmp` of its own (``kerneljudge-slot-*``), made
+    here after a sweep of the dead hosts' folders; this process and the slot hold its lock
+    (the slot inherits the descriptor), and :meth:`close` removes it.
+
+    Raises:
+        OSError: the folder or the process could not be made (nothing is left).
     """
 
     def __init__(self, device: str, cores: tuple[int, ...], max_judges: int, log_path: Path):
         self.device = device
         to_slot_r, self._to_slot_w = os.pipe()
         self._from_slot_r, from_slot_w = os.pipe()
+        try:
+            self.tmp = HostTmp.make(SLOT)
+        except BaseException:
+            for fd in (to_slot_r, self._to_slot_w, self._from_slot_r, from_slot_w):
+                os.close(fd)
+            raise
         env = dict(os.environ)
+        env["TMPDIR"] = str(self.tmp.path)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_SRC_DIR, env.get("PYTHONPATH")]))
         env["PYTHONUNBUFFERED"] = "1"
         if not device.startswith("cuda"):
@@ -65,13 +83,15 @@ class SlotProcess:
             ",".join(map(str, cores)),
             "--max-judges",
             str(max_judges),
+            "--tmp-lock-fd",
+            str(self.tmp.lock_fd),
         ]
         try:
             with open(log_path, "ab") as log:
                 self.proc = confine.spawn(
                     cmd,
                     cpus=set(cores) or None,
-                    pass_fds=(to_slot_r, from_slot_w),
+                    pass_fds=(to_slot_r, from_slot_w, self.tmp.lock_fd),
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -82,6 +102,7 @@ class SlotProcess:
         except BaseException:
             for fd in (self._to_slot_w, self._from_slot_r):
                 os.close(fd)
+            self.tmp.remove()
             raise
         finally:
             os.close(to_slot_r)
@@ -169,8 +190,10 @@ class SlotProcess:
 
     def close(self, grace_s: float = 10.0) -> None:
         """Close its command pipe (an idle slot closes its judges and exits), wait up to
-        ``grace_s`` seconds, then kill it; release the pipes. Idempotent. Only the thread
-        that talks to the slot calls it (another thread may :meth:`kill`)."""
+        ``grace_s`` seconds, then kill it; release the pipes; once its process group is gone
+        (up to :data:`GROUP_WAIT_S` seconds), remove its temporary folder (what a worker dying
+        with it still writes there is outlasted: :meth:`HostTmp.remove`). Idempotent. Only the
+        thread that talks to the slot calls it (another thread may :meth:`kill`)."""
         if self._to_slot_w >= 0:
             os.close(self._to_slot_w)
             self._to_slot_w = -1
@@ -181,3 +204,11 @@ class SlotProcess:
         if self._from_slot_r >= 0:
             os.close(self._from_slot_r)
             self._from_slot_r = -1
+        deadline = time.monotonic() + GROUP_WAIT_S
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.proc.pid, 0)
+            except (ProcessLookupError, PermissionError):
+                break
+            time.sleep(0.05)
+        self.tmp.remove()

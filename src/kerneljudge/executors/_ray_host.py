@@ -27,6 +27,7 @@ from kerneljudge.device import build_arch
 from kerneljudge.executors._warm import WarmJudges, one_line
 from kerneljudge.executors.base import Job, error_kind
 from kerneljudge.judge import JudgeConfig
+from kerneljudge.worker.host_tmp import ACTOR, HostTmp
 
 __all__ = [
     "JudgeHost",
@@ -35,6 +36,7 @@ __all__ = [
     "exit_when_orphaned",
     "install_entry",
     "job_config",
+    "own_tmp",
     "pack_entry",
 ]
 
@@ -147,7 +149,13 @@ class JudgeHost:
         threads: torch threads of the judges' workers (0: torch's default).
         max_judges: warm judges kept (least recently used closed first); one per
             (problem, cache folder).
+
+    Attributes:
+        tmp: the host's own temporary folder when it has one (:func:`own_tmp`, made before
+            this runs), removed by :meth:`shutdown`; else None.
     """
+
+    tmp: HostTmp | None = None
 
     def __init__(
         self, device: str, cache_dir: str | None, threads: int = 0, max_judges: int = 4
@@ -159,9 +167,11 @@ class JudgeHost:
         self.max_judges = self._warm.max_judges
 
     def ready(self) -> dict[str, Any]:
-        """Where this host runs: ``{"node_id", "pid", "arch"}`` (``node_id`` filled in by the
-        actor wrapper; ``arch``: the CUDA arch its judges build for on its device)."""
-        return {"node_id": "", "pid": os.getpid(), "arch": self._warm.arch()}
+        """Where this host runs: ``{"node_id", "pid", "arch", "tmp"}`` (``node_id`` filled in
+        by the actor wrapper; ``arch``: the CUDA arch its judges build for on its device;
+        ``tmp``: its own temporary folder, or "")."""
+        tmp = str(self.tmp.path) if self.tmp is not None else ""
+        return {"node_id": "", "pid": os.getpid(), "arch": self._warm.arch(), "tmp": tmp}
 
     def judge(self, job_data: dict[str, Any], meta: dict[str, Any] | None, blob: Any) -> dict:
         """Judge one job; the answer dict of this module's docstring. ``meta`` and ``blob``
@@ -190,8 +200,26 @@ class JudgeHost:
         return self._warm.warm()
 
     def shutdown(self) -> None:
-        """Close every warm judge (their worker processes end)."""
+        """Close every warm judge (their worker processes end), then remove the host's own
+        temporary folder (:attr:`tmp`): the host's last call, it judges nothing after."""
         self._warm.close()
+        if self.tmp is not None:
+            self.tmp.remove()
+
+
+def own_tmp() -> HostTmp:
+    """Give this process (a judging actor) a temporary folder of its own: a
+    :class:`~kerneljudge.worker.host_tmp.HostTmp` ``kerneljudge-actor-*`` in the system's
+    temporary folder, made after a sweep of the folders whose hosts have ended (an actor killed
+    outright cannot remove its own), its lock held until this process ends, and used from now
+    on (``TMPDIR``, :data:`tempfile.tempdir`).
+
+    Raises:
+        OSError: the folder could not be made.
+    """
+    tmp = HostTmp.make(ACTOR)
+    tmp.use()
+    return tmp
 
 
 #: Seconds between a judging actor's checks that its parent (its node's raylet) is alive.

@@ -17,9 +17,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import shutil
 import signal
-import tempfile
 import threading
 import time
 from collections import OrderedDict
@@ -36,6 +34,7 @@ from kerneljudge.executors._cores import core_sets, cuda_name, default_cpu_slots
 from kerneljudge.executors._process import SlotDied, SlotProcess
 from kerneljudge.executors.base import Executor, ExecutorStats, Job, JobError
 from kerneljudge.verdict import Verdict
+from kerneljudge.worker.host_tmp import EXECUTOR, HostTmp
 from kerneljudge.worker.sandbox import child_pids
 
 __all__ = ["LocalExecutor", "core_sets", "default_cpu_slots"]
@@ -140,7 +139,8 @@ class LocalExecutor(Executor):
         self._closed = False
         self._done = self._failed = 0
         self._started = time.monotonic()
-        self._log_dir = Path(tempfile.mkdtemp(prefix="kj-executor-"))
+        self._own_tmp = HostTmp.make(EXECUTOR)  # the slots' logs; sweeps the dead hosts' first
+        self._log_dir = self._own_tmp.path
         cores = len(os.sched_getaffinity(0))
         self._builds = ThreadPoolExecutor(build_threads or cores, thread_name_prefix="kj-build")
         for slot in self._slots:
@@ -232,7 +232,7 @@ class LocalExecutor(Executor):
         """Stop accepting jobs; pending jobs end in :class:`JobError` (``cancelled``); builds
         in progress are killed; every slot process ends (an idle one closes its judges first,
         a busy one is killed with its process group). Returns when no process of the
-        executor's is left."""
+        executor's is left, and its slots' temporary folders and its own are removed."""
         with self._cond:
             if self._closed:
                 return
@@ -251,7 +251,7 @@ class LocalExecutor(Executor):
         for slot in self._slots:
             if slot.thread is not None:
                 slot.thread.join()
-        shutil.rmtree(self._log_dir, ignore_errors=True)
+        self._own_tmp.remove()
 
     # ------------------------------------------------------------------ routing and builds
     def _route(self, job: Job, future: Future[Verdict]) -> _Entry:

@@ -15,6 +15,7 @@ good is built by its judging actor.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -25,9 +26,10 @@ from typing import Any
 
 from kerneljudge.candidate import Candidate
 from kerneljudge.errors import KernelJudgeError
-from kerneljudge.executors._ray_host import JudgeHost, build_job, exit_when_orphaned
+from kerneljudge.executors._ray_host import JudgeHost, build_job, exit_when_orphaned, own_tmp
 from kerneljudge.executors.base import Executor, ExecutorStats, Job, JobError
 from kerneljudge.verdict import Verdict
+from kerneljudge.worker.host_tmp import sweep
 
 __all__ = ["RayExecutor", "RayMissing"]
 
@@ -126,6 +128,7 @@ class RayExecutor(Executor):
         ray_init: dict[str, Any] | None = None,
     ) -> None:
         ray = self._ray = _import_ray()
+        sweep()  # the temporary folders of this machine's judging actors killed outright
         self._own_ray = not ray.is_initialized()
         if self._own_ray:
             ray.init(address=address, **(ray_init or {}))
@@ -211,23 +214,19 @@ class RayExecutor(Executor):
         ray = self._ray
         for ref, (what, _, _) in list(self._refs.items()):
             if what == "build":
-                try:
+                with contextlib.suppress(Exception):
                     ray.cancel(ref, force=True)
-                except Exception:
-                    pass
         idle = [s.actor for s in self._slots if s.actor is not None and s.state == "idle"]
-        try:  # idle actors close their judges (their workers end) before they are killed
+        # idle actors close their judges (their workers end) and remove their temporary folders
+        with contextlib.suppress(Exception):
             ray.wait([a.shutdown.remote() for a in idle], num_returns=len(idle), timeout=20)
-        except Exception:
-            pass
         killed = [s.actor for s in self._slots if s.actor is not None]
         for slot in self._slots:
             self._kill(slot)
         self._refs.clear()
-        try:  # a call on a killed actor fails once Ray has ended it: wait for that
+        with contextlib.suppress(Exception):  # a killed actor's call fails once it has ended
             ray.wait([a.ready.remote() for a in killed], num_returns=len(killed), timeout=60)
-        except Exception:
-            pass
+        sweep()  # the temporary folders of the actors killed busy, where on this machine
         if self._own_ray:
             ray.shutdown()
 
@@ -460,10 +459,8 @@ class RayExecutor(Executor):
 
     def _kill(self, slot: _Slot) -> None:
         if slot.actor is not None:
-            try:
+            with contextlib.suppress(Exception):
                 self._ray.kill(slot.actor, no_restart=True)
-            except Exception:
-                pass
         slot.actor, slot.state = None, "dead" if self._closed else "starting"
 
     def _arch(self, kind: str) -> str:
@@ -474,10 +471,12 @@ class RayExecutor(Executor):
 
 
 class _RayJudgeHost(JudgeHost):
-    """:class:`JudgeHost` as a Ray actor: its :meth:`ready` names its node, and it exits when
-    its parent (the node's raylet, which started it) dies (:func:`exit_when_orphaned`)."""
+    """:class:`JudgeHost` as a Ray actor: its :meth:`ready` names its node, it has a temporary
+    folder of its own (:func:`own_tmp`), and it exits when its parent (the node's raylet, which
+    started it) dies (:func:`exit_when_orphaned`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.tmp = own_tmp()
         super().__init__(*args, **kwargs)
         exit_when_orphaned()
 

@@ -21,6 +21,13 @@ The slot dies with the executor: ``PR_SET_PDEATHSIG`` (SIGKILL, set before ``exe
 that its parent is still the executor, and end of file on its command pipe (the executor closed
 or died), upon which an idle slot closes its judges and exits and a busy one exits at once (its
 judge's workers die with it, by their own parent-death signal).
+
+Its temporary folder (``TMPDIR``: its judges' workers' scratch folders and every other
+temporary folder its judges make) is its own ``kerneljudge-slot-*`` folder
+(:class:`~kerneljudge.worker.host_tmp.HostTmp`), made by the executor, which removes it when the
+slot ends. The slot holds the folder's lock for its life (``--tmp-lock-fd``, a descriptor it
+inherits and passes to no child), so a slot that outlives its executor for a moment has its
+folder left alone until it ends, and removed by the next executor's or slot's sweep.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -105,7 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parent", type=int, required=True, help="the executor's pid")
     parser.add_argument("--cores", default="", help="CPU cores of this slot, comma-separated")
     parser.add_argument("--max-judges", type=int, default=4)
+    parser.add_argument("--tmp-lock-fd", type=int, default=-1, help="held for the slot's life")
     args = parser.parse_args(argv)
+    if args.tmp_lock_fd >= 0:  # held open until this process ends; no child inherits it
+        os.set_inheritable(args.tmp_lock_fd, False)
+    if os.environ.get("TMPDIR"):
+        tempfile.tempdir = os.environ["TMPDIR"]
     if args.cores:  # before torch starts any thread: every thread and child inherits it
         os.sched_setaffinity(0, {int(c) for c in args.cores.split(",")})
     from kerneljudge.worker.confine import _die_with

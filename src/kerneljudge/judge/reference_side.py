@@ -58,7 +58,9 @@ def reference_environment(cache_root: Path) -> dict[str, str]:
     finds there, so they are set only where no candidate can write there: Landlock (ABI 3 or
     later, which also governs truncation) confines candidate workers, build workers and the
     header maker to their own folders (beneath ``<cache_root>/builds``, the header store, their
-    scratch folders (``kj-*`` in the temporary folder), ``~/.triton``, ``~/.nv`` and
+    scratch folders (``kj-*`` in the temporary folder, which in a judging host is its own
+    folder in the base temporary folder, :mod:`kerneljudge.worker.host_tmp`: no host's folder
+    and no ``kj-*`` folder there is taken), ``~/.triton``, ``~/.nv`` and
     ``CUDA_CACHE_PATH``, and the folders ``TRITON_CACHE_DIR`` and ``TORCHINDUCTOR_CACHE_DIR``
     name in the supervisor's environment, which candidates inherit), the folder is not a link,
     and it lies neither beneath one of them nor above one. Else nothing is added. (The
@@ -71,6 +73,7 @@ def reference_environment(cache_root: Path) -> dict[str, str]:
     from kerneljudge.build.pch import store_dir
     from kerneljudge.worker.confine import features, protect
     from kerneljudge.worker.environment import candidates_cache_folders
+    from kerneljudge.worker.host_tmp import PREFIXES, base_folder
 
     if features().landlock_abi < 3:
         return {}
@@ -82,10 +85,12 @@ def reference_environment(cache_root: Path) -> dict[str, str]:
     for t in (Path(os.path.realpath(t)) for t in theirs):
         if folder.is_relative_to(t) or t.is_relative_to(folder):
             return {}
-    # Candidate workers' scratch folders: kj-* folders of the temporary folder.
-    scratch = Path(os.path.realpath(tempfile.gettempdir()))
+    # Candidate workers' scratch folders: kj-* folders of the temporary folder, which is a
+    # judging host's own folder in the base temporary folder (beside other hosts') or that one.
+    scratch, base = Path(os.path.realpath(tempfile.gettempdir())), base_folder()
     if scratch.is_relative_to(folder) or (
-        folder.is_relative_to(scratch) and folder.relative_to(scratch).parts[0].startswith("kj-")
+        folder.is_relative_to(base)
+        and folder.relative_to(base).parts[0].startswith(("kj-", *PREFIXES))
     ):
         return {}
     protect(folder)  # no confined process started from now on is given it (links included)
