@@ -159,3 +159,46 @@ def test_outside_the_main_thread_it_sets_no_handler(handlers: dict[int, Any]) ->
     thread.start()
     thread.join()
     assert seen == list(handlers.values())
+
+
+def test_an_inner_blocks_signal_is_recorded_in_the_outer_one(handlers: dict[int, Any]) -> None:
+    """Only the inner block raises, but the outer one knows which signal stopped the command
+    (the console script's exit status comes from it)."""
+    with StopSignals() as outer:
+        with pytest.raises(Terminated), StopSignals() as inner:
+            _send(inner, signal.SIGHUP)
+        assert outer.requested == signal.SIGHUP
+        outer.requested = None  # handled here: the outer block ends without raising
+
+
+def _swallowed() -> None:
+    _SignalsInFinalizer(signal.SIGTERM)  # dropped at once: its finalizer sends the signal
+
+
+def _inner_hold() -> None:
+    with StopSignals() as inner, inner.hold():
+        _send(inner, signal.SIGHUP)  # raised as Terminated when the hold ends: not caught
+
+
+@pytest.mark.parametrize(
+    ("command", "status"),
+    [(_swallowed, 143), (_inner_hold, 129)],
+    ids=["swallowed-by-a-finalizer", "taken-by-an-inner-block"],
+)
+def test_the_console_script_exits_with_the_signals_status(
+    command: Any, status: int, handlers: dict[int, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A command that went on after a finalizer swallowed its SIGTERM, and one stopped by a
+    signal that an inner block took (typer turns that interrupt into status 130), exit with
+    the signal's status, not 0 or 130."""
+    import typer
+
+    from kerneljudge.cli import app as cli
+
+    demo = typer.Typer()
+    demo.command()(command)
+    monkeypatch.setattr(cli, "app", demo)
+    monkeypatch.setattr("sys.argv", ["kerneljudge"])
+    with pytest.raises(SystemExit) as info:
+        cli.main()
+    assert info.value.code == status

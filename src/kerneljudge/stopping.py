@@ -24,6 +24,10 @@ __all__ = ["STOP_SIGNALS", "StopSignals", "exit_status", "interrupt_for", "signa
 #: The signals that stop a command.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
+#: The blocks open in the main thread, outermost first: a signal that an inner block takes is
+#: recorded in the outer ones too.
+_open: list[StopSignals] = []
+
 
 def interrupt_for(signum: int) -> KeyboardInterrupt:
     """The exception that signal ``signum`` raises: a plain :class:`KeyboardInterrupt` for SIGINT
@@ -49,8 +53,10 @@ class StopSignals:
     exception raised while a finalizer (``__del__``, a weakref callback) runs, so the exception
     can vanish: :meth:`check` raises it again, and so does leaving the block without an
     exception. :meth:`hold` defers a stop over a clean-up that must run to its end. The handlers
-    before the block are put back when it ends. Outside the main thread (where no signal handler
-    can be set) nothing is recorded.
+    before the block are put back when it ends. Blocks nest: a signal that an inner block takes
+    is recorded in every block open around it as well (its :attr:`requested`), though only the
+    inner one raises. Outside the main thread (where no signal handler can be set) nothing is
+    recorded.
 
     Args:
         signals: the signals taken.
@@ -72,8 +78,9 @@ class StopSignals:
         self._holds = 0
 
     def _handle(self, signum: int, frame: Any) -> None:
-        if self.requested is None:
-            self.requested = signum
+        for block in {*_open, self}:
+            if block.requested is None:
+                block.requested = signum
         if not self._holds:
             raise interrupt_for(signum)
 
@@ -108,6 +115,7 @@ class StopSignals:
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
+            _open.append(self)
             for signum in self.signals:
                 if signum in self.keep_ignored and signal.getsignal(signum) is signal.SIG_IGN:
                     continue
@@ -123,5 +131,7 @@ class StopSignals:
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
         self._previous.clear()
+        if self in _open:
+            _open.remove(self)
         if exc[0] is None:
             self.check()

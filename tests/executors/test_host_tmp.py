@@ -11,8 +11,8 @@ left.
 
 from __future__ import annotations
 
-import fcntl
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,7 +27,7 @@ from kerneljudge.executors.base import Job
 from kerneljudge.executors.local import LocalExecutor
 from kerneljudge.judge.options import JudgeOptions
 from kerneljudge.worker import host_tmp
-from kerneljudge.worker.host_tmp import LOCK_FILE, PREFIXES, SLOT, HostTmp, sweep
+from kerneljudge.worker.host_tmp import MAKING, PREFIXES, SLOT, HostTmp, held, sweep
 from kerneljudge.worker.sandbox import child_pids
 
 SMOKE = Path(__file__).resolve().parents[1] / "fixtures" / "smoke"
@@ -60,16 +60,8 @@ def _until(what: Callable[[], bool], timeout_s: float = WAIT_S) -> None:
 
 
 def _ended(folder: Path) -> bool:
-    """Whether every holder of ``folder``'s lock has ended (a process whose main thread has
-    ended holds it until its last thread has too)."""
-    fd = os.open(folder / LOCK_FILE, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
+    """Whether every holder of ``folder``'s lock has ended."""
+    return not held(folder)
 
 
 @pytest.fixture
@@ -99,8 +91,13 @@ def test_sweep_keeps_a_live_owners_folder_and_removes_a_dead_ones(tmp_path: Path
         (theirs / "kj-candidate-x").mkdir()
         (theirs / "kj-candidate-x" / "out.bin").write_bytes(b"1")
         assert theirs.parent == tmp_path and theirs.name.startswith(SLOT)
-        assert (theirs / LOCK_FILE).is_file()
+        assert held(theirs)
         assert sweep(str(tmp_path)) == [] and theirs.is_dir()  # its owner lives
+        # The lock is the folder's own: a cleaner that empties the folder does not free it.
+        for p in sorted(theirs.rglob("*"), reverse=True):
+            p.rmdir() if p.is_dir() else p.unlink()
+        assert sweep(str(tmp_path)) == [] and theirs.is_dir() and held(theirs)
+        (theirs / "kj-candidate-x").mkdir()
     finally:
         holder.kill()
         holder.wait()
@@ -117,7 +114,7 @@ def test_sweep_keeps_this_process_folder_until_it_lets_go(tmp_path: Path) -> Non
 
 def test_sweep_follows_no_link_and_leaves_other_names(tmp_path: Path) -> None:
     """A link named like a host folder, to a folder whose owner ended, is left, and so is its
-    target; so are folders of other names and a young folder without its lock file."""
+    target; so are folders of other names and a young folder still being made."""
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     dead = HostTmp.make(SLOT, str(elsewhere))
@@ -128,25 +125,73 @@ def test_sweep_follows_no_link_and_leaves_other_names(tmp_path: Path) -> None:
     link.symlink_to(dead.path)
     other = base / "kj-candidate-abc"
     other.mkdir()
-    young = base / f"{SLOT}young"
+    young = base / f"{MAKING}young"
     young.mkdir()
+    fifo = base / f"{SLOT}fifo"
+    os.mkfifo(fifo)
     assert sweep(str(base)) == []
-    assert link.is_symlink() and dead.path.is_dir() and (dead.path / LOCK_FILE).is_file()
-    assert other.is_dir() and young.is_dir()
+    assert link.is_symlink() and dead.path.is_dir() and not held(dead.path)
+    assert other.is_dir() and young.is_dir() and fifo.exists()
     old = time.time() - host_tmp.UNLOCKED_GRACE_S - 60
     os.utime(young, (old, old))
     assert sweep(str(base)) == [young.name] and link.is_symlink() and dead.path.is_dir()
 
 
-def test_remove_takes_the_whole_tree(tmp_path: Path) -> None:
-    """A folder made unwritable in it is no obstacle; the lock is let go."""
-    tmp = HostTmp.make(SLOT, str(tmp_path))
-    locked = tmp.path / "kj-candidate-x" / "sub"
-    locked.mkdir(parents=True)
-    (locked / "file").write_bytes(b"x")
-    locked.chmod(0o500)
-    assert tmp.remove() and not tmp.path.exists() and tmp.lock_fd == -1
-    assert tmp.remove()  # idempotent
+def test_owner_rights_go_to_the_folder_itself_never_through_a_link(tmp_path: Path) -> None:
+    """A folder closed to everyone gets its owner's rights back; a link of that name is refused
+    and what it points to keeps its mode."""
+    closed = tmp_path / "closed"
+    closed.mkdir(mode=0o000)
+    closed.chmod(0o000)
+    target = tmp_path / "target"
+    target.mkdir()
+    target.chmod(0o500)
+    (tmp_path / "link").symlink_to(target)
+    parent = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        host_tmp._owner_rwx(parent, "closed")
+        with pytest.raises(OSError):
+            host_tmp._owner_rwx(parent, "link")
+    finally:
+        os.close(parent)
+    assert closed.stat().st_mode & 0o777 == 0o700
+    assert target.stat().st_mode & 0o777 == 0o500
+
+
+def test_remove_takes_a_tree_with_folders_closed_to_their_owner() -> None:
+    """Folders a candidate closed (mode 0500, 0000) are no obstacle; the lock is let go. Run
+    as an ordinary user (root reads and writes any folder whatever its mode)."""
+    base = Path(tempfile.mkdtemp(prefix="host-tmp-test-", dir="/tmp"))
+    base.chmod(0o777)
+
+    def body() -> bool:
+        tmp = HostTmp.make(SLOT, str(base))
+        closed = tmp.path / "kj-candidate-x" / "sub"
+        closed.mkdir(parents=True)
+        (closed / "file").write_bytes(b"x")
+        closed.chmod(0o000)
+        closed.parent.chmod(0o500)
+        gone = tmp.remove(timeout_s=2.0)
+        return gone and not tmp.path.exists() and tmp.lock_fd == -1 and tmp.remove()
+
+    try:
+        if os.getuid() != 0:
+            assert body()
+            return
+        pid = os.fork()
+        if pid == 0:  # the child: nobody, then the removal
+            code = 2
+            try:
+                os.setgid(65534)
+                os.setuid(65534)
+                code = 0 if body() else 1
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert os.listdir(base) == []
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def _options(cache: Path, run_timeout_s: float) -> JudgeOptions:

@@ -9,7 +9,6 @@ lost, and no Ray or judge process outlives the executor and the cluster.
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import os
 import signal
 import subprocess
@@ -37,6 +36,7 @@ from kerneljudge.executors.ray_executor import RayExecutor, _RayJudgeHost
 from kerneljudge.judge import Judge
 from kerneljudge.judge.options import JudgeOptions
 from kerneljudge.verdict import Status, Verdict
+from kerneljudge.worker.host_tmp import held
 
 #: Command-line words of Ray's processes and of the judge's workers.
 _PROCESS_WORDS = ("raylet", "gcs_server", "ray::", "default_worker.py", "kerneljudge.worker")
@@ -298,7 +298,7 @@ def test_a_killed_actors_temporary_folder_goes_when_the_next_starts(
     os.kill(info["pid"], signal.SIGKILL)
     with pytest.raises(ray.exceptions.RayActorError):
         ray.get(job, timeout=300)
-    while not _lock_free(folder):  # held until the killed actor's last thread has ended
+    while held(folder):  # held until the killed actor's last thread has ended
         assert time.monotonic() < deadline
         time.sleep(0.1)
     assert folder.is_dir()
@@ -308,17 +308,6 @@ def test_a_killed_actors_temporary_folder_goes_when_the_next_starts(
     ray.get(second.shutdown.remote(), timeout=300)
     assert not after.exists()
     ray.kill(second)
-
-
-def _lock_free(folder: Path) -> bool:
-    fd = os.open(folder / "owner.lock", os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
 
 
 def _busy_node(ex: RayExecutor, cluster: Cluster, jobs: set[str]) -> tuple[object, set[int]]:

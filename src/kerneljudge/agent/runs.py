@@ -399,6 +399,13 @@ def _execute(
         shutil.rmtree(tmp, ignore_errors=True)
         log.event_many([{"event": "run_end", "pid": os.getpid(), "judges_created": pool.created}])
 
+    cleaned: list[bool] = []
+
+    def clean_up_once() -> None:
+        if not cleaned:
+            cleaned.append(True)
+            clean_up()
+
     with StopSignals() as signals:
         try:
             tmp.mkdir(mode=0o700)
@@ -415,12 +422,13 @@ def _execute(
                         "episode ended; a resumed run runs it again from the start"
                     )
                 finally:
-                    clean_up()
+                    clean_up_once()
             if not isinstance(exc, KeyboardInterrupt):
                 raise
             raise RunInterrupted(signum, log.out) from exc
-        with signals.hold():  # the clean-up runs to its end
-            clean_up()
+        finally:  # also where a second signal came before the hold above
+            with signals.hold():
+                clean_up_once()
     if unreachable:
         raise unreachable[0]
     done = log.summaries()

@@ -435,8 +435,11 @@ def main() -> None:
         err_console.print("interrupted")
         sys.exit(exit_status(exc))
     except SystemExit as exc:
-        # typer turns every KeyboardInterrupt into exit status 130
-        if exc.code == 130 and stop.requested is not None:
+        # typer turns every KeyboardInterrupt into exit status 130; a stop that an inner block
+        # took, or that a finalizer swallowed (the command then went on), is the signal's too.
+        if stop.requested is not None and exc.code in (0, None, 130):
+            if exc.code != 130:  # (a command that exits 130 itself has said so)
+                err_console.print("interrupted")
             sys.exit(128 + stop.requested)
         raise
 

@@ -191,8 +191,10 @@ class SlotProcess:
     def close(self, grace_s: float = 10.0) -> None:
         """Close its command pipe (an idle slot closes its judges and exits), wait up to
         ``grace_s`` seconds, then kill it; release the pipes; once its process group is gone
-        (up to :data:`GROUP_WAIT_S` seconds), remove its temporary folder (what a worker dying
-        with it still writes there is outlasted: :meth:`HostTmp.remove`). Idempotent. Only the
+        (up to :data:`GROUP_WAIT_S` seconds), remove its temporary folder. Its workers run in
+        sessions of their own and die by their parent-death signal, not with the group: what
+        one still writes there as it dies is outlasted by the removal's retries
+        (:meth:`HostTmp.remove`). Idempotent. Only the
         thread that talks to the slot calls it (another thread may :meth:`kill`)."""
         if self._to_slot_w >= 0:
             os.close(self._to_slot_w)

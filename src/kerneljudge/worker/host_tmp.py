@@ -12,10 +12,17 @@ its executor killed) is removed by the next :func:`sweep`, which every new host 
 makes its own (:meth:`HostTmp.make`).
 
 A host folder is ``<prefix><random>`` (a prefix of :data:`PREFIXES`) directly in the base
-temporary folder, mode 0700, and holds :data:`LOCK_FILE`, locked (``flock``, exclusive) from
-before that name appears until every process holding it has ended: the kernel releases the
-lock when the last of them ends, however it ends, and a lock means the same in every PID
-namespace (a process id does not). :func:`sweep` removes a folder only once it takes its lock.
+temporary folder, mode 0700. The folder itself is locked (``flock``, exclusive, on a
+descriptor of the folder) from before that name appears until every process holding the
+descriptor has ended: the kernel releases the lock when the last of them ends, however it
+ends, a lock means the same in every PID namespace (a process id does not), and no file in the
+folder carries it (a cleaner of old files in the temporary folder cannot take it away).
+:func:`sweep` removes a folder only once it takes its lock, and keeps the lock until the
+folder is gone.
+
+Nothing here follows a link: folders are opened relative to their parent's descriptor with
+``O_NOFOLLOW``, and a folder made unwritable inside (a candidate may do that to its scratch
+folder) is made writable again through a descriptor of that very folder.
 
 No prefix starts with ``kj-`` (a worker's scratch folder, which candidates may write): caches
 the judge trusts may lie beneath a host folder (:func:`kerneljudge.worker.kernel_cache.usable`).
@@ -26,22 +33,21 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import shutil
+import secrets
 import stat
 import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 __all__ = [
     "ACTOR",
     "EXECUTOR",
-    "LOCK_FILE",
     "PREFIXES",
     "SLOT",
     "HostTmp",
     "base_folder",
+    "held",
     "sweep",
 ]
 
@@ -52,13 +58,21 @@ ACTOR = "kerneljudge-actor-"
 #: A local executor's own folder (its slots' logs).
 EXECUTOR = "kerneljudge-executor-"
 PREFIXES = (SLOT, ACTOR, EXECUTOR)
-#: The lock file in a host folder.
-LOCK_FILE = "owner.lock"
-#: Seconds a host folder without its lock file is left alone (its maker may be between the
-#: folder's creation and the lock file's; one that died there leaves it empty).
+#: A host folder's name while it is made, before it is locked and renamed (not a host folder
+#: yet: only :data:`UNLOCKED_GRACE_S` after its last change does a sweep take it).
+MAKING = ".kerneljudge-making-"
+#: Seconds a folder of the :data:`MAKING` name is left alone (its maker may be between making
+#: it and locking it; one that died there leaves it empty).
 UNLOCKED_GRACE_S = 3600.0
 #: Seconds :meth:`HostTmp.remove` keeps trying while something still writes in the folder.
 REMOVE_TIMEOUT_S = 10.0
+#: Seconds :func:`sweep` tries one folder (its owners have ended; a worker dying with them may
+#: still write for a moment, and a folder left is taken by a later sweep).
+SWEEP_TIMEOUT_S = 1.0
+#: Folders deeper than this below a host folder are not removed (the removal recurses).
+MAX_DEPTH = 64
+
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class HostTmp:
@@ -66,7 +80,7 @@ class HostTmp:
 
     Attributes:
         path: the folder.
-        lock_fd: a descriptor of its lock file that holds the lock (not inherited by a child
+        lock_fd: a descriptor of the folder that holds its lock (not inherited by a child
             unless passed to it: the child then holds the lock too); -1 once released.
     """
 
@@ -77,8 +91,8 @@ class HostTmp:
 
     @classmethod
     def make(cls, prefix: str, base: str | None = None) -> HostTmp:
-        """:func:`sweep` ``base``, then make a new folder ``<prefix><random>`` there, its lock
-        held by this process.
+        """:func:`sweep` ``base``, then make a new folder ``<prefix><random>`` there (64 random
+        bits), its lock held by this process.
 
         Args:
             prefix: one of :data:`PREFIXES`.
@@ -91,19 +105,22 @@ class HostTmp:
         if prefix not in PREFIXES:
             raise ValueError(f"not a host folder prefix: {prefix!r}")
         sweep(base)
-        path = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+        making = Path(tempfile.mkdtemp(prefix=MAKING, dir=base))
         try:
-            # Locked before it gets its name: a sweep never finds it unlocked.
-            flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-            fd = os.open(path / ".owner.new", flags, 0o600)
+            # Locked before it gets its name: a sweep never finds a host folder unlocked.
+            fd = os.open(making, _DIR)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                os.rename(path / ".owner.new", path / LOCK_FILE)
+                path = making.with_name(prefix + secrets.token_hex(8))
+                if os.path.lexists(path):
+                    raise FileExistsError(f"{path} exists")
+                os.rename(making, path)
             except BaseException:
                 os.close(fd)
                 raise
         except BaseException:
-            shutil.rmtree(path, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                os.rmdir(making)
             raise
         return cls(path, fd)
 
@@ -114,23 +131,24 @@ class HostTmp:
         tempfile.tempdir = str(self.path)
 
     def release(self) -> None:
-        """Close this process's descriptor of the lock (the lock ends with its last holder).
-        Idempotent."""
+        """Close this process's descriptor of the folder (the lock ends with its last
+        holder). Idempotent."""
         with self._guard:
             if self.lock_fd >= 0:
                 os.close(self.lock_fd)
                 self.lock_fd = -1
 
     def remove(self, timeout_s: float = REMOVE_TIMEOUT_S) -> bool:
-        """Remove the folder, under its lock, then :meth:`release` the lock. A process that
-        still writes there (a worker in its last moment) is outlasted: the removal is tried
-        again until the folder is gone or ``timeout_s`` seconds have passed. Idempotent.
+        """Remove the folder while holding its lock, then :meth:`release` the lock. A process
+        that still writes there (a worker in its last moment) is outlasted: the removal is
+        tried again until the folder is gone or ``timeout_s`` seconds have passed.
+        Idempotent.
 
         Returns:
             True when the folder is gone.
         """
         with self._guard:
-            gone = _remove(self.path, None, timeout_s)
+            gone = _remove_at(str(self.path.parent), self.path.name, timeout_s)
         self.release()
         return gone
 
@@ -142,14 +160,32 @@ def base_folder() -> Path:
     return tmp.parent if tmp.name.startswith(PREFIXES) else tmp
 
 
+def held(folder: Path) -> bool:
+    """Whether a process holds ``folder``'s lock (a host of that folder lives; a process whose
+    main thread has ended holds it until its last thread has too).
+
+    Raises:
+        OSError: ``folder`` cannot be opened as a folder (it is gone, or a link).
+    """
+    fd = os.open(folder, _DIR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
 def sweep(base: str | None = None) -> list[str]:
     """Remove the host folders whose every holder has ended.
 
     Looks at the entries of ``base`` (None: :func:`tempfile.gettempdir`) whose name starts with
-    one of :data:`PREFIXES`, and only at those that are folders (a link is never followed)
-    owned by this process's user. One whose lock this process takes is removed, under the
-    lock; one whose lock is held (its owner lives) is left, and so is one without a lock file
-    for less than :data:`UNLOCKED_GRACE_S` seconds.
+    one of :data:`PREFIXES` (or is :data:`MAKING`'s and unchanged for
+    :data:`UNLOCKED_GRACE_S` seconds), and only at those that are folders (a link is never
+    followed) owned by this process's user. One whose lock this process takes is removed,
+    under the lock (for up to :data:`SWEEP_TIMEOUT_S` seconds; what is left stays for a later
+    sweep); one whose lock is held (its owner lives) is left.
 
     Returns:
         The names of the folders removed. Never raises ``OSError``: what cannot be read or
@@ -161,7 +197,7 @@ def sweep(base: str | None = None) -> list[str]:
     except OSError:
         return removed
     try:
-        names = [n for n in os.listdir(base_fd) if n.startswith(PREFIXES)]
+        names = [n for n in os.listdir(base_fd) if n.startswith((*PREFIXES, MAKING))]
         removed = [n for n in names if _sweep_one(base_fd, n)]
     except OSError:
         pass
@@ -171,60 +207,100 @@ def sweep(base: str | None = None) -> list[str]:
 
 
 def _sweep_one(base_fd: int, name: str) -> bool:
-    """Remove the host folder ``name`` of ``base_fd`` if its owner ended (see :func:`sweep`)."""
+    """Remove the host folder ``name`` of ``base_fd`` if its owners ended (see :func:`sweep`)."""
     try:
         st = os.lstat(name, dir_fd=base_fd)
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
             return False
-        folder = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=base_fd)
+        if name.startswith(MAKING) and time.time() - st.st_mtime < UNLOCKED_GRACE_S:
+            return False
+        folder = os.open(name, _DIR, dir_fd=base_fd)
     except OSError:
         return False
-    lock = -1
     try:
         here = os.fstat(folder)
         if (here.st_dev, here.st_ino) != (st.st_dev, st.st_ino):
             return False  # replaced in between
         try:
-            lock = os.open(LOCK_FILE, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=folder)
-        except FileNotFoundError:
-            if time.time() - st.st_mtime < UNLOCKED_GRACE_S:
-                return False
-        try:
-            if lock >= 0:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(folder, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             return False  # held: its owner lives
-        return _remove(name, base_fd, REMOVE_TIMEOUT_S)
-    except OSError:
-        return False
+        return _remove_at(base_fd, name, SWEEP_TIMEOUT_S, (here.st_dev, here.st_ino))
     finally:
-        if lock >= 0:
-            os.close(lock)
         os.close(folder)
 
 
-def _remove(path: Path | str, dir_fd: int | None, timeout_s: float) -> bool:
-    """Remove the tree ``path`` (relative to ``dir_fd`` when given; a link there is not
-    followed), trying again while it is still there, for up to ``timeout_s`` seconds; whether
-    it is gone. A folder a process made unwritable is made writable again first."""
-
-    def writable(func: Any, failed: str, info: Any) -> None:
-        with contextlib.suppress(OSError):  # rmtree's own rules, relaxed for one entry
-            parent = os.path.dirname(failed) or "."
-            mode = os.stat(parent, dir_fd=dir_fd, follow_symlinks=False).st_mode
-            if stat.S_ISDIR(mode):
-                os.chmod(parent, stat.S_IMODE(mode) | 0o700, dir_fd=dir_fd)
-
+def _remove_at(
+    parent: int | str, name: str, timeout_s: float, identity: tuple[int, int] | None = None
+) -> bool:
+    """Remove the folder ``name`` of ``parent`` (a descriptor or a path) and everything in it,
+    trying again while it is still there, for up to ``timeout_s`` seconds; whether it is gone.
+    ``identity``: the folder's (device, inode), checked before each try (None: not checked)."""
     deadline = time.monotonic() + timeout_s
-    while True:
-        with contextlib.suppress(OSError):
-            shutil.rmtree(path, onerror=writable, dir_fd=dir_fd)
+    parent_fd = (
+        parent
+        if isinstance(parent, int)
+        else os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    )
+    try:
+        while True:
+            try:
+                folder = os.open(name, _DIR, dir_fd=parent_fd)
+                try:
+                    st = os.fstat(folder)
+                    if identity is not None and (st.st_dev, st.st_ino) != identity:
+                        return False  # another folder took the name
+                    _clear(folder, 0)
+                finally:
+                    os.close(folder)
+                os.rmdir(name, dir_fd=parent_fd)
+                return True
+            except FileNotFoundError:
+                return True
+            except OSError:
+                if time.monotonic() >= deadline:
+                    return False
+            time.sleep(0.05)
+    finally:
+        if not isinstance(parent, int):
+            os.close(parent_fd)
+
+
+def _clear(folder: int, depth: int) -> None:
+    """Remove every entry of the folder open as ``folder`` (links removed, never followed; a
+    folder in it made writable and searchable first, through a descriptor of that folder).
+
+    Raises:
+        OSError: an entry could not be removed, or folders nest deeper than :data:`MAX_DEPTH`.
+    """
+    for name in os.listdir(folder):
         try:
-            os.lstat(path, dir_fd=dir_fd)
+            st = os.lstat(name, dir_fd=folder)
         except FileNotFoundError:
-            return True
-        except OSError:
-            return False
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.05)
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            os.unlink(name, dir_fd=folder)
+            continue
+        if depth >= MAX_DEPTH:
+            raise OSError(f"folders nested deeper than {MAX_DEPTH}")
+        if stat.S_IMODE(st.st_mode) & 0o700 != 0o700:
+            _owner_rwx(folder, name)
+        sub = os.open(name, _DIR, dir_fd=folder)
+        try:
+            _clear(sub, depth + 1)
+        finally:
+            os.close(sub)
+        os.rmdir(name, dir_fd=folder)
+
+
+def _owner_rwx(folder: int, name: str) -> None:
+    """Give the folder ``name`` of ``folder`` its owner's read, write and search rights, through
+    an ``O_PATH`` descriptor of that folder (opened without following a link, so the change
+    cannot be sent elsewhere). Where ``/proc`` is not mounted nothing changes."""
+    fd = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder)
+    try:
+        here = f"/proc/self/fd/{fd}"
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(here, stat.S_IMODE(os.stat(here).st_mode) | 0o700)
+    finally:
+        os.close(fd)
