@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,6 +29,8 @@ from kerneljudge.judge.options import JudgeOptions
 from kerneljudge.worker import host_tmp
 from kerneljudge.worker.host_tmp import MAKING, PREFIXES, SLOT, HostTmp, held, sweep
 from kerneljudge.worker.sandbox import child_pids
+
+from .test_local import ONE_SLOT_EXECUTOR, _until
 
 SMOKE = Path(__file__).resolve().parents[1] / "fixtures" / "smoke"
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -50,13 +52,6 @@ def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SRC), env.get("PYTHONPATH")]))
     return env
-
-
-def _until(what: Callable[[], bool], timeout_s: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not what():
-        assert time.monotonic() < deadline, "gave up waiting"
-        time.sleep(0.05)
 
 
 def _ended(folder: Path) -> bool:
@@ -229,14 +224,9 @@ def test_a_slot_killed_mid_job_leaves_no_folder(private_tmp: Path, tmp_path: Pat
 def test_the_next_executor_sweeps_what_a_killed_one_left(private_tmp: Path) -> None:
     """SIGKILL of an executor's process (its slot dies with it) leaves its folders; the next
     executor's start removes them (their locks are free)."""
-    script = (
-        "from kerneljudge.executors.local import LocalExecutor\n"
-        "ex = LocalExecutor(devices=[], cpu_slots=1)\n"
-        "ex.wait_started()\n"
-        "print(ex.slot_pids()['cpu:0'], flush=True)\n"
-        "import time; time.sleep(600)\n"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", ONE_SLOT_EXECUTOR], stdout=subprocess.PIPE, env=_env()
     )
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, env=_env())
     try:
         assert proc.stdout is not None
         assert int(proc.stdout.readline()) > 0

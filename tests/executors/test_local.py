@@ -45,6 +45,17 @@ def _options(cache: Path, **changes: object) -> JudgeOptions:
     return JudgeOptions(**fields)  # type: ignore[arg-type]
 
 
+#: A process that starts a local executor of one CPU slot, prints the slot's process id and
+#: sleeps.
+ONE_SLOT_EXECUTOR = (
+    "from kerneljudge.executors.local import LocalExecutor\n"
+    "ex = LocalExecutor(devices=[], cpu_slots=1)\n"
+    "ex.wait_started()\n"
+    "print(ex.slot_pids()['cpu:0'], flush=True)\n"
+    "import time; time.sleep(600)\n"
+)
+
+
 def _until(what: Callable[[], bool], timeout_s: float = WAIT_S) -> None:
     deadline = time.monotonic() + timeout_s
     while not what():
@@ -96,16 +107,11 @@ def test_close_ends_every_process_of_the_executor(tmp_path: Path) -> None:
 
 def test_a_slot_dies_with_its_executor_process() -> None:
     """SIGKILL of the executor's process (nothing of it runs after) ends its slot's process."""
-    script = (
-        "from kerneljudge.executors.local import LocalExecutor\n"
-        "ex = LocalExecutor(devices=[], cpu_slots=1)\n"
-        "ex.wait_started()\n"
-        "print(ex.slot_pids()['cpu:0'], flush=True)\n"
-        "import time; time.sleep(600)\n"
-    )
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SRC), env.get("PYTHONPATH")]))
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", ONE_SLOT_EXECUTOR], stdout=subprocess.PIPE, env=env
+    )
     try:
         assert proc.stdout is not None
         slot_pid = int(proc.stdout.readline())
